@@ -1,0 +1,383 @@
+"""A job made from a CHECKPOINT template, and the framework-neutral plan of the tasks to run.
+
+openjd-model does the job creation (parameter preprocessing, ``create_job``), parameter spaces
+(``StepParameterSpaceIterator``, which also balances chunks) and range expressions
+(``IntRangeExpr``). This module adds what CHECKPOINT needs on top: a stable identity for every
+task, and the plan of a resumed step (seed 000, "Semantics"): tasks that finished are not run
+again, checkpointed tasks run ``onCheckpointResume``, and the frames of a chunk that were not
+reported complete run through ``onRun`` (split into contiguous pieces where the chunk parameter's
+``rangeConstraint`` is CONTIGUOUS).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from openjd.model import (
+    DecodeValidationError,
+    DocumentType,
+    EnvironmentTemplate,
+    IntRangeExpr,
+    Job,
+    JobParameterValues,
+    ParameterValue,
+    ParameterValueType,
+    StepParameterSpaceIterator,
+    create_job,
+    decode_environment_template,
+    document_string_to_object,
+    preprocess_job_parameters,
+)
+from openjd.sessions import PathMappingRule
+
+from ._errors import TemplateError
+from ._store import CheckpointData, TaskRecord
+from ._template import CheckpointJobTemplate, canonical_json, load_template, sha256_hex
+
+__all__ = (
+    "PreparedJob",
+    "TaskSpec",
+    "load_environment_template",
+    "load_path_mapping_rules",
+    "prepare_job",
+)
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One task to run: the framework-neutral operation an adapter maps onto its own task.
+
+    Attributes:
+        step_name: the step's name.
+        task_key: identity of the task's record in the store (canonical JSON of its parameter
+            values, with ``#<frames>`` for the remaining piece of an interrupted chunk).
+        parameters: the task parameter values to run with (name -> openjd ``ParameterValue``).
+        record_parameters: the values its record was created with (differ from ``parameters``
+            when a checkpointed chunk resumes with fewer frames).
+        resume: the checkpoint to resume from with ``onCheckpointResume``; None runs ``onRun``.
+        chunk_parameter: the step's CHUNK[INT] parameter name, or None.
+    """
+
+    step_name: str
+    task_key: str
+    parameters: dict[str, ParameterValue]
+    record_parameters: dict[str, ParameterValue]
+    resume: CheckpointData | None = None
+    chunk_parameter: str | None = None
+
+    @property
+    def chunk_frames(self) -> frozenset[int]:
+        if self.chunk_parameter is None:
+            return frozenset()
+        return frozenset(IntRangeExpr.from_str(str(self.parameters[self.chunk_parameter].value)))
+
+    def describe(self) -> str:
+        if not self.parameters:
+            return self.step_name
+        inner = ", ".join(f"{k}={v.value}" for k, v in self.parameters.items())
+        return f"{self.step_name}[{inner}]"
+
+
+@dataclass
+class PreparedJob:
+    """A job ready to run: template, job parameter values, the openjd-model ``Job``.
+
+    Attributes:
+        template: the validated template.
+        job: the openjd-model ``Job`` (``create_job``).
+        parameter_values: the preprocessed job parameter values.
+        environments: external environment templates, entered before the job's own.
+        path_mapping_rules: openjd-sessions ``PathMappingRule``s applied to PATH values.
+        job_key: the job's identity in the store: sha256 of the template's (raw) name.
+    """
+
+    template: CheckpointJobTemplate
+    job: Job
+    parameter_values: JobParameterValues
+    environments: list[EnvironmentTemplate] = field(default_factory=list)
+    path_mapping_rules: list[PathMappingRule] = field(default_factory=list)
+    job_key: str = ""
+
+    @property
+    def parameters(self) -> dict[str, str]:
+        """Job parameter values as plain strings (name -> value)."""
+        return {k: str(v.value) for k, v in sorted(self.parameter_values.items())}
+
+    def step(self, name: str) -> Any:
+        for step in self.job.steps:
+            if step.name == name:
+                return step
+        raise KeyError(name)
+
+    def step_order(self) -> list[str]:
+        """Step names in an order that respects ``dependencies`` (template order otherwise)."""
+        names = [s.name for s in self.job.steps]
+        deps = {s.name: [d.dependsOn for d in (s.dependencies or [])] for s in self.job.steps}
+        done: list[str] = []
+        remaining = list(names)
+        while remaining:
+            for name in remaining:
+                if all(d in done for d in deps[name]):
+                    done.append(name)
+                    remaining.remove(name)
+                    break
+            else:  # pragma: no cover - openjd-model refuses cycles
+                raise TemplateError([f"steps: dependency cycle among {remaining}"])
+        return done
+
+    def dependencies(self, step_name: str) -> list[str]:
+        return [d.dependsOn for d in (self.step(step_name).dependencies or [])]
+
+    def chunk_parameter(self, step_name: str) -> tuple[str | None, bool]:
+        """The step's CHUNK[INT] parameter name and whether its chunks must be CONTIGUOUS."""
+        space = self.step(step_name).parameterSpace
+        if space is None:
+            return None, False
+        for name, definition in space.taskParameterDefinitions.items():
+            if str(getattr(definition.type, "value", definition.type)) == "CHUNK[INT]":
+                chunks = getattr(definition, "chunks", None)
+                constraint = getattr(chunks, "rangeConstraint", None)
+                contiguous = str(getattr(constraint, "value", constraint)) == "CONTIGUOUS"
+                return name, contiguous
+        return None, False
+
+    def iter_tasks(self, step_name: str) -> Iterable[dict[str, ParameterValue]]:
+        space = self.step(step_name).parameterSpace
+        if space is None:
+            yield {}
+            return
+        yield from StepParameterSpaceIterator(space=space)
+
+    def plan_step(self, step_name: str, records: Iterable[TaskRecord] = ()) -> list[TaskSpec]:
+        """The tasks of a step still to run, given the records of earlier attempts.
+
+        Rules (seed 000, "Semantics", and docs/decisions.md):
+          1. a task whose record succeeded is not run again;
+          2. a record with a checkpoint, in a step with ``onCheckpointResume``, resumes: its chunk
+             keeps the frames not reported complete (for CONTIGUOUS chunks, the contiguous span
+             from the first to the last of them);
+          3. any other task runs ``onRun``; a chunk runs only its frames not reported complete,
+             as one task, or one task per contiguous run of frames where CONTIGUOUS is required.
+        """
+        chunk_param, contiguous = self.chunk_parameter(step_name)
+        resumable = self.template.is_resumable(step_name)
+        by_key = {r.task_key: r for r in records if r.step == step_name}
+
+        def group(params: Mapping[str, Any]) -> str:
+            return canonical_json({k: _value(v) for k, v in params.items() if k != chunk_param})
+
+        done: dict[str, set[int]] = {}
+        for rec in by_key.values():
+            if chunk_param is None:
+                continue
+            frames = done.setdefault(group(rec.parameters), set())
+            frames.update(rec.completed_frames)
+            if rec.status.value == "succeeded":
+                frames.update(_frames(rec.parameters[chunk_param]["value"]))
+
+        specs: list[TaskSpec] = []
+        claimed: dict[str, set[int]] = {}
+        # 2. checkpointed tasks resume.
+        for rec in sorted(by_key.values(), key=lambda r: r.task_key):
+            if rec.status.value == "succeeded" or rec.checkpoint is None or not resumable:
+                continue
+            params = _from_record(rec.parameters)
+            if chunk_param is not None:
+                g = group(rec.parameters)
+                remaining = _frames(rec.parameters[chunk_param]["value"]) - done.get(g, set())
+                if not remaining:
+                    continue
+                if contiguous:
+                    remaining = set(range(min(remaining), max(remaining) + 1))
+                claimed.setdefault(g, set()).update(remaining)
+                params = dict(params)
+                params[chunk_param] = ParameterValue(
+                    type=ParameterValueType.CHUNK_INT, value=_expr(remaining)
+                )
+            specs.append(
+                TaskSpec(
+                    step_name=step_name,
+                    task_key=rec.task_key,
+                    parameters=params,
+                    record_parameters=_from_record(rec.parameters),
+                    resume=rec.checkpoint,
+                    chunk_parameter=chunk_param,
+                )
+            )
+        resumed_keys = {s.task_key for s in specs}
+
+        # 1 and 3: the parameter space, less what is done or claimed.
+        for params in self.iter_tasks(step_name):
+            key = task_key_of(params)
+            prior = by_key.get(key)
+            if key in resumed_keys or (prior is not None and prior.status.value == "succeeded"):
+                continue
+            if chunk_param is None:
+                specs.append(TaskSpec(step_name, key, dict(params), dict(params)))
+                continue
+            g = group({k: _value(v) for k, v in params.items()})
+            frames = _frames(str(params[chunk_param].value))
+            remaining = frames - done.get(g, set()) - claimed.get(g, set())
+            if not remaining:
+                continue
+            if remaining == frames:
+                specs.append(
+                    TaskSpec(step_name, key, dict(params), dict(params), None, chunk_param)
+                )
+                continue
+            pieces = _contiguous_runs(remaining) if contiguous else [remaining]
+            for piece in pieces:
+                p = dict(params)
+                p[chunk_param] = ParameterValue(
+                    type=ParameterValueType.CHUNK_INT, value=_expr(piece)
+                )
+                specs.append(TaskSpec(step_name, f"{key}#{_expr(piece)}", p, p, None, chunk_param))
+        return specs
+
+
+def task_key_of(params: Mapping[str, ParameterValue]) -> str:
+    """A task's identity: canonical JSON of its parameter values (``{}`` for a lone task)."""
+    return canonical_json({k: str(v.value) for k, v in params.items()})
+
+
+def params_to_record(params: Mapping[str, ParameterValue]) -> dict[str, dict[str, str]]:
+    return {k: {"type": v.type.value, "value": str(v.value)} for k, v in params.items()}
+
+
+def _from_record(params: Mapping[str, Mapping[str, str]]) -> dict[str, ParameterValue]:
+    return {
+        k: ParameterValue(type=ParameterValueType(v["type"]), value=v["value"])
+        for k, v in params.items()
+    }
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, ParameterValue):
+        return str(v.value)
+    if isinstance(v, Mapping):
+        return str(v.get("value"))
+    return str(v)
+
+
+def _frames(expr: str) -> set[int]:
+    return set(IntRangeExpr.from_str(str(expr)))
+
+
+def _expr(frames: Iterable[int]) -> str:
+    return str(IntRangeExpr.from_list(sorted(frames)))
+
+
+def _contiguous_runs(frames: set[int]) -> list[set[int]]:
+    runs: list[set[int]] = []
+    current: list[int] = []
+    for f in sorted(frames):
+        if current and f != current[-1] + 1:
+            runs.append(set(current))
+            current = []
+        current.append(f)
+    if current:
+        runs.append(set(current))
+    return runs
+
+
+def load_environment_template(path: str | Path) -> EnvironmentTemplate:
+    """Read and validate an OpenJD environment template file (YAML or JSON).
+
+    Raises:
+        TemplateError: unreadable or invalid, naming the file.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+        doc_type = DocumentType.JSON if p.suffix.lower() == ".json" else DocumentType.YAML
+        obj = document_string_to_object(document=text, document_type=doc_type)
+        return decode_environment_template(template=obj)
+    except DecodeValidationError as exc:
+        raise TemplateError([str(exc)], source=str(p)) from None
+    except (OSError, ValueError) as exc:
+        raise TemplateError(
+            [f"cannot read the environment template: {exc}"], source=str(p)
+        ) from None
+
+
+def load_path_mapping_rules(
+    source: str | Path | list[Any] | dict[str, Any],
+) -> list[PathMappingRule]:
+    """Path mapping rules from a file or a decoded object: a list of rules, or
+    ``{"version": "pathmapping-1.0", "path_mapping_rules": [...]}`` as openjd-cli takes.
+
+    Raises:
+        TemplateError: the rules are unreadable or invalid.
+    """
+    try:
+        obj: Any = source
+        if isinstance(source, (str, Path)):
+            obj = json.loads(Path(source).read_text(encoding="utf-8"))
+        if isinstance(obj, dict):
+            obj = obj.get("path_mapping_rules", [])
+        if not isinstance(obj, list):
+            raise ValueError("expected a list of rules")
+        return [PathMappingRule.from_dict(rule=r) for r in obj]
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise TemplateError([f"path mapping rules: {exc}"], source=str(source)) from None
+
+
+def prepare_job(
+    template: CheckpointJobTemplate | str | Path,
+    parameters: Mapping[str, Any] | None = None,
+    *,
+    environments: Iterable[EnvironmentTemplate | str | Path] = (),
+    path_mapping_rules: list[PathMappingRule] | None = None,
+    current_working_dir: Path | None = None,
+) -> PreparedJob:
+    """Create the job: validate job parameter values and instantiate the template.
+
+    Args:
+        template: a loaded template, or a template file to load.
+        parameters: job parameter values, name -> value (strings, ints or floats).
+        environments: external environment templates (or files), entered before the job's.
+        path_mapping_rules: applied to PATH parameter values at run time.
+        current_working_dir: where relative PATH values are taken from (default: cwd).
+
+    Raises:
+        TemplateError: invalid template or parameter values, naming the parameter.
+    """
+    tmpl = template if isinstance(template, CheckpointJobTemplate) else load_template(template)
+    envs = [
+        e if isinstance(e, EnvironmentTemplate) else load_environment_template(e)
+        for e in environments
+    ]
+    template_dir = tmpl.source.parent if tmpl.source else Path.cwd()
+    cwd = (current_working_dir or Path.cwd()).resolve()
+    raw = {k: str(v) if not isinstance(v, str) else v for k, v in (parameters or {}).items()}
+    try:
+        values = preprocess_job_parameters(
+            job_template=tmpl.template,
+            job_parameter_values=raw,
+            job_template_dir=template_dir.resolve(),
+            current_working_dir=cwd,
+            environment_templates=envs or None,
+        )
+        job = create_job(
+            job_template=tmpl.template,
+            job_parameter_values=values,
+            environment_templates=envs or None,
+        )
+    except (DecodeValidationError, ValueError, KeyError) as exc:
+        raise TemplateError(
+            [f"job parameters: {line}" for line in str(exc).splitlines() if line.strip()]
+            or [str(exc)],
+            source=str(tmpl.source) if tmpl.source else None,
+        ) from None
+    return PreparedJob(
+        template=tmpl,
+        job=job,
+        parameter_values=values,
+        environments=envs,
+        path_mapping_rules=list(path_mapping_rules or []),
+        job_key=sha256_hex(canonical_json({"name": tmpl.name}))[:16],
+    )

@@ -1,0 +1,387 @@
+"""Parse the OpenJD stdout/stderr message protocol into typed events.
+
+Implements the existing 2023-09 messages (``openjd_progress``, ``openjd_status``, ``openjd_fail``,
+``openjd_env``, ``openjd_redacted_env``, ``openjd_unset_env``) with openjd-sessions'
+``ActionMonitoringFilter`` as the behavioural reference, and the four messages of the CHECKPOINT
+RFC idea (seed 000, "Messages from the task to the scheduler"):
+
+- ``openjd_checkpoint_files: {"files": [...], "dirs": [...], "mode": "ACCUMULATE"|"RESET"}``
+- ``openjd_task_complete: {"<CHUNK[INT] parameter name>": <int>}``
+- ``openjd_checkpoint_save: {"state": "...", "file": "/abs/path"}`` (both keys optional)
+- ``openjd_checkpoint_resume_status: {"status": "RESUMED"|"DISCARDED"}``
+
+openjd-sessions' filter is a closed regex over its own kinds and cannot be taught new ones, so the
+whole protocol is parsed here. The parser is pure (no I/O): ``parse_line`` takes one complete
+line and returns an event, ``None`` for ordinary output, or a ``MessageWarning`` naming what was
+wrong. Rules that need the running context (the chunk parameter's name and frames, whether this is
+the resume action) are checked by ``MessageContext.check``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+__all__ = (
+    "DEFAULT_MAX_LINE_BYTES",
+    "DEFAULT_MAX_STATE_BYTES",
+    "CheckpointFiles",
+    "CheckpointSave",
+    "EnvSet",
+    "EnvUnset",
+    "Fail",
+    "FilesMode",
+    "MessageContext",
+    "MessageEvent",
+    "MessageWarning",
+    "Progress",
+    "ResumeStatus",
+    "Status",
+    "TaskComplete",
+    "parse_line",
+)
+
+DEFAULT_MAX_LINE_BYTES = 4 * 1024 * 1024
+"""The longest output line the reader takes whole (4 MiB, newline excluded). A longer line is
+refused with a warning and never parsed, in whole or in part."""
+
+DEFAULT_MAX_STATE_BYTES = 1024 * 1024
+"""The largest checkpoint ``state`` (1 MiB of UTF-8), as Trax caps a checkpoint's JSON. It fits
+the line cap with room for JSON escaping; see docs/decisions.md."""
+
+
+class FilesMode(str, Enum):
+    ACCUMULATE = "ACCUMULATE"
+    """Add the listed files and dirs to the checkpoint's file dataset."""
+    RESET = "RESET"
+    """Empty the dataset first, then add the listed files and dirs."""
+
+
+@dataclass(frozen=True)
+class Progress:
+    percent: float
+    """0.0 to 100.0."""
+
+
+@dataclass(frozen=True)
+class Status:
+    message: str
+
+
+@dataclass(frozen=True)
+class Fail:
+    message: str
+
+
+@dataclass(frozen=True)
+class EnvSet:
+    name: str
+    value: str
+    redacted: bool = False
+    """True for ``openjd_redacted_env``: the value is never logged or stored."""
+
+
+@dataclass(frozen=True)
+class EnvUnset:
+    name: str
+
+
+@dataclass(frozen=True)
+class CheckpointFiles:
+    files: tuple[str, ...] = ()
+    dirs: tuple[str, ...] = ()
+    mode: FilesMode = FilesMode.ACCUMULATE
+
+
+@dataclass(frozen=True)
+class TaskComplete:
+    parameter: str
+    """The CHUNK[INT] task parameter's name."""
+    frame: int
+
+
+@dataclass(frozen=True)
+class CheckpointSave:
+    state: str | None = None
+    file: str | None = None
+
+
+class ResumeStatusValue(str, Enum):
+    RESUMED = "RESUMED"
+    """The resume action used the checkpoint."""
+    DISCARDED = "DISCARDED"
+    """The resume action threw the checkpoint away and started from scratch."""
+
+
+@dataclass(frozen=True)
+class ResumeStatus:
+    status: ResumeStatusValue
+
+
+MessageEvent = (
+    Progress
+    | Status
+    | Fail
+    | EnvSet
+    | EnvUnset
+    | CheckpointFiles
+    | TaskComplete
+    | CheckpointSave
+    | ResumeStatus
+)
+
+
+@dataclass(frozen=True)
+class MessageWarning:
+    """A malformed protocol message. The task keeps running; nothing is stored from it.
+
+    Attributes:
+        kind: the message name (``openjd_checkpoint_save``) or ``output`` for line-level faults.
+        reason: what was wrong, for a person to read.
+    """
+
+    kind: str
+    reason: str
+
+    def describe(self, line_number: int | None = None) -> str:
+        where = f"output line {line_number}: " if line_number is not None else ""
+        return f"{where}malformed {self.kind} message: {self.reason}"
+
+
+_PREFIX = re.compile(
+    r"^openjd_(progress|status|fail|env|redacted_env|unset_env|checkpoint_files|task_complete|"
+    r"checkpoint_save|checkpoint_resume_status|session_runtime_loglevel):(.*)\Z",
+    re.DOTALL,
+)
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def parse_line(
+    line: str, *, max_state_bytes: int = DEFAULT_MAX_STATE_BYTES
+) -> MessageEvent | MessageWarning | None:
+    """Parse one complete output line (without its newline).
+
+    Args:
+        line: the decoded line. Leading and trailing white space is ignored, as openjd-sessions
+            ignores it.
+        max_state_bytes: the cap on a checkpoint ``state``, in bytes of UTF-8.
+
+    Returns:
+        An event for a well-formed message, a ``MessageWarning`` for a malformed one, or None
+        for a line that is not a protocol message.
+    """
+    text = line.strip()
+    if not text.startswith("openjd_"):
+        return None
+    m = _PREFIX.match(text)
+    if m is None:
+        return None
+    kind, body = m.group(1), m.group(2).strip()
+    name = f"openjd_{kind}"
+    try:
+        return _HANDLERS[kind](body, max_state_bytes)
+    except _MalformedError as exc:
+        return MessageWarning(kind=name, reason=str(exc))
+
+
+class _MalformedError(ValueError):
+    pass
+
+
+def _json_object(body: str, allowed: set[str]) -> dict[str, Any]:
+    try:
+        value = json.loads(body)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise _MalformedError(f"not valid JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise _MalformedError(f"expected a JSON object, got {type(value).__name__}")
+    unknown = sorted(set(value) - allowed)
+    if unknown:
+        raise _MalformedError(
+            f"unknown key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(sorted(allowed))}"
+        )
+    return value
+
+
+def _str_list(value: Any, key: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise _MalformedError(f"'{key}' must be a list of strings")
+    for v in value:
+        if not v or "\x00" in v:
+            raise _MalformedError(f"'{key}' holds an empty path or one with a NUL character")
+    return tuple(value)
+
+
+def _progress(body: str, _cap: int) -> MessageEvent:
+    try:
+        pct = float(body)
+    except ValueError:
+        raise _MalformedError(f"progress must be a number from 0 to 100, got {body!r}") from None
+    if not 0.0 <= pct <= 100.0:
+        raise _MalformedError(f"progress must be a number from 0 to 100, got {body!r}")
+    return Progress(pct)
+
+
+def _env(body: str, _cap: int, redacted: bool = False) -> MessageEvent:
+    text = body
+    if text.startswith('"'):
+        try:
+            text = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise _MalformedError(f"the JSON string form is not valid JSON ({exc})") from None
+        if not isinstance(text, str):
+            raise _MalformedError("the JSON form must be a string NAME=VALUE")
+    name, eq, value = text.partition("=")
+    if not eq or not _ENV_NAME.match(name):
+        raise _MalformedError("expected NAME=VALUE with a name of letters, digits and '_'")
+    return EnvSet(name=name, value=value, redacted=redacted)
+
+
+def _unset(body: str, _cap: int) -> MessageEvent:
+    if not _ENV_NAME.match(body):
+        raise _MalformedError(f"expected a variable name, got {body!r}")
+    return EnvUnset(body)
+
+
+def _files(body: str, _cap: int) -> MessageEvent:
+    obj = _json_object(body, {"files", "dirs", "mode"})
+    mode_raw = obj.get("mode", "ACCUMULATE")
+    try:
+        mode = FilesMode(mode_raw)
+    except (ValueError, TypeError):
+        raise _MalformedError(f"'mode' must be ACCUMULATE or RESET, got {mode_raw!r}") from None
+    return CheckpointFiles(
+        files=_str_list(obj.get("files"), "files"),
+        dirs=_str_list(obj.get("dirs"), "dirs"),
+        mode=mode,
+    )
+
+
+def _task_complete(body: str, _cap: int) -> MessageEvent:
+    try:
+        value = json.loads(body)
+    except json.JSONDecodeError as exc:
+        raise _MalformedError(f"not valid JSON ({exc})") from None
+    if not isinstance(value, dict) or len(value) != 1:
+        raise _MalformedError('expected one key, the CHUNK[INT] parameter: {"Frame": 12}')
+    ((param, frame),) = value.items()
+    if isinstance(frame, bool) or not isinstance(frame, int):
+        raise _MalformedError(f"the frame of {param!r} must be an integer, got {frame!r}")
+    return TaskComplete(parameter=param, frame=frame)
+
+
+def _save(body: str, cap: int) -> MessageEvent:
+    obj = _json_object(body, {"state", "file"})
+    state = obj.get("state")
+    file = obj.get("file")
+    if state is not None:
+        if not isinstance(state, str):
+            raise _MalformedError(f"'state' must be a string, got {type(state).__name__}")
+        if "\x00" in state:
+            raise _MalformedError(
+                "'state' holds a NUL character, which cannot be stored; encode such data "
+                "(Base64, say)"
+            )
+        size = len(state.encode("utf-8", "surrogatepass"))
+        if size > cap:
+            raise _MalformedError(f"'state' is {size} bytes, over the {cap}-byte cap")
+    if file is not None:
+        if not isinstance(file, str) or not file or "\x00" in file:
+            raise _MalformedError("'file' must be a non-empty path string")
+        if not (file.startswith("/") or re.match(r"^[A-Za-z]:[\\/]", file)):
+            raise _MalformedError(f"'file' must be an absolute path, got {file!r}")
+    return CheckpointSave(state=state, file=file)
+
+
+def _resume_status(body: str, _cap: int) -> MessageEvent:
+    obj = _json_object(body, {"status"})
+    raw = obj.get("status")
+    try:
+        return ResumeStatus(ResumeStatusValue(raw))
+    except (ValueError, TypeError):
+        raise _MalformedError(f"'status' must be RESUMED or DISCARDED, got {raw!r}") from None
+
+
+def _loglevel(body: str, _cap: int) -> MessageEvent:
+    return Status(message=f"runtime log level {body}")
+
+
+_HANDLERS: dict[str, Any] = {
+    "progress": _progress,
+    "status": lambda b, c: Status(b),
+    "fail": lambda b, c: Fail(b),
+    "env": _env,
+    "redacted_env": lambda b, c: _env(b, c, redacted=True),
+    "unset_env": _unset,
+    "checkpoint_files": _files,
+    "task_complete": _task_complete,
+    "checkpoint_save": _save,
+    "checkpoint_resume_status": _resume_status,
+    "session_runtime_loglevel": _loglevel,
+}
+
+
+@dataclass
+class MessageContext:
+    """What a message is checked against while an action runs.
+
+    Attributes:
+        chunk_parameter: name of the step's CHUNK[INT] task parameter, or None.
+        chunk_frames: the frames of the running chunk (empty when not chunked).
+        in_resume_action: True while ``onCheckpointResume`` runs.
+        in_task_action: True for onRun/onCheckpointResume; False for environment actions,
+            which may not report checkpoints or finished frames.
+        redaction_enabled: the template declares REDACTED_ENV_VARS.
+    """
+
+    chunk_parameter: str | None = None
+    chunk_frames: frozenset[int] = field(default_factory=frozenset)
+    in_resume_action: bool = False
+    in_task_action: bool = True
+    redaction_enabled: bool = False
+
+    def check(self, event: MessageEvent) -> MessageWarning | None:
+        """Return a warning if ``event`` is not valid here, else None."""
+        if isinstance(event, TaskComplete):
+            if not self.in_task_action:
+                return MessageWarning("openjd_task_complete", "only a task's action may send it")
+            if self.chunk_parameter is None:
+                return MessageWarning(
+                    "openjd_task_complete", "the step has no CHUNK[INT] task parameter"
+                )
+            if event.parameter != self.chunk_parameter:
+                return MessageWarning(
+                    "openjd_task_complete",
+                    f"key {event.parameter!r} is not the step's CHUNK[INT] parameter "
+                    f"{self.chunk_parameter!r}",
+                )
+            if event.frame not in self.chunk_frames:
+                return MessageWarning(
+                    "openjd_task_complete",
+                    f"frame {event.frame} is not in the running chunk",
+                )
+        elif isinstance(event, (CheckpointSave, CheckpointFiles)):
+            if not self.in_task_action:
+                kind = (
+                    "openjd_checkpoint_save"
+                    if isinstance(event, CheckpointSave)
+                    else "openjd_checkpoint_files"
+                )
+                return MessageWarning(kind, "only a task's action may report checkpoints")
+        elif isinstance(event, ResumeStatus):
+            if not self.in_resume_action:
+                return MessageWarning(
+                    "openjd_checkpoint_resume_status",
+                    "valid only inside onCheckpointResume",
+                )
+        elif isinstance(event, EnvSet) and event.redacted and not self.redaction_enabled:
+            return MessageWarning(
+                "openjd_redacted_env",
+                "the template does not declare the REDACTED_ENV_VARS extension",
+            )
+        return None

@@ -1,0 +1,424 @@
+"""Checkpoint store: versioned JSON records of runs, tasks and checkpoint generations.
+
+Layout under the store root (a local directory or any fsspec URL)::
+
+    jobs/<job_key>/runs/<run_id>/run.json
+    jobs/<job_key>/runs/<run_id>/tasks/<task_id>.json           latest task record
+    jobs/<job_key>/runs/<run_id>/tasks/<task_id>.gen-<N>.json   checkpoint generation N
+
+Every write replaces a whole file atomically: on a local file system through a temporary file in
+the same directory, ``fsync`` and ``os.replace`` (fsspec's local writes are not atomic and do not
+fsync); elsewhere through fsspec's ``pipe_file``, which object stores commit whole. A crash at any
+instant leaves the previous version readable. A record that cannot be read is moved aside to
+``<name>.unreadable-<time>`` and reported; it is never overwritten.
+
+Implements the storage side of the CHECKPOINT RFC idea (seed 000: "each save supersedes the
+previous one"; a scheduler "could offer a history of checkpoints") and Trax's "a run that
+completes deletes its checkpoints" (seed 001).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import socket
+import tempfile
+import time
+import uuid
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import platformdirs
+from fsspec.implementations.local import LocalFileSystem
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ._errors import StoreError
+from ._template import canonical_json, sha256_hex
+
+__all__ = (
+    "SCHEMA_VERSION",
+    "CheckpointData",
+    "CheckpointStore",
+    "ProcessInfo",
+    "RunRecord",
+    "RunStatus",
+    "TaskRecord",
+    "TaskStatus",
+    "default_store_location",
+    "task_id_for",
+)
+
+SCHEMA_VERSION = 1
+"""Version of the record schema. A record with another version is not resumed from."""
+
+DEFAULT_KEEP_GENERATIONS = 3
+"""How many checkpoint generations of each task the store keeps."""
+
+
+def default_store_location() -> str:
+    """``$OPENJD_CHECKPOINT_STORE``, else the per-user state directory
+    (``~/.local/state/openjd-checkpoint`` on Linux)."""
+    env = os.environ.get("OPENJD_CHECKPOINT_STORE")
+    if env:
+        return env
+    return platformdirs.user_state_dir("openjd-checkpoint")
+
+
+class RunStatus(str, Enum):
+    RUNNING = "running"
+    """A runner is working on it (or died without a word: see ``RunRecord.runner``)."""
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    """Stopped to be resumed later (checkpointCancelation)."""
+    CANCELED = "canceled"
+
+
+class TaskStatus(str, Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    CANCELED = "canceled"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ProcessInfo(_Model):
+    """A process that works on a run or task, to find (and stop) it again later."""
+
+    pid: int
+    pgid: int
+    start_time: float
+    """Seconds since the epoch."""
+    host: str
+
+
+class CheckpointData(_Model):
+    """One committed checkpoint (``openjd_checkpoint_save`` plus the file dataset so far)."""
+
+    generation: int
+    state: str | None = None
+    file: str | None = None
+    files: list[str] = Field(default_factory=list)
+    dirs: list[str] = Field(default_factory=list)
+    saved_at: float
+    """Seconds since the epoch."""
+    attempt: int
+
+
+class TaskRecord(_Model):
+    """What the store knows of one task of a run.
+
+    ``parameters`` are the task's original parameter values (name -> {"type", "value"}); a chunk
+    resumed with fewer frames keeps its original record. ``completed_frames`` are the frames of a
+    CHUNK[INT] parameter reported by ``openjd_task_complete`` (all frames once the task succeeds).
+    """
+
+    schema_version: int = SCHEMA_VERSION
+    job_key: str
+    run_id: str
+    step: str
+    task_key: str
+    parameters: dict[str, dict[str, str]]
+    status: TaskStatus = TaskStatus.PENDING
+    attempt: int = 0
+    chunk_parameter: str | None = None
+    completed_frames: list[int] = Field(default_factory=list)
+    checkpoint: CheckpointData | None = None
+    pending_files: list[str] = Field(default_factory=list)
+    pending_dirs: list[str] = Field(default_factory=list)
+    resume_status: str | None = None
+    """RESUMED, DISCARDED, or UNKNOWN when the resume action never said."""
+    process: ProcessInfo | None = None
+    step_hash: str = ""
+    message: str | None = None
+    updated_at: float = Field(default_factory=time.time)
+
+
+class RunRecord(_Model):
+    """One run of a job (a template with job parameter values), across its attempts."""
+
+    schema_version: int = SCHEMA_VERSION
+    job_key: str
+    run_id: str
+    job_name: str
+    template_path: str | None = None
+    template_hash: str
+    step_hashes: dict[str, str] = Field(default_factory=dict)
+    parameters: dict[str, str] = Field(default_factory=dict)
+    status: RunStatus = RunStatus.RUNNING
+    attempt: int = 1
+    created_at: float = Field(default_factory=time.time)
+    updated_at: float = Field(default_factory=time.time)
+    runner: ProcessInfo | None = None
+    message: str | None = None
+
+
+def task_id_for(step: str, task_key: str) -> str:
+    """The file name stem of a task's record: a hash of its step name and task key."""
+    return sha256_hex(canonical_json([step, task_key]))[:24]
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
+
+
+class CheckpointStore:
+    """Runs, task records and checkpoint generations kept under one root.
+
+    Thread-safe: each call writes whole files, and task records of one task are written by one
+    thread at a time (the task's runner).
+
+    Args:
+        location: a directory path or an fsspec URL (``file:///…``, ``memory://…``, ``s3://…``).
+            Default: ``default_store_location()``.
+        keep_generations: checkpoint generations kept per task (1 or more).
+
+    Raises:
+        StoreError: the location cannot be used.
+    """
+
+    def __init__(
+        self,
+        location: str | Path | None = None,
+        *,
+        keep_generations: int = DEFAULT_KEEP_GENERATIONS,
+    ) -> None:
+        loc = str(location) if location is not None else default_store_location()
+        if keep_generations < 1:
+            raise StoreError("keep_generations must be 1 or more")
+        self.keep_generations = keep_generations
+        try:
+            fs, root = fsspec.core.url_to_fs(loc)
+        except (ValueError, ImportError) as exc:
+            raise StoreError(f"checkpoint store {loc!r} cannot be used: {exc}") from None
+        self.fs = fs
+        self.root = root.rstrip("/") or "/"
+        self.location = loc
+        self._local = isinstance(fs, LocalFileSystem)
+        try:
+            self.fs.makedirs(self.root, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"checkpoint store {loc!r} cannot be created: {exc}") from None
+
+    # --- paths ---------------------------------------------------------------------------------
+    def _run_dir(self, job_key: str, run_id: str) -> str:
+        return posixpath.join(self.root, "jobs", job_key, "runs", run_id)
+
+    def _run_path(self, job_key: str, run_id: str) -> str:
+        return posixpath.join(self._run_dir(job_key, run_id), "run.json")
+
+    def _task_path(self, job_key: str, run_id: str, task_id: str) -> str:
+        return posixpath.join(self._run_dir(job_key, run_id), "tasks", f"{task_id}.json")
+
+    def _gen_path(self, job_key: str, run_id: str, task_id: str, gen: int) -> str:
+        return posixpath.join(
+            self._run_dir(job_key, run_id), "tasks", f"{task_id}.gen-{gen:06d}.json"
+        )
+
+    # --- low level -----------------------------------------------------------------------------
+    def _write(self, path: str, data: dict[str, Any]) -> None:
+        payload = (json.dumps(data, indent=1, sort_keys=True) + "\n").encode("utf-8")
+        parent = posixpath.dirname(path)
+        try:
+            if self._local:
+                os.makedirs(parent, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=parent)
+                try:
+                    with os.fdopen(fd, "wb") as fh:
+                        fh.write(payload)
+                        fh.flush()
+                        os.fsync(fh.fileno())
+                    os.replace(tmp, path)
+                except BaseException:
+                    try:
+                        os.unlink(tmp)
+                    except OSError:
+                        pass
+                    raise
+                dfd = os.open(parent, os.O_RDONLY)
+                try:
+                    os.fsync(dfd)
+                finally:
+                    os.close(dfd)
+            else:
+                self.fs.makedirs(parent, exist_ok=True)
+                self.fs.pipe_file(path, payload)
+        except OSError as exc:
+            raise StoreError(f"cannot write {self._where(path)}: {exc}") from None
+
+    def _where(self, path: str) -> str:
+        return f"checkpoint store {self.location!r}, record {path}"
+
+    def _read(self, path: str, model: type[Any]) -> Any:
+        try:
+            raw = self.fs.cat_file(path)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StoreError(f"cannot read {self._where(path)}: {exc}") from None
+        try:
+            obj = json.loads(raw.decode("utf-8"))
+            if (
+                isinstance(obj, dict)
+                and obj.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION
+            ):
+                raise StoreError(
+                    f"{self._where(path)} has schema version {obj.get('schema_version')}, "
+                    f"this openjd-checkpoint reads version {SCHEMA_VERSION}"
+                )
+            return model.model_validate(obj)
+        except (UnicodeDecodeError, json.JSONDecodeError, ValidationError) as exc:
+            aside = self._move_aside(path)
+            raise StoreError(
+                f"{self._where(path)} is unreadable ({_short(exc)}); kept as {aside}"
+            ) from None
+
+    def _move_aside(self, path: str) -> str:
+        aside = f"{path}.unreadable-{int(time.time())}"
+        try:
+            self.fs.mv(path, aside)
+        except OSError:
+            return path
+        return aside
+
+    # --- runs ----------------------------------------------------------------------------------
+    def write_run(self, record: RunRecord) -> None:
+        record.updated_at = time.time()
+        self._write(self._run_path(record.job_key, record.run_id), record.model_dump(mode="json"))
+
+    def read_run(self, job_key: str, run_id: str) -> RunRecord | None:
+        """The run's record, None if there is none. Raises StoreError if it is unreadable."""
+        rec: RunRecord | None = self._read(self._run_path(job_key, run_id), RunRecord)
+        return rec
+
+    def list_runs(self, job_key: str | None = None) -> tuple[list[RunRecord], list[str]]:
+        """All readable run records (oldest first) and a warning for each unreadable one."""
+        runs: list[RunRecord] = []
+        warnings: list[str] = []
+        keys = [job_key] if job_key else self._ls_names(posixpath.join(self.root, "jobs"))
+        for key in keys:
+            for run_id in self._ls_names(posixpath.join(self.root, "jobs", key, "runs")):
+                try:
+                    rec = self.read_run(key, run_id)
+                except StoreError as exc:
+                    warnings.append(str(exc))
+                    continue
+                if rec is not None:
+                    runs.append(rec)
+        runs.sort(key=lambda r: (r.created_at, r.run_id))
+        return runs, warnings
+
+    def find_run(self, run_id: str) -> RunRecord | None:
+        """A run by its id alone (any job)."""
+        for key in self._ls_names(posixpath.join(self.root, "jobs")):
+            rec = self.read_run(key, run_id)
+            if rec is not None:
+                return rec
+        return None
+
+    def delete_run(self, job_key: str, run_id: str) -> None:
+        """Delete a run with its task records and checkpoints."""
+        path = self._run_dir(job_key, run_id)
+        try:
+            if self.fs.exists(path):
+                self.fs.rm(path, recursive=True)
+        except OSError as exc:
+            raise StoreError(f"cannot delete {self._where(path)}: {exc}") from None
+
+    def _ls_names(self, path: str) -> list[str]:
+        try:
+            entries = self.fs.ls(path, detail=False)
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise StoreError(f"cannot list {self._where(path)}: {exc}") from None
+        return sorted(posixpath.basename(str(e).rstrip("/")) for e in entries)
+
+    # --- tasks ---------------------------------------------------------------------------------
+    def write_task(self, record: TaskRecord) -> None:
+        """Write a task's latest record (atomically replacing the previous one)."""
+        record.updated_at = time.time()
+        tid = task_id_for(record.step, record.task_key)
+        self._write(
+            self._task_path(record.job_key, record.run_id, tid), record.model_dump(mode="json")
+        )
+
+    def commit_checkpoint(self, record: TaskRecord, checkpoint: CheckpointData) -> None:
+        """Store a new checkpoint generation, then the task record that points at it; drop
+        generations older than the last ``keep_generations``."""
+        tid = task_id_for(record.step, record.task_key)
+        gen_path = self._gen_path(record.job_key, record.run_id, tid, checkpoint.generation)
+        self._write(gen_path, checkpoint.model_dump(mode="json"))
+        record.checkpoint = checkpoint
+        self.write_task(record)
+        old = checkpoint.generation - self.keep_generations
+        if old >= 1:
+            try:
+                for gen in range(max(1, old - 2), old + 1):
+                    p = self._gen_path(record.job_key, record.run_id, tid, gen)
+                    if self.fs.exists(p):
+                        self.fs.rm(p)
+            except OSError:
+                pass  # history clean-up is best effort; the record is already committed
+
+    def read_tasks(self, job_key: str, run_id: str) -> tuple[list[TaskRecord], list[str]]:
+        """Every readable task record of a run, and a warning for each unreadable one."""
+        tasks: list[TaskRecord] = []
+        warnings: list[str] = []
+        tdir = posixpath.join(self._run_dir(job_key, run_id), "tasks")
+        for name in self._ls_names(tdir):
+            if not name.endswith(".json") or ".gen-" in name or name.startswith(".tmp-"):
+                continue
+            try:
+                rec = self._read(posixpath.join(tdir, name), TaskRecord)
+            except StoreError as exc:
+                warnings.append(str(exc))
+                continue
+            if rec is not None:
+                tasks.append(rec)
+        return tasks, warnings
+
+    def list_generations(self, record: TaskRecord) -> list[CheckpointData]:
+        """The stored checkpoint generations of a task, oldest first."""
+        tid = task_id_for(record.step, record.task_key)
+        tdir = posixpath.join(self._run_dir(record.job_key, record.run_id), "tasks")
+        gens: list[CheckpointData] = []
+        for name in self._ls_names(tdir):
+            if name.startswith(f"{tid}.gen-") and name.endswith(".json"):
+                try:
+                    data = self._read(posixpath.join(tdir, name), CheckpointData)
+                except StoreError:
+                    continue
+                if data is not None:
+                    gens.append(data)
+        gens.sort(key=lambda g: g.generation)
+        return gens
+
+
+def this_process(pgid: int | None = None) -> ProcessInfo:
+    import psutil
+
+    pid = os.getpid()
+    try:
+        started = psutil.Process(pid).create_time()
+    except psutil.Error:  # pragma: no cover
+        started = time.time()
+    return ProcessInfo(
+        pid=pid,
+        pgid=pgid if pgid is not None else os.getpgid(pid),
+        start_time=started,
+        host=socket.gethostname(),
+    )
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).splitlines()
+    return text[0] if text else type(exc).__name__

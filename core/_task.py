@@ -1,0 +1,771 @@
+"""Run one task (or chunk) in its own session: the thread-safe core API every adapter stands on.
+
+``TaskExecution.run()`` blocks in the caller's (worker) thread; ``TaskExecution.stop(intent)`` may
+be called from any other thread (a signal handler's helper, Airflow's ``on_kill``, a Prefect
+cancellation watcher). The local CLI uses exactly this API.
+
+Behaviour follows openjd-sessions 0.14 (the reference): a session working directory, the
+external, job and step environments entered in order (variables, embedded files, ``onEnter``)
+and exited in reverse (``onExit``), ``openjd_env``/``openjd_unset_env``/``openjd_redacted_env``
+from ``onEnter``, embedded files, action timeouts and ``cancel_info.json``. What CHECKPOINT adds
+(seed 000): ``onCheckpointResume`` with ``Task.Checkpoint.State``/``File``, the two stop intents
+(``cancelation`` abandons, ``checkpointCancelation`` preserves), and every checkpoint message
+persisted to the store as it arrives.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import shutil
+import stat
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from openjd.model import FormatStringError, ParameterValueType, SymbolTable
+
+from ._errors import StoreError
+from ._job import PreparedJob, TaskSpec, params_to_record
+from ._messages import (
+    DEFAULT_MAX_LINE_BYTES,
+    DEFAULT_MAX_STATE_BYTES,
+    CheckpointFiles,
+    CheckpointSave,
+    EnvSet,
+    EnvUnset,
+    Fail,
+    FilesMode,
+    MessageContext,
+    MessageEvent,
+    MessageWarning,
+    Progress,
+    ResumeStatus,
+    Status,
+    TaskComplete,
+    parse_line,
+)
+from ._process import ActionProcess, OutputLine, kill_process_group
+from ._store import (
+    CheckpointData,
+    CheckpointStore,
+    ProcessInfo,
+    TaskRecord,
+    TaskStatus,
+)
+from ._template import CancelMethod
+
+__all__ = ("StopIntent", "TaskEvent", "TaskExecution", "TaskOutcome", "TaskResult")
+
+REDACTED = "********"
+
+
+class StopIntent(str, Enum):
+    """Why a running task is asked to stop (seed 000, "Semantics")."""
+
+    CANCEL = "cancel"
+    """Abandon the work: the action's ``cancelation`` method."""
+    CHECKPOINT = "checkpoint"
+    """Preserve the work to resume later: ``checkpointCancelation`` (else ``cancelation``)."""
+
+
+class TaskOutcome(str, Enum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    INTERRUPTED_WITH_CHECKPOINT = "interrupted_with_checkpoint"
+    """Stopped with the CHECKPOINT intent; the store holds a checkpoint or finished frames."""
+    INTERRUPTED = "interrupted"
+    """Stopped with the CHECKPOINT intent, with nothing to resume from."""
+    CANCELED = "canceled"
+
+
+@dataclass(frozen=True)
+class TaskEvent:
+    """Something a running task reported, for progress displays and adapters.
+
+    Attributes:
+        kind: ``progress``, ``status``, ``fail``, ``checkpoint_saved``, ``frame_complete``,
+            ``resume_status``, ``warning``, ``action_started``, ``action_ended``.
+        value: the percentage (float), the message (str), the generation (int) or frame (int).
+        time: seconds since the epoch.
+    """
+
+    kind: str
+    value: Any
+    time: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """How one task execution ended.
+
+    Attributes:
+        outcome: see ``TaskOutcome``.
+        exit_code: the task action's exit code (None if it never ran).
+        message: why it failed or stopped, for a person.
+        record: the task's store record as it was left.
+    """
+
+    outcome: TaskOutcome
+    exit_code: int | None
+    message: str
+    record: TaskRecord
+
+
+class TaskExecution:
+    """One attempt at one task. Thread-safe: ``stop()`` and the read-only properties may be used
+    from any thread while ``run()`` blocks in another.
+
+    Args:
+        job: the prepared job.
+        spec: which task, with which parameters, resumed from which checkpoint.
+        run_id: the run this attempt belongs to.
+        store: where records and checkpoints go (None: nothing is stored).
+        record: the task's existing record (None: a new one is made).
+        attempt: the attempt number (1-based) written into checkpoints.
+        on_output: called with (this execution, list of decoded output lines), on the reader
+            thread; keep it fast.
+        on_event: called with (this execution, TaskEvent).
+        working_root: parent directory of the session working directory (default: system temp).
+        os_env: the environment the actions start from (default: ``os.environ``).
+        max_line_bytes / max_state_bytes: protocol caps in bytes.
+    """
+
+    def __init__(
+        self,
+        job: PreparedJob,
+        spec: TaskSpec,
+        *,
+        run_id: str,
+        store: CheckpointStore | None = None,
+        record: TaskRecord | None = None,
+        attempt: int = 1,
+        on_output: Callable[[TaskExecution, list[str]], None] | None = None,
+        on_event: Callable[[TaskExecution, TaskEvent], None] | None = None,
+        working_root: str | None = None,
+        os_env: dict[str, str] | None = None,
+        max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+        max_state_bytes: int = DEFAULT_MAX_STATE_BYTES,
+    ) -> None:
+        self.job = job
+        self.spec = spec
+        self.run_id = run_id
+        self.store = store
+        self.attempt = attempt
+        self._on_output = on_output
+        self._on_event = on_event
+        self._working_root = working_root
+        self._os_env = dict(os.environ if os_env is None else os_env)
+        self._max_line = max_line_bytes
+        self._max_state = max_state_bytes
+        self._lock = threading.RLock()
+        self._stop_intent: StopIntent | None = None
+        self._stop_force = False
+        self._stop_changed = threading.Event()
+        self._progress: float | None = None
+        self._status: str | None = None
+        self._fail_message: str | None = None
+        self._redacted: set[str] = set()
+        self._record = record or TaskRecord(
+            job_key=job.job_key,
+            run_id=run_id,
+            step=spec.step_name,
+            task_key=spec.task_key,
+            parameters=params_to_record(spec.record_parameters),
+            chunk_parameter=spec.chunk_parameter,
+            step_hash=job.template.step_hashes.get(spec.step_name, ""),
+        )
+        self._dirty = False
+        self._pending_save: CheckpointSave | None = None
+        self._saved_this_attempt = False
+        self._resume_reported = False
+        self.warnings: list[str] = []
+
+    # --- thread-safe public surface -------------------------------------------------------------
+    @property
+    def progress(self) -> float | None:
+        """Last ``openjd_progress`` (0..100), or None."""
+        return self._progress
+
+    @property
+    def status_message(self) -> str | None:
+        """Last ``openjd_status`` text, or None."""
+        return self._status
+
+    @property
+    def stop_intent(self) -> StopIntent | None:
+        return self._stop_intent
+
+    @property
+    def record(self) -> TaskRecord:
+        with self._lock:
+            return self._record.model_copy(deep=True)
+
+    def stop(self, intent: StopIntent, *, force: bool = False) -> None:
+        """Ask the task to stop. Thread-safe, idempotent, returns at once.
+
+        ``CANCEL`` after ``CHECKPOINT`` turns the stop into a cancelation (the forceful exit);
+        ``CHECKPOINT`` after ``CANCEL`` changes nothing. ``force=True`` kills the process tree
+        now, without notifying, and skips the environments' ``onExit``.
+        """
+        with self._lock:
+            if self._stop_intent is None or intent == StopIntent.CANCEL:
+                self._stop_intent = intent
+            self._stop_force = self._stop_force or force
+        self._stop_changed.set()
+
+    # --- running ----------------------------------------------------------------------------------
+    def run(self) -> TaskResult:
+        """Run the task to its end in this thread. Never raises for task failures; raises
+        ``StoreError`` only if the store cannot be written when the task starts."""
+        rec = self._record
+        rec.status = TaskStatus.RUNNING
+        rec.attempt = max(rec.attempt, 0) + 1
+        rec.message = None
+        if self.spec.resume is not None:
+            rec.resume_status = None
+        self._persist(force=True)
+        session_dir = tempfile.mkdtemp(prefix="openjd-session-", dir=self._working_root)
+        os.chmod(session_dir, 0o700)
+        env = dict(self._os_env)
+        env["OPENJD_SESSION_WORKING_DIR"] = session_dir
+        entered: list[tuple[Any, str, dict[str, str]]] = []
+        exit_code: int | None = None
+        message = ""
+        failed = False
+        try:
+            base = self._base_symtab(session_dir)
+            for env_model, path in self._environments():
+                if self._stop_intent is not None:
+                    break
+                symtab = SymbolTable(source=base)
+                try:
+                    self._apply_env_variables(env_model, symtab, env)
+                    files = self._embedded_files(
+                        getattr(env_model.script, "embeddedFiles", None), session_dir, symtab, "Env"
+                    )
+                    for k, v in files.items():
+                        symtab[k] = v
+                except (FormatStringError, OSError) as exc:
+                    failed, message = True, f"environment {env_model.name!r}: {exc}"
+                    break
+                entered.append((env_model, path, dict(files)))
+                action = getattr(getattr(env_model.script, "actions", None), "onEnter", None)
+                if action is None:
+                    continue
+                code, msg = self._run_action(
+                    action,
+                    f"{path}.script.actions.onEnter",
+                    symtab,
+                    env,
+                    session_dir,
+                    MessageContext(in_task_action=False, redaction_enabled=self._redaction()),
+                    env_action=True,
+                )
+                if code != 0:
+                    failed, message = True, msg or f"environment {env_model.name!r} onEnter failed"
+                    break
+            if not failed and self._stop_intent is None:
+                exit_code, message = self._run_task_action(base, env, session_dir)
+                failed = exit_code != 0
+        except Exception as exc:  # a bug or an OS error: fail the task, keep the store intact
+            failed, message = True, f"{type(exc).__name__}: {exc}"
+        finally:
+            if not self._stop_force:
+                for env_model, path, files in reversed(entered):
+                    action = getattr(getattr(env_model.script, "actions", None), "onExit", None)
+                    if action is None:
+                        continue
+                    symtab = SymbolTable(source=self._base_symtab(session_dir))
+                    for k, v in files.items():
+                        symtab[k] = v
+                    code, msg = self._run_action(
+                        action,
+                        f"{path}.script.actions.onExit",
+                        symtab,
+                        env,
+                        session_dir,
+                        MessageContext(in_task_action=False, redaction_enabled=self._redaction()),
+                        env_action=True,
+                        stoppable=False,
+                    )
+                    if code != 0 and not failed and self._stop_intent is None:
+                        failed, message = (
+                            True,
+                            msg or f"environment {env_model.name!r} onExit failed",
+                        )
+            shutil.rmtree(session_dir, ignore_errors=True)
+        return self._finish(exit_code, failed, message)
+
+    def _finish(self, exit_code: int | None, failed: bool, message: str) -> TaskResult:
+        with self._lock:
+            rec = self._record
+            rec.process = None
+            intent = self._stop_intent
+            if intent == StopIntent.CHECKPOINT:
+                has = rec.checkpoint is not None or bool(rec.completed_frames)
+                outcome = (
+                    TaskOutcome.INTERRUPTED_WITH_CHECKPOINT if has else TaskOutcome.INTERRUPTED
+                )
+                rec.status = TaskStatus.INTERRUPTED
+                message = message if not has else "interrupted; checkpoint kept"
+            elif intent == StopIntent.CANCEL:
+                outcome, rec.status = TaskOutcome.CANCELED, TaskStatus.CANCELED
+                message = "canceled"
+            elif failed:
+                outcome, rec.status = TaskOutcome.FAILED, TaskStatus.FAILED
+                message = self._fail_message or message or f"exited with code {exit_code}"
+            else:
+                outcome, rec.status = TaskOutcome.SUCCEEDED, TaskStatus.SUCCEEDED
+                if self.spec.chunk_parameter:
+                    rec.completed_frames = sorted(
+                        set(rec.completed_frames) | self.spec.chunk_frames
+                    )
+            if self.spec.resume is not None and rec.resume_status is None and exit_code is not None:
+                rec.resume_status = "UNKNOWN"
+                self._warn(
+                    "onCheckpointResume never reported openjd_checkpoint_resume_status; "
+                    "recorded as UNKNOWN, not as resumed"
+                )
+            rec.message = message
+            self._persist(force=True)
+            return TaskResult(outcome, exit_code, message, rec.model_copy(deep=True))
+
+    def _environments(self) -> list[tuple[Any, str]]:
+        out: list[tuple[Any, str]] = []
+        for i, tmpl in enumerate(self.job.environments):
+            out.append((tmpl.environment, f"environments[{i}].environment"))
+        for i, env_model in enumerate(self.job.job.jobEnvironments or []):
+            out.append((env_model, f"jobEnvironments[{i}]"))
+        step = self.job.step(self.spec.step_name)
+        idx = self.job.template.step_index(self.spec.step_name)
+        for i, env_model in enumerate(step.stepEnvironments or []):
+            out.append((env_model, f"steps[{idx}].stepEnvironments[{i}]"))
+        return out
+
+    def _redaction(self) -> bool:
+        return "REDACTED_ENV_VARS" in self.job.template.extensions
+
+    def _run_task_action(
+        self, base: SymbolTable, env: dict[str, str], session_dir: str
+    ) -> tuple[int, str]:
+        step = self.job.step(self.spec.step_name)
+        idx = self.job.template.step_index(self.spec.step_name)
+        symtab = SymbolTable(source=base)
+        for name, value in self.spec.parameters.items():
+            symtab[f"Task.RawParam.{name}"] = str(value.value)
+            symtab[f"Task.Param.{name}"] = self._map_value(value)
+        files = self._embedded_files(step.script.embeddedFiles, session_dir, symtab, "Task")
+        for k, v in files.items():
+            symtab[k] = v
+        resume = self.spec.resume
+        if resume is not None:
+            action = self.job.template.resume_actions[self.spec.step_name]
+            path = f"steps[{idx}].script.actions.onCheckpointResume"
+            symtab["Task.Checkpoint.State"] = resume.state or ""
+            symtab["Task.Checkpoint.File"] = resume.file or ""
+            self._emit("status", f"resuming from checkpoint generation {resume.generation}")
+        else:
+            action = step.script.actions.onRun
+            path = f"steps[{idx}].script.actions.onRun"
+        ctx = MessageContext(
+            chunk_parameter=self.spec.chunk_parameter,
+            chunk_frames=self.spec.chunk_frames,
+            in_resume_action=resume is not None,
+            in_task_action=True,
+            redaction_enabled=self._redaction(),
+        )
+        return self._run_action(action, path, symtab, env, session_dir, ctx)
+
+    # --- one action -------------------------------------------------------------------------------
+    def _run_action(
+        self,
+        action: Any,
+        path: str,
+        symtab: SymbolTable,
+        env: dict[str, str],
+        session_dir: str,
+        ctx: MessageContext,
+        *,
+        env_action: bool = False,
+        stoppable: bool = True,
+    ) -> tuple[int, str]:
+        try:
+            argv = [action.command.resolve(symtab=symtab)] + [
+                a.resolve(symtab=symtab) for a in (action.args or [])
+            ]
+        except FormatStringError as exc:
+            return 1, f"{path}: {exc}"
+        timeout = _seconds(getattr(action, "timeout", None), symtab)
+        spec = self.job.template.action_spec(path)
+        env_changes: dict[str, str | None] = {}
+        self._fail_message = None
+
+        def on_lines(lines: list[OutputLine]) -> None:
+            self._handle_lines(lines, ctx, env_changes if env_action else None)
+
+        proc = ActionProcess(
+            argv, cwd=session_dir, env=dict(env), on_lines=on_lines, max_line_bytes=self._max_line
+        )
+        try:
+            ident = proc.start()
+        except OSError as exc:
+            return 1, f"{path}: cannot start {argv[0]!r}: {exc}"
+        with self._lock:
+            import socket
+
+            self._record.process = ProcessInfo(
+                pid=ident.pid,
+                pgid=ident.pgid,
+                start_time=ident.start_time,
+                host=socket.gethostname(),
+            )
+        self._persist(force=True)
+        self._emit("action_started", path)
+        started = time.monotonic()
+        timed_out = False
+        deadline: float | None = None
+        handled: tuple[StopIntent | None, bool] = (None, False)
+        while not proc.wait_exit(
+            0.05 if deadline is None else min(0.05, max(0.0, deadline - time.monotonic()))
+        ):
+            now = time.monotonic()
+            with self._lock:
+                want = (self._stop_intent, self._stop_force) if stoppable else (None, False)
+            if want != handled and want[0] is not None:
+                handled = want
+                method = self._method(spec, want[0])
+                if want[1] or not method.notifies:
+                    proc.kill_tree()
+                else:
+                    self._write_cancel_info(session_dir, method)
+                    proc.notify(method.signal_to_notify)
+                    end = now + method.notify_period_seconds
+                    deadline = end if deadline is None else min(deadline, end)
+            if (
+                timeout is not None
+                and not timed_out
+                and now - started > timeout
+                and want[0] is None
+            ):
+                timed_out = True
+                method = spec.cancelation
+                self._warn(f"{path}: timed out after {timeout:g} s")
+                if method.notifies:
+                    self._write_cancel_info(session_dir, method)
+                    proc.notify(method.signal_to_notify)
+                    deadline = now + method.notify_period_seconds
+                else:
+                    proc.kill_tree()
+            if deadline is not None and now >= deadline:
+                proc.kill_tree()
+                deadline = None
+        code = proc.finish()
+        self._flush_pending()
+        with self._lock:
+            self._record.process = None
+        self._persist(force=True)
+        self._emit("action_ended", code)
+        if env_action and code == 0:
+            for name, value in env_changes.items():
+                if value is None:
+                    env.pop(name, None)
+                else:
+                    env[name] = value
+        if timed_out:
+            return (code if code != 0 else 1), f"{path}: timed out after {timeout:g} s"
+        return code, (self._fail_message or (f"{path}: exited with code {code}" if code else ""))
+
+    def _method(self, spec: Any, intent: StopIntent) -> CancelMethod:
+        if intent == StopIntent.CHECKPOINT and spec.checkpoint_cancelation is not None:
+            return spec.checkpoint_cancelation
+        return spec.cancelation
+
+    @staticmethod
+    def _write_cancel_info(session_dir: str, method: CancelMethod) -> None:
+        end = _dt.datetime.now(_dt.timezone.utc) + _dt.timedelta(
+            seconds=method.notify_period_seconds
+        )
+        try:
+            with open(os.path.join(session_dir, "cancel_info.json"), "w", encoding="utf-8") as fh:
+                json.dump({"NotifyEnd": end.strftime("%Y-%m-%dT%H:%M:%SZ")}, fh)
+        except OSError:
+            pass
+
+    # --- output and messages ----------------------------------------------------------------------
+    def _handle_lines(
+        self,
+        lines: list[OutputLine],
+        ctx: MessageContext,
+        env_changes: dict[str, str | None] | None,
+    ) -> None:
+        texts: list[str] = []
+        for line in lines:
+            if line.oversized:
+                self._warn(
+                    f"output line {line.number}: {line.size} bytes is over the "
+                    f"{self._max_line}-byte line cap; the line was dropped and not parsed"
+                )
+                continue
+            data = line.data
+            try:
+                text = data.decode("utf-8")
+                bad_utf8 = False
+            except UnicodeDecodeError:
+                text = data.decode("utf-8", errors="replace")
+                bad_utf8 = True
+            stripped = data.lstrip()
+            if stripped.startswith(b"openjd_"):
+                if bad_utf8:
+                    if stripped.startswith(b"openjd_redacted_env"):
+                        text = "openjd_redacted_env: " + REDACTED
+                    self._warn(
+                        f"output line {line.number}: not valid UTF-8; the message was ignored"
+                    )
+                else:
+                    result = parse_line(text, max_state_bytes=self._max_state)
+                    if isinstance(result, MessageWarning):
+                        if result.kind == "openjd_redacted_env":
+                            text = "openjd_redacted_env: " + REDACTED
+                        self._warn(result.describe(line.number))
+                    elif result is not None:
+                        problem = ctx.check(result)
+                        if isinstance(result, EnvSet) and result.redacted:
+                            self._redacted.add(result.value)
+                            text = f"openjd_redacted_env: {result.name}={REDACTED}"
+                        if problem is not None:
+                            self._warn(problem.describe(line.number))
+                        else:
+                            self._apply(result, line.number, env_changes)
+            if self._redacted:
+                for secret in self._redacted:
+                    if secret:
+                        text = text.replace(secret, REDACTED)
+            texts.append(text)
+        self._flush_pending()
+        if self._dirty:
+            self._persist()
+        if texts and self._on_output is not None:
+            self._on_output(self, texts)
+
+    def _apply(
+        self, event: MessageEvent, number: int, env_changes: dict[str, str | None] | None
+    ) -> None:
+        rec = self._record
+        if isinstance(event, Progress):
+            self._progress = event.percent
+            self._emit("progress", event.percent)
+        elif isinstance(event, Status):
+            self._status = event.message
+            self._emit("status", event.message)
+        elif isinstance(event, Fail):
+            self._fail_message = event.message
+            self._emit("fail", event.message)
+        elif isinstance(event, (EnvSet, EnvUnset)):
+            if env_changes is None:
+                self._warn(
+                    f"output line {number}: environment variables can only be changed by an "
+                    "environment's onEnter; ignored"
+                )
+            elif isinstance(event, EnvSet):
+                env_changes[event.name] = event.value
+            else:
+                env_changes[event.name] = None
+        elif isinstance(event, CheckpointFiles):
+            with self._lock:
+                if event.mode == FilesMode.RESET:
+                    rec.pending_files, rec.pending_dirs = [], []
+                for f in event.files:
+                    if f not in rec.pending_files:
+                        rec.pending_files.append(f)
+                for d in event.dirs:
+                    if d not in rec.pending_dirs:
+                        rec.pending_dirs.append(d)
+                self._dirty = True
+        elif isinstance(event, TaskComplete):
+            with self._lock:
+                if event.frame not in rec.completed_frames:
+                    rec.completed_frames.append(event.frame)
+                    rec.completed_frames.sort()
+                    self._dirty = True
+            self._emit("frame_complete", event.frame)
+        elif isinstance(event, CheckpointSave):
+            if event.file is not None and not os.path.exists(event.file):
+                self._warn(
+                    f"output line {number}: openjd_checkpoint_save names file {event.file!r}, "
+                    "which does not exist; nothing was saved and the previous checkpoint stays"
+                )
+                return
+            if any(s and s in (event.state or "") for s in self._redacted):
+                self._warn(
+                    f"output line {number}: the checkpoint state holds a redacted value; "
+                    "nothing was saved and the previous checkpoint stays"
+                )
+                return
+            self._pending_save = event  # committed once per batch of lines: the latest wins
+        elif isinstance(event, ResumeStatus):
+            with self._lock:
+                rec.resume_status = event.status.value
+                self._dirty = True
+            self._emit("resume_status", event.status.value)
+
+    def _flush_pending(self) -> None:
+        save = self._pending_save
+        if save is None:
+            return
+        self._pending_save = None
+        with self._lock:
+            rec = self._record
+            gen = (rec.checkpoint.generation if rec.checkpoint else 0) + 1
+            data = CheckpointData(
+                generation=gen,
+                state=save.state,
+                file=save.file,
+                files=list(rec.pending_files),
+                dirs=list(rec.pending_dirs),
+                saved_at=time.time(),
+                attempt=self.attempt,
+            )
+            if self.store is not None:
+                try:
+                    self.store.commit_checkpoint(rec, data)
+                except StoreError as exc:
+                    self._warn(f"checkpoint generation {gen} was not stored: {exc}")
+                    return
+            else:
+                rec.checkpoint = data
+            self._dirty = False
+            self._saved_this_attempt = True
+        self._emit("checkpoint_saved", gen)
+
+    def _persist(self, force: bool = False) -> None:
+        if self.store is None:
+            self._dirty = False
+            return
+        with self._lock:
+            if not (force or self._dirty):
+                return
+            try:
+                self.store.write_task(self._record)
+                self._dirty = False
+            except StoreError as exc:
+                self._warn(f"task record not stored: {exc}")
+
+    def _warn(self, text: str) -> None:
+        self.warnings.append(text)
+        self._emit("warning", text)
+
+    def _emit(self, kind: str, value: Any) -> None:
+        if self._on_event is not None:
+            try:
+                self._on_event(self, TaskEvent(kind, value))
+            except Exception:  # a display must never break a task
+                pass
+
+    # --- symbols, variables, files ----------------------------------------------------------------
+    def _map_value(self, value: Any) -> str:
+        text = str(value.value)
+        if value.type == ParameterValueType.PATH:
+            for rule in self.job.path_mapping_rules:
+                changed, result = rule.apply(path=text)
+                if changed:
+                    return str(result)
+        return text
+
+    def _base_symtab(self, session_dir: str) -> SymbolTable:
+        symtab = SymbolTable()
+        symtab["Session.WorkingDirectory"] = session_dir
+        rules = self.job.path_mapping_rules
+        symtab["Session.HasPathMappingRules"] = "true" if rules else "false"
+        rules_file = os.path.join(session_dir, "path-mapping-rules.json")
+        if not os.path.exists(rules_file):
+            with open(rules_file, "w", encoding="utf-8") as fh:
+                json.dump(
+                    {
+                        "version": "pathmapping-1.0",
+                        "path_mapping_rules": [r.to_dict() for r in rules],
+                    },
+                    fh,
+                )
+        symtab["Session.PathMappingRulesFile"] = rules_file
+        for name, value in self.job.parameter_values.items():
+            symtab[f"RawParam.{name}"] = str(value.value)
+            symtab[f"Param.{name}"] = self._map_value(value)
+        return symtab
+
+    def _apply_env_variables(
+        self, env_model: Any, symtab: SymbolTable, env: dict[str, str]
+    ) -> None:
+        for name, value in (getattr(env_model, "variables", None) or {}).items():
+            env[str(name)] = value.resolve(symtab=symtab)
+
+    @staticmethod
+    def _embedded_files(
+        files: Any, session_dir: str, symtab: SymbolTable, prefix: str
+    ) -> dict[str, str]:
+        if not files:
+            return {}
+        directory = tempfile.mkdtemp(prefix="embedded_files", dir=session_dir)
+        paths: dict[str, str] = {}
+        for f in files:
+            filename = getattr(f, "filename", None) or f"{f.name}_{os.urandom(4).hex()}"
+            paths[f"{prefix}.File.{f.name}"] = os.path.join(directory, str(filename))
+        for k, v in paths.items():
+            symtab[k] = v
+        for f in files:
+            target = paths[f"{prefix}.File.{f.name}"]
+            data = f.data.resolve(symtab=symtab)
+            with open(target, "w", encoding="utf-8") as fh:
+                fh.write(data)
+            mode = stat.S_IRUSR | stat.S_IWUSR
+            if getattr(f, "runnable", False):
+                mode |= stat.S_IXUSR
+            os.chmod(target, mode)
+        return paths
+
+
+def _seconds(value: Any, symtab: SymbolTable) -> float | None:
+    if value is None:
+        return None
+    if hasattr(value, "resolve"):
+        value = value.resolve(symtab=symtab)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def kill_recorded_process(info: ProcessInfo) -> bool:
+    """Kill a task process tree recorded by an earlier runner, if it still runs on this host.
+
+    Returns True if something was killed. Used before a task starts again, so that there are
+    never two copies of one task.
+    """
+    import socket
+
+    from ._process import ProcessIdentity
+
+    if info.host != socket.gethostname():
+        return False
+    ident = ProcessIdentity(pid=info.pid, pgid=info.pgid, start_time=info.start_time)
+    if ident.is_alive():
+        kill_process_group(info.pgid)
+        return True
+    # The leader is gone; members of its group started after it may still run (and not a new
+    # group that reused the number: those started before the leader did are left alone).
+    import psutil
+
+    killed = False
+    for proc in psutil.process_iter(["pid", "create_time"]):
+        try:
+            if os.getpgid(proc.pid) == info.pgid and proc.create_time() >= info.start_time:
+                proc.kill()
+                killed = True
+        except (OSError, psutil.Error):
+            continue
+    return killed

@@ -1,0 +1,492 @@
+"""Load and validate job templates that use the proposed CHECKPOINT extension.
+
+Implements the template side of the CHECKPOINT RFC idea (``shared/seeds/000_…``, sections
+"The onCheckpointResume action" and "The checkpointCancelation property"):
+
+- ``onCheckpointResume`` in ``<StepActions>``, with the same ``<Action>`` schema as ``onRun``;
+- ``checkpointCancelation`` on an ``<Action>``, with the same shape as ``cancelation``;
+- ``signalToNotify`` on ``NOTIFY_THEN_TERMINATE`` for both (a POSIX signal name, default
+  ``SIGTERM``; refused with ``TERMINATE``);
+- the value references ``Task.Checkpoint.State`` and ``Task.Checkpoint.File``, valid only
+  inside ``onCheckpointResume``.
+
+openjd-model 0.14 has no extension hooks: its models are frozen with ``extra="forbid"`` and the
+extension list is a closed enum. So the CHECKPOINT parts are taken out of the document, the
+rest is validated by openjd-model unchanged, the removed cancelation methods are validated by
+openjd-model's own ``Action`` model plus our ``signalToNotify`` check, and ``onCheckpointResume``
+is validated by putting it in place of ``onRun`` in a copy of the template (with
+``Task.Checkpoint.*`` swapped for a reference that exists there), so it gets exactly onRun's
+checks, and relabelling the errors.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import re
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from openjd.model import (
+    DecodeValidationError,
+    DocumentType,
+    JobTemplate,
+    decode_job_template,
+    document_string_to_object,
+    parse_model,
+)
+from openjd.model.v2023_09 import Action
+
+from ._errors import TemplateError
+
+__all__ = (
+    "CHECKPOINT_EXTENSION",
+    "SUPPORTED_EXTENSIONS",
+    "CancelMethod",
+    "CheckpointJobTemplate",
+    "load_template",
+    "parse_template",
+)
+
+CHECKPOINT_EXTENSION = "CHECKPOINT"
+"""The name a template lists in ``extensions`` to use what this module adds."""
+
+SUPPORTED_EXTENSIONS = frozenset(
+    {"TASK_CHUNKING", "REDACTED_ENV_VARS", "FEATURE_BUNDLE_1", CHECKPOINT_EXTENSION}
+)
+"""Extensions the runner implements. EXPR and WRAP_ACTIONS are validated by openjd-model but
+not run by this runner, so they are refused with a message that says so."""
+
+NOTIFY_SIGNALS = frozenset(
+    {
+        "SIGTERM",
+        "SIGINT",
+        "SIGHUP",
+        "SIGQUIT",
+        "SIGUSR1",
+        "SIGUSR2",
+        "SIGALRM",
+        "SIGWINCH",
+        "SIGCONT",
+        "SIGPWR",
+        "SIGXCPU",
+    }
+)
+"""Signal names ``signalToNotify`` takes. SIGKILL and SIGSTOP cannot be caught, so they cannot
+notify anything, and are refused. See docs/decisions.md for the Windows mapping."""
+
+DEFAULT_NOTIFY_PERIOD_SECONDS = 120
+"""The OpenJD 2023-09 default ``notifyPeriodInSeconds`` of NOTIFY_THEN_TERMINATE."""
+
+_CHECKPOINT_REF = re.compile(r"Task\.Checkpoint\.(State|File)")
+_ACTION_NAMES = ("onRun", "onCheckpointResume", "onEnter", "onExit")
+
+
+@dataclass(frozen=True)
+class CancelMethod:
+    """How to stop a running action (OpenJD ``<CancelationMethod>`` plus ``signalToNotify``).
+
+    Attributes:
+        mode: ``"TERMINATE"`` (kill the process tree at once) or ``"NOTIFY_THEN_TERMINATE"``.
+        notify_period_seconds: seconds between the notify signal and the kill (NOTIFY only).
+        signal_to_notify: the POSIX signal sent to the action's process group first.
+    """
+
+    mode: str = "TERMINATE"
+    notify_period_seconds: float = 0.0
+    signal_to_notify: signal.Signals = signal.SIGTERM
+
+    @property
+    def notifies(self) -> bool:
+        return self.mode == "NOTIFY_THEN_TERMINATE"
+
+
+@dataclass(frozen=True)
+class ActionCheckpointSpec:
+    """The CHECKPOINT parts of one ``<Action>`` of the template.
+
+    Attributes:
+        cancelation: the action's ``cancelation`` with its ``signalToNotify`` applied.
+        checkpoint_cancelation: the action's ``checkpointCancelation``, or None if absent.
+    """
+
+    cancelation: CancelMethod
+    checkpoint_cancelation: CancelMethod | None
+
+
+@dataclass(frozen=True)
+class CheckpointJobTemplate:
+    """A validated job template, with what CHECKPOINT adds kept beside openjd-model's model.
+
+    Attributes:
+        template: the openjd-model ``JobTemplate`` of the document with the CHECKPOINT parts
+            taken out; use it for job creation, parameter spaces and environments.
+        document: the template document as it was loaded (a plain dict).
+        source: where it was loaded from, or None.
+        extensions: the extension names the template declares.
+        resume_actions: step name -> the parsed ``onCheckpointResume`` ``Action`` (openjd-model
+            ``Action``, its format strings may reference ``Task.Checkpoint.State``/``File``).
+        actions: dotted action path (``steps[0].script.actions.onRun``,
+            ``jobEnvironments[1].script.actions.onEnter``,
+            ``steps[0].stepEnvironments[0].script.actions.onExit``) -> its CHECKPOINT parts.
+        template_hash: sha256 (hex) of the canonical JSON of the whole document.
+        step_hashes: step name -> sha256 of what decides the step's behaviour (the step, the
+            job environments and the template's extensions).
+    """
+
+    template: JobTemplate
+    document: dict[str, Any]
+    source: Path | None
+    extensions: frozenset[str]
+    resume_actions: dict[str, Action] = field(default_factory=dict)
+    actions: dict[str, ActionCheckpointSpec] = field(default_factory=dict)
+    template_hash: str = ""
+    step_hashes: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return str(self.document.get("name", ""))
+
+    def step_index(self, step_name: str) -> int:
+        for i, step in enumerate(self.document.get("steps", [])):
+            if isinstance(step, dict) and step.get("name") == step_name:
+                return i
+        raise KeyError(step_name)
+
+    def action_spec(self, path: str) -> ActionCheckpointSpec:
+        """The CHECKPOINT parts of the action at ``path`` (TERMINATE defaults if none)."""
+        return self.actions.get(path, ActionCheckpointSpec(CancelMethod(), None))
+
+    def is_resumable(self, step_name: str) -> bool:
+        return step_name in self.resume_actions
+
+
+def canonical_json(value: Any) -> str:
+    """JSON with sorted keys and no spaces: the form every hash in this package is taken of."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def sha256_hex(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def load_template(path: str | Path) -> CheckpointJobTemplate:
+    """Read a YAML or JSON job template file and validate it.
+
+    Args:
+        path: the template file (``.json`` is read as JSON, anything else as YAML).
+
+    Returns:
+        CheckpointJobTemplate
+
+    Raises:
+        TemplateError: the file cannot be read or parsed, or the template is invalid; every
+            problem names its field path.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TemplateError([f"cannot read the template file: {exc}"], source=str(p)) from None
+    doc_type = DocumentType.JSON if p.suffix.lower() == ".json" else DocumentType.YAML
+    try:
+        document = document_string_to_object(document=text, document_type=doc_type)
+    except Exception as exc:  # yaml and json raise several types
+        raise TemplateError(
+            [f"not a valid {doc_type.value} document: {exc}"], source=str(p)
+        ) from None
+    return parse_template(document, source=p.resolve())
+
+
+def parse_template(document: Any, *, source: Path | None = None) -> CheckpointJobTemplate:
+    """Validate a template document (already decoded to a dict).
+
+    Implements: CHECKPOINT RFC idea (seed 000), all template-side rules; the OpenJD 2023-09
+    Template Schemas through openjd-model.
+
+    Raises:
+        TemplateError: with one problem per finding, each ``<field path>: <message>``.
+    """
+    where = str(source) if source else None
+    if not isinstance(document, dict):
+        raise TemplateError(["<root>: a job template must be a mapping"], source=where)
+    original = copy.deepcopy(document)
+    doc = copy.deepcopy(document)
+
+    raw_ext = doc.get("extensions")
+    extensions: list[str] = []
+    problems: list[str] = []
+    if raw_ext is not None:
+        if not isinstance(raw_ext, list) or not all(isinstance(e, str) for e in raw_ext):
+            problems.append("extensions: must be a list of extension names")
+        else:
+            extensions = list(raw_ext)
+    for i, name in enumerate(extensions):
+        if name not in SUPPORTED_EXTENSIONS:
+            problems.append(
+                f"extensions[{i}]: extension '{name}' is not supported by openjd-checkpoint "
+                f"(supported: {', '.join(sorted(SUPPORTED_EXTENSIONS))})"
+            )
+    if problems:
+        raise TemplateError(problems, source=where)
+    has_checkpoint = CHECKPOINT_EXTENSION in extensions
+    model_ext = [e for e in extensions if e != CHECKPOINT_EXTENSION]
+    if raw_ext is not None:
+        if model_ext:
+            doc["extensions"] = model_ext
+        else:
+            del doc["extensions"]
+
+    # 1. Take the CHECKPOINT parts out of the document, remembering where they were.
+    resume_raw: dict[int, Any] = {}
+    removed: dict[str, dict[str, Any]] = {}
+    for path, action in _iter_actions(doc):
+        parts: dict[str, Any] = {}
+        if isinstance(action, dict):
+            if "checkpointCancelation" in action:
+                parts["checkpointCancelation"] = action.pop("checkpointCancelation")
+            cancel = action.get("cancelation")
+            if isinstance(cancel, dict) and "signalToNotify" in cancel:
+                parts["signalToNotify"] = cancel.pop("signalToNotify")
+            if isinstance(cancel, dict):
+                parts["cancelation"] = copy.deepcopy(cancel)
+        removed[path] = parts
+        if not has_checkpoint:
+            for key in ("checkpointCancelation", "signalToNotify"):
+                if key in parts:
+                    sub = ".cancelation" if key == "signalToNotify" else ""
+                    problems.append(
+                        f"{path}{sub}.{key}: is part of the CHECKPOINT extension, which the "
+                        "template does not declare in 'extensions'"
+                    )
+    for i, step in enumerate(doc.get("steps") or []):
+        actions = _get(step, "script", "actions")
+        if isinstance(actions, dict) and "onCheckpointResume" in actions:
+            resume_raw[i] = actions.pop("onCheckpointResume")
+            if not has_checkpoint:
+                problems.append(
+                    f"steps[{i}].script.actions.onCheckpointResume: is part of the CHECKPOINT "
+                    "extension, which the template does not declare in 'extensions'"
+                )
+    if problems:
+        raise TemplateError(problems, source=where)
+
+    # 2. openjd-model validates the rest (and refuses Task.Checkpoint.* outside the resume action).
+    try:
+        template = decode_job_template(template=doc, supported_extensions=model_ext)
+    except DecodeValidationError as exc:
+        raise TemplateError(_model_problems(str(exc)), source=where) from None
+
+    # 3. The removed cancelation methods.
+    action_specs: dict[str, ActionCheckpointSpec] = {}
+    for path, parts in removed.items():
+        spec = _validate_action_parts(path, parts, problems, model_ext)
+        if spec is not None:
+            action_specs[path] = spec
+
+    # 4. onCheckpointResume: onRun's checks, in a copy where it stands in place of onRun.
+    resume_actions: dict[str, Action] = {}
+    for i, raw in resume_raw.items():
+        step_name = str(doc["steps"][i]["name"])
+        rpath = f"steps[{i}].script.actions.onCheckpointResume"
+        trial = copy.deepcopy(doc)
+        trial["steps"][i]["script"]["actions"]["onRun"] = _swap_checkpoint_refs(raw)
+        try:
+            decode_job_template(template=trial, supported_extensions=model_ext)
+        except DecodeValidationError as exc:
+            for msg in _model_problems(str(exc)):
+                problems.append(
+                    msg.replace(f"steps[{i}].script.actions.onRun", rpath).replace(
+                        "Session.WorkingDirectory", "Task.Checkpoint.*"
+                    )
+                )
+            continue
+        try:
+            resume_actions[step_name] = parse_model(
+                model=Action, obj=raw, supported_extensions=model_ext
+            )
+        except DecodeValidationError as exc:  # pragma: no cover - the trial above catches it
+            problems.extend(f"{rpath}: {m}" for m in _model_problems(str(exc)))
+    if problems:
+        raise TemplateError(problems, source=where)
+
+    return CheckpointJobTemplate(
+        template=template,
+        document=original,
+        source=source,
+        extensions=frozenset(extensions),
+        resume_actions=resume_actions,
+        actions=action_specs,
+        template_hash=sha256_hex(canonical_json(original)),
+        step_hashes=_step_hashes(original),
+    )
+
+
+def _get(obj: Any, *keys: str) -> Any:
+    for key in keys:
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(key)
+    return obj
+
+
+def _iter_actions(doc: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    """Yield (dotted path, action dict) for every ``<Action>`` of a template document."""
+
+    def env_actions(prefix: str, envs: Any) -> Iterator[tuple[str, Any]]:
+        if not isinstance(envs, list):
+            return
+        for j, env in enumerate(envs):
+            acts = _get(env, "script", "actions")
+            if isinstance(acts, dict):
+                for name in _ACTION_NAMES:
+                    if name in acts:
+                        yield f"{prefix}[{j}].script.actions.{name}", acts[name]
+
+    yield from env_actions("jobEnvironments", doc.get("jobEnvironments"))
+    steps = doc.get("steps")
+    if not isinstance(steps, list):
+        return
+    for i, step in enumerate(steps):
+        acts = _get(step, "script", "actions")
+        if isinstance(acts, dict):
+            for name in ("onRun", "onCheckpointResume"):
+                if name in acts:
+                    yield f"steps[{i}].script.actions.{name}", acts[name]
+        if isinstance(step, dict):
+            yield from env_actions(f"steps[{i}].stepEnvironments", step.get("stepEnvironments"))
+
+
+def _swap_checkpoint_refs(value: Any) -> Any:
+    """Replace ``Task.Checkpoint.X`` by a reference that exists wherever onRun is evaluated."""
+    if isinstance(value, str):
+        return _CHECKPOINT_REF.sub("Session.WorkingDirectory", value)
+    if isinstance(value, list):
+        return [_swap_checkpoint_refs(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _swap_checkpoint_refs(v) for k, v in value.items()}
+    return value
+
+
+_ARROW_PATH = re.compile(r"^(\S.*?):\s*$")
+
+
+def _model_problems(text: str) -> list[str]:
+    """Turn openjd-model's ``a -> b -> c:\\n\\tmessage`` report into ``a.b.c: message`` lines."""
+    lines = text.splitlines()
+    out: list[str] = []
+    current: str | None = None
+    for line in lines[1:] if lines and "validation error" in lines[0] else lines:
+        if not line.strip():
+            continue
+        if not line.startswith(("\t", " ")) and line.rstrip().endswith(":"):
+            current = line.rstrip()[:-1].replace(" -> ", ".")
+            current = re.sub(r"\.notify_then_terminate|\.terminate(?=\.|$)", "", current)
+            continue
+        msg = line.strip()
+        out.append(f"{current}: {msg}" if current else msg)
+    return out or [text]
+
+
+def _validate_action_parts(
+    path: str, parts: dict[str, Any], problems: list[str], model_ext: list[str]
+) -> ActionCheckpointSpec | None:
+    cancel_raw = parts.get("cancelation")
+    signal_name = parts.get("signalToNotify")
+    ok = True
+    cancelation = _cancel_method(cancel_raw, signal_name, f"{path}.cancelation", problems)
+    if cancelation is None:
+        ok = False
+    ckpt: CancelMethod | None = None
+    ckpt_raw = parts.get("checkpointCancelation")
+    if ckpt_raw is not None or "checkpointCancelation" in parts:
+        cpath = f"{path}.checkpointCancelation"
+        if not isinstance(ckpt_raw, dict):
+            problems.append(f"{cpath}: must be a mapping with 'mode'")
+            return None
+        ckpt_raw = dict(ckpt_raw)
+        ck_signal = ckpt_raw.pop("signalToNotify", None)
+        has_signal = "signalToNotify" in parts["checkpointCancelation"]
+        try:
+            parse_model(
+                model=Action,
+                obj={"command": "x", "cancelation": ckpt_raw},
+                supported_extensions=model_ext,
+            )
+        except DecodeValidationError as exc:
+            for msg in _model_problems(str(exc)):
+                problems.append(
+                    msg.replace("Action.cancelation", cpath).replace("cancelation", cpath, 1)
+                    if msg.startswith(("cancelation", "Action"))
+                    else f"{cpath}: {msg}"
+                )
+            return None
+        ckpt = _cancel_method(
+            ckpt_raw, ck_signal if has_signal else None, cpath, problems, signal_given=has_signal
+        )
+        if ckpt is None:
+            ok = False
+    if not ok or cancelation is None:
+        return None
+    return ActionCheckpointSpec(cancelation=cancelation, checkpoint_cancelation=ckpt)
+
+
+def _cancel_method(
+    raw: Any,
+    signal_name: Any,
+    path: str,
+    problems: list[str],
+    *,
+    signal_given: bool | None = None,
+) -> CancelMethod | None:
+    if signal_given is None:
+        signal_given = signal_name is not None
+    if not isinstance(raw, dict):
+        if signal_given:
+            problems.append(f"{path}.signalToNotify: needs a cancelation with a mode")
+            return None
+        return CancelMethod()
+    mode = raw.get("mode")
+    if mode == "TERMINATE":
+        if signal_given:
+            problems.append(
+                f"{path}.signalToNotify: only NOTIFY_THEN_TERMINATE notifies; TERMINATE kills at "
+                "once and takes no signalToNotify"
+            )
+            return None
+        return CancelMethod()
+    period = raw.get("notifyPeriodInSeconds", DEFAULT_NOTIFY_PERIOD_SECONDS)
+    try:
+        period_f = float(period)
+    except (TypeError, ValueError):
+        # A format string (FEATURE_BUNDLE_1); resolved when the job is created.
+        period_f = float(DEFAULT_NOTIFY_PERIOD_SECONDS)
+    sig = signal.SIGTERM
+    if signal_given:
+        if not isinstance(signal_name, str) or signal_name not in NOTIFY_SIGNALS:
+            problems.append(
+                f"{path}.signalToNotify: {signal_name!r} is not a POSIX signal that can notify a "
+                f"task; use one of {', '.join(sorted(NOTIFY_SIGNALS))}"
+            )
+            return None
+        sig = signal.Signals[signal_name]
+    return CancelMethod(
+        mode="NOTIFY_THEN_TERMINATE", notify_period_seconds=period_f, signal_to_notify=sig
+    )
+
+
+def _step_hashes(document: dict[str, Any]) -> dict[str, str]:
+    common = {
+        "specificationVersion": document.get("specificationVersion"),
+        "extensions": document.get("extensions"),
+        "jobEnvironments": document.get("jobEnvironments"),
+    }
+    out: dict[str, str] = {}
+    for step in document.get("steps") or []:
+        if isinstance(step, dict) and "name" in step:
+            out[str(step["name"])] = sha256_hex(canonical_json({"common": common, "step": step}))
+    return out

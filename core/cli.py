@@ -1,0 +1,322 @@
+"""``openjd-checkpoint``: check and run OpenJD job templates locally, interrupt and resume them.
+
+The CLI is the first adapter of the core API: it maps ``JobRunner``/``TaskExecution`` onto a
+terminal (output lines, a progress display, Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from ._errors import OpenJDCheckpointError, RunError, StoreError, TemplateError
+from ._job import load_path_mapping_rules, prepare_job
+from ._runner import EXIT_CODES, JobRunner, RunResult
+from ._store import CheckpointStore, default_store_location
+from ._task import StopIntent, TaskEvent, TaskExecution
+from ._template import load_template
+
+EPILOG = """\
+exit codes of 'run':
+  0    every task succeeded (the run's checkpoints are deleted)
+  1    a task failed (checkpoints are kept; running again resumes)
+  2    bad template, parameters or usage
+  3    checkpoint store error, or the run is in progress in another process
+  75   interrupted (SIGINT/SIGTERM): checkpoints kept; run the same command again to resume
+  130  abandoned by a second Ctrl-C (tasks killed without a checkpoint request)
+
+the store is --store, else $OPENJD_CHECKPOINT_STORE, else the per-user state directory.
+"""
+
+
+class _Display:
+    """Prints task output with a ``[task]`` prefix on stdout and progress on stderr."""
+
+    def __init__(self, *, quiet_progress: bool = False) -> None:
+        self._lock = threading.Lock()
+        self._last: dict[int, float] = {}
+        self._quiet = quiet_progress
+
+    def output(self, ex: TaskExecution, lines: list[str]) -> None:
+        prefix = f"[{ex.spec.describe()}] "
+        text = "".join(prefix + line + "\n" for line in lines)
+        with self._lock:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+
+    def event(self, ex: TaskExecution, event: TaskEvent) -> None:
+        name = ex.spec.describe()
+        if event.kind == "progress":
+            now = time.monotonic()
+            if self._quiet or now - self._last.get(id(ex), 0.0) < 1.0:
+                return
+            self._last[id(ex)] = now
+            self.note(f"{name}: {event.value:.0f}%")
+        elif event.kind == "warning":
+            self.note(f"warning: {name}: {event.value}")
+        elif event.kind == "checkpoint_saved":
+            self.note(f"{name}: checkpoint generation {event.value} stored")
+        elif event.kind == "resume_status":
+            self.note(f"{name}: resume status {event.value}")
+        elif event.kind == "status" and str(event.value).startswith("resuming"):
+            self.note(f"{name}: {event.value}")
+
+    def note(self, text: str) -> None:
+        with self._lock:
+            sys.stderr.write(f"openjd-checkpoint: {text}\n")
+            sys.stderr.flush()
+
+
+def _params(pairs: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pair in pairs:
+        if pair.startswith("@") or (pair.endswith((".json", ".yaml", ".yml")) and "=" not in pair):
+            path = Path(pair.lstrip("@"))
+            try:
+                import yaml
+
+                data = yaml.safe_load(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as exc:
+                raise TemplateError([f"-p {pair}: cannot read parameter file: {exc}"]) from None
+            if not isinstance(data, dict):
+                raise TemplateError([f"-p {pair}: a parameter file must hold a mapping"])
+            out.update({str(k): str(v) for k, v in data.items()})
+            continue
+        name, eq, value = pair.partition("=")
+        if not eq or not name:
+            raise TemplateError([f"-p {pair!r}: expected NAME=VALUE"])
+        out[name] = value
+    return out
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    tmpl = load_template(args.template)
+    resumable = sorted(tmpl.resume_actions)
+    print(f"{args.template}: valid job template {tmpl.name!r}")
+    if tmpl.extensions:
+        print(f"  extensions: {', '.join(sorted(tmpl.extensions))}")
+    print(f"  resumable steps: {', '.join(resumable) if resumable else 'none'}")
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    rules = load_path_mapping_rules(args.path_mapping_rules) if args.path_mapping_rules else []
+    job = prepare_job(
+        args.template,
+        _params(args.parameter or []),
+        environments=args.environment or [],
+        path_mapping_rules=rules,
+    )
+    store = CheckpointStore(args.store)
+    display = _Display(quiet_progress=args.quiet)
+    runner = JobRunner(
+        job,
+        store=store,
+        fresh=args.fresh,
+        max_parallel=args.max_parallel,
+        on_output=display.output,
+        on_event=display.event,
+        on_note=display.note,
+    )
+    signals_seen: list[int] = []
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        signals_seen.append(signum)
+        if len(signals_seen) == 1:
+            display.note(
+                f"{signal.Signals(signum).name}: interrupting tasks with checkpointCancelation "
+                "(press Ctrl-C again to abandon them)"
+            )
+            runner.stop(StopIntent.CHECKPOINT)
+        elif signum == signal.SIGINT or len(signals_seen) > 2:
+            display.note("abandoning the run: killing its tasks")
+            runner.stop(StopIntent.CANCEL, force=True)
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["result"] = runner.run()
+        except BaseException as exc:  # handed to the main thread
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=target, name="openjd-run")
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.2)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    if "error" in outcome:
+        raise outcome["error"]
+    result: RunResult = outcome["result"]
+    _report(args, result, store)
+    return result.exit_code
+
+
+def _report(args: argparse.Namespace, result: RunResult, store: CheckpointStore) -> None:
+    counts: dict[str, int] = {}
+    for _spec, res in result.results:
+        counts[res.outcome.value] = counts.get(res.outcome.value, 0) + 1
+    summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "no task ran"
+    say = sys.stderr.write
+    say(f"openjd-checkpoint: run {result.run_id} {result.status.value} ({summary})\n")
+    for spec, res in result.results:
+        if res.outcome.value == "failed":
+            say(f"  failed: {spec.describe()}: {res.message}\n")
+    if result.skipped:
+        say(f"  not started: {', '.join(result.skipped)}\n")
+    if result.exit_code == EXIT_CODES["interrupted"] or result.exit_code == EXIT_CODES["failed"]:
+        cmd = ["openjd-checkpoint", "run", str(args.template)]
+        for p in args.parameter or []:
+            cmd += ["-p", p]
+        if args.store:
+            cmd += ["--store", str(args.store)]
+        say(f"  checkpoints kept in {store.location}\n")
+        say(f"  to resume: {shlex.join(cmd)}\n")
+
+
+def _store_from(args: argparse.Namespace) -> CheckpointStore:
+    return CheckpointStore(args.store)
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    store = _store_from(args)
+    runs, warnings = store.list_runs()
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    if not runs:
+        print(f"no stored runs in {store.location}")
+        return 0
+    print(f"{'RUN':<24} {'STATUS':<12} {'ATTEMPT':>7}  {'CHECKPOINTS':>11}  JOB")
+    for r in runs:
+        tasks, _ = store.read_tasks(r.job_key, r.run_id)
+        ck = sum(1 for t in tasks if t.checkpoint is not None)
+        print(f"{r.run_id:<24} {r.status.value:<12} {r.attempt:>7}  {ck:>11}  {r.job_name}")
+    return 0
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    store = _store_from(args)
+    run = store.find_run(args.run_id)
+    if run is None:
+        print(f"openjd-checkpoint: no run {args.run_id!r} in {store.location}", file=sys.stderr)
+        return 2
+    tasks, warnings = store.read_tasks(run.job_key, run.run_id)
+    data: dict[str, Any] = run.model_dump(mode="json")
+    data["tasks"] = []
+    for t in tasks:
+        td = t.model_dump(mode="json")
+        td["generations"] = [g.generation for g in store.list_generations(t)]
+        data["tasks"].append(td)
+    data["warnings"] = warnings
+    print(json.dumps(data, indent=2, sort_keys=True))
+    return 0
+
+
+def _cmd_delete(args: argparse.Namespace) -> int:
+    store = _store_from(args)
+    run = store.find_run(args.run_id)
+    if run is None:
+        print(f"openjd-checkpoint: no run {args.run_id!r} in {store.location}", file=sys.stderr)
+        return 2
+    store.delete_run(run.job_key, run.run_id)
+    print(f"deleted run {run.run_id} and its checkpoints")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="openjd-checkpoint",
+        description="Run OpenJD job templates with the CHECKPOINT extension: interrupt tasks "
+        "and resume them from their checkpoints.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    check = sub.add_parser("check", help="validate a job template")
+    check.add_argument("template", type=Path)
+    check.set_defaults(func=_cmd_check)
+
+    run = sub.add_parser(
+        "run",
+        help="run a job, resuming an interrupted run of it",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    run.add_argument("template", type=Path)
+    run.add_argument(
+        "-p",
+        "--parameter",
+        action="append",
+        metavar="NAME=VALUE",
+        help="a job parameter value (repeatable), or @FILE of name: value pairs",
+    )
+    run.add_argument("--store", help=f"checkpoint store (default: {default_store_location()})")
+    run.add_argument("--fresh", action="store_true", help="run from the top; do not resume")
+    run.add_argument(
+        "--max-parallel",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tasks of a step run at once (default: CPU count, at most 4)",
+    )
+    run.add_argument(
+        "--environment",
+        action="append",
+        type=Path,
+        metavar="FILE",
+        help="an environment template entered around every task (repeatable)",
+    )
+    run.add_argument(
+        "--path-mapping-rules", metavar="FILE", help="path mapping rules JSON (as openjd-cli takes)"
+    )
+    run.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    run.set_defaults(func=_cmd_run)
+
+    ck = sub.add_parser("checkpoints", help="list, show or delete stored runs and checkpoints")
+    ck.add_argument("--store", help="checkpoint store")
+    cks = ck.add_subparsers(dest="action", required=True)
+    ls = cks.add_parser("list", help="list stored runs")
+    ls.set_defaults(func=_cmd_list)
+    show = cks.add_parser("show", help="show a run's tasks and checkpoints as JSON")
+    show.add_argument("run_id")
+    show.set_defaults(func=_cmd_show)
+    rm = cks.add_parser("delete", help="delete a run and its checkpoints")
+    rm.add_argument("run_id")
+    rm.set_defaults(func=_cmd_delete)
+    for p in (ls, show, rm):
+        p.add_argument("--store", help="checkpoint store", default=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``openjd-checkpoint`` console script. Returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.func(args)
+        return code
+    except TemplateError as exc:
+        print(f"openjd-checkpoint: {exc}", file=sys.stderr)
+        return EXIT_CODES["usage"]
+    except (StoreError, RunError) as exc:
+        print(f"openjd-checkpoint: {exc}", file=sys.stderr)
+        return EXIT_CODES["store"]
+    except OpenJDCheckpointError as exc:  # pragma: no cover
+        print(f"openjd-checkpoint: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

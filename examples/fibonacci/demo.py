@@ -1,0 +1,64 @@
+"""The README's main job: run the fast Fibonacci example, interrupt it, resume it.
+
+1. ``openjd-checkpoint run fibonacci-fast.yaml`` starts; after a few seconds it gets SIGINT
+   (what Ctrl-C sends). The task receives SIGUSR1 (its checkpointCancelation), saves
+   ``n,v0,v1`` and exits; the CLI stores the checkpoint and exits 75.
+2. The same command again resumes: ``onCheckpointResume`` runs with the saved state and the
+   task reports RESUMED, then prints the final answer, which is checked here.
+
+Uses a fresh store in a temporary directory (the embedded local-directory store), so it leaves
+nothing behind. Exits non-zero if anything is not as described.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+TEMPLATE = HERE / "fibonacci-fast.yaml"
+N = 40
+
+
+def fib(n: int) -> int:
+    a, b = 0, 1
+    for _ in range(n):
+        a, b = b, a + b
+    return a
+
+
+def main() -> int:
+    exe = Path(sys.executable).with_name("openjd-checkpoint")
+    with tempfile.TemporaryDirectory(prefix="openjd-checkpoint-demo-") as store:
+        cmd = [str(exe), "run", str(TEMPLATE), "-p", f"N={N}", "--store", store]
+        print(f"$ {' '.join(cmd)}    # interrupted with SIGINT after 3 s", flush=True)
+        first = subprocess.Popen(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        time.sleep(3)
+        first.send_signal(signal.SIGINT)
+        code = first.wait(timeout=60)
+        print(f"--> first run exited {code} (75 means: interrupted, checkpoint kept)\n")
+        if code != 75:
+            print("demo: expected exit code 75", file=sys.stderr)
+            return 1
+        print(f"$ {' '.join(cmd)}    # the same command resumes", flush=True)
+        second = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        sys.stdout.write(second.stdout)
+        sys.stderr.write(second.stderr)
+        expected = f"Final answer: Fibonacci number {N} is {fib(N)}"
+        if second.returncode != 0 or expected not in second.stdout:
+            print(f"demo: expected exit 0 and {expected!r}", file=sys.stderr)
+            return 1
+        if '"RESUMED"' not in second.stdout:
+            print("demo: the second run did not resume from the checkpoint", file=sys.stderr)
+            return 1
+        print(f"\n--> resumed from the checkpoint and finished: {expected}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
