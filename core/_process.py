@@ -157,12 +157,29 @@ class ActionProcess:
 
     def notify(self, sig: signal.Signals) -> None:
         """Send ``sig`` to the action's whole process group (no error if it is gone)."""
-        if self._popen is None or self._exited.is_set():
+        if self._popen is None:
             return
         try:
             os.killpg(self._popen.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
+
+    def group_alive(self) -> bool:
+        """True while any process of the action's process group still runs (zombies aside)."""
+        if self._popen is None:
+            return False
+        pgid = self._popen.pid
+        for proc in psutil.process_iter(["pid", "status"]):
+            try:
+                if (
+                    proc.pid != pgid
+                    and os.getpgid(proc.pid) == pgid
+                    and proc.info["status"] != psutil.STATUS_ZOMBIE
+                ):
+                    return True
+            except (OSError, psutil.Error):
+                continue
+        return False
 
     def kill_tree(self) -> None:
         """SIGKILL the process group and every descendant (even ones that left the group),

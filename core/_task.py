@@ -431,9 +431,13 @@ class TaskExecution:
         timed_out = False
         deadline: float | None = None
         handled: tuple[StopIntent | None, bool] = (None, False)
-        while not proc.wait_exit(
-            0.05 if deadline is None else min(0.05, max(0.0, deadline - time.monotonic()))
-        ):
+        while True:
+            if proc.wait_exit(0.05):
+                # The main process is gone. While a notify period runs, the rest of its group
+                # (a worker behind `bash -c`) may still be saving its checkpoint: wait for it.
+                if deadline is None or not proc.group_alive():
+                    break
+                time.sleep(0.05)
             now = time.monotonic()
             with self._lock:
                 want = (self._stop_intent, self._stop_force) if stoppable else (None, False)

@@ -1,0 +1,85 @@
+"""Shared helpers: run the real CLI as a subprocess, and run single tasks through the core API."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def cli_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "core.cli", *args]
+
+
+class CliProcess:
+    """A running ``openjd-checkpoint`` whose stdout and stderr are collected on threads."""
+
+    def __init__(self, *args: str, cwd: Path | None = None) -> None:
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(
+            cli_cmd(*args),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=str(cwd or ROOT),
+            env=env,
+        )
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self._threads = [
+            threading.Thread(target=self._pump, args=(self.proc.stdout, self.out), daemon=True),
+            threading.Thread(target=self._pump, args=(self.proc.stderr, self.err), daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+
+    @staticmethod
+    def _pump(stream, sink: list[str]) -> None:
+        for raw in iter(stream.readline, b""):
+            sink.append(raw.decode("utf-8", "replace"))
+
+    @property
+    def stdout(self) -> str:
+        return "".join(self.out)
+
+    @property
+    def stderr(self) -> str:
+        return "".join(self.err)
+
+    def wait_for(self, text: str, timeout: float = 30.0, stream: str = "any") -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            hay = {"out": self.stdout, "err": self.stderr}.get(stream, self.stdout + self.stderr)
+            if text in hay:
+                return
+            if self.proc.poll() is not None and text not in hay:
+                time.sleep(0.2)
+                hay = self.stdout + self.stderr
+                if text in hay:
+                    return
+                raise AssertionError(
+                    f"CLI exited {self.proc.returncode} before printing {text!r}:\n"
+                    f"{self.stdout}\n{self.stderr}"
+                )
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {text!r}:\n{self.stdout}\n{self.stderr}")
+
+    def wait(self, timeout: float = 60.0) -> int:
+        code = self.proc.wait(timeout=timeout)
+        for t in self._threads:
+            t.join(5)
+        return code
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    path = tmp_path / "store"
+    return path

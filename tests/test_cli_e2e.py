@@ -1,0 +1,207 @@
+"""End-to-end tests of ``openjd-checkpoint run``: real subprocesses, real signals, real store."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import DATA, EXAMPLES, ROOT, CliProcess, cli_cmd
+
+from core import CheckpointStore, TaskStatus
+
+pytestmark = pytest.mark.slow
+
+
+def fib(n: int) -> int:
+    a, b = 0, 1
+    for _ in range(n):
+        a, b = b, a + b
+    return a
+
+
+def only_run(store: Path):
+    runs, warnings = CheckpointStore(store).list_runs()
+    assert not warnings
+    assert len(runs) == 1, runs
+    tasks, warnings = CheckpointStore(store).read_tasks(runs[0].job_key, runs[0].run_id)
+    assert not warnings
+    return runs[0], tasks
+
+
+def test_seed_fibonacci_interrupted_by_sigterm_then_resumed(store: Path) -> None:
+    """The seed's template unchanged: SIGTERM -> SIGUSR1 to the task -> checkpoint -> exit 75;
+    the same command again runs onCheckpointResume and finishes with the right answer."""
+    n = 3
+    template = EXAMPLES / "fibonacci" / "fibonacci.yaml"
+    args = ("run", str(template), "-p", f"N={n}", "--store", str(store))
+    first = CliProcess(*args)
+    time.sleep(7.0)  # the task computes a step every 5 s: two steps are done
+    first.proc.send_signal(signal.SIGTERM)
+    assert first.wait(60) == 75, first.stderr
+    # The seed's task saves only from its SIGUSR1 handler (periodic saves are minutes apart),
+    # so a stored checkpoint proves the task received SIGUSR1.
+    run, tasks = only_run(store)
+    assert run.status.value == "interrupted"
+    (task,) = tasks
+    assert task.status == TaskStatus.INTERRUPTED
+    assert task.checkpoint is not None
+    assert re.fullmatch(r"\d+,\d+,\d+", task.checkpoint.state or ""), task.checkpoint
+    saved_n, v0, v1 = (int(x) for x in task.checkpoint.state.split(","))
+    assert (v0, v1) == (fib(saved_n), fib(saved_n + 1))
+    assert "to resume: openjd-checkpoint run" in first.stderr
+
+    second = subprocess.run(cli_cmd(*args), capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert second.returncode == 0, second.stderr
+    assert '"RESUMED"' in second.stdout
+    assert f"Final answer: Fibonacci number {n} is {fib(n)}" in second.stdout
+    steps = re.findall(r"Fibonacci number (\d+) is", first.stdout + second.stdout)
+    assert len(steps) <= n + 1, steps
+    assert [int(s) for s in re.findall(r"Fibonacci number (\d+) is \d+$", second.stdout, re.M)][
+        0
+    ] == saved_n
+    # A completed run deletes its checkpoints.
+    assert CheckpointStore(store).list_runs()[0] == []
+
+
+def test_chunked_step_interrupted_mid_chunk_runs_only_unfinished_frames(
+    store: Path, tmp_path: Path
+) -> None:
+    template = EXAMPLES / "chunked-frames" / "chunked-frames.yaml"
+    args = (
+        "run", str(template), "--store", str(store), "-q",
+        "-p", "Frames=1-8", "-p", "FramesPerChunk=8", "-p", "FrameSeconds=0.3",
+        "-p", f"OutputDir={tmp_path / 'out'}",
+    )  # fmt: skip
+    first = CliProcess(*args)
+    first.wait_for('openjd_task_complete: {"Frame": 3}')
+    first.proc.send_signal(signal.SIGINT)
+    assert first.wait(60) == 75, first.stderr
+    done = {int(f) for f in re.findall(r'openjd_task_complete: \{"Frame": (\d+)\}', first.stdout)}
+    assert {1, 2, 3} <= done and len(done) < 8
+    _run, (task,) = only_run(store)
+    assert set(task.completed_frames) == done
+
+    second = subprocess.run(cli_cmd(*args), capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert second.returncode == 0, second.stderr
+    chunks = re.findall(r"CHUNK (\S+)", second.stdout)
+    remaining = sorted(set(range(1, 9)) - done)
+    assert chunks == [
+        f"{remaining[0]}-{remaining[-1]}" if len(remaining) > 1 else str(remaining[0])
+    ]
+    rendered = {int(f) for f in re.findall(r"rendered frame (\d+)", second.stdout)}
+    assert rendered == set(remaining)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        f"frame-{i:04d}.txt" for i in range(1, 9)
+    ]
+
+
+def test_cli_killed_with_sigkill_resumes_from_last_periodic_checkpoint(
+    store: Path, tmp_path: Path
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    args = ("run", str(DATA / "orphan.yaml"), "-p", f"Dir={work}", "--store", str(store))
+    first = CliProcess(*args)
+    first.wait_for("checkpoint generation 3 stored", stream="err")
+    first.proc.send_signal(signal.SIGKILL)
+    first.wait(30)
+    orphan_pid = int((work / "pids.txt").read_text().split()[0])
+    assert psutil.pid_exists(orphan_pid), "the test needs the task to outlive its runner"
+    time.sleep(0.6)  # the orphan goes on after the runner died; its saves reach nobody
+    _run, (task,) = only_run(store)
+    assert task.checkpoint is not None
+    last_state = int(task.checkpoint.state)
+    assert last_state >= 3
+
+    second = subprocess.run(cli_cmd(*args), capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert second.returncode == 0, second.stderr
+    assert "PREVIOUS_ALIVE 0" in second.stdout  # never two copies of one task
+    assert f"RESUMED FROM {last_state}" in second.stdout
+    assert "stopped process" in second.stderr
+    assert not psutil.pid_exists(orphan_pid) or psutil.Process(orphan_pid).status() == "zombie"
+
+
+def test_checkpoints_list_show_delete(store: Path) -> None:
+    template = EXAMPLES / "fibonacci" / "fibonacci-fast.yaml"
+    args = ("run", str(template), "-p", "N=200", "--store", str(store))
+    first = CliProcess(*args)
+    first.wait_for("checkpoint generation 1 stored", stream="err")
+    first.proc.send_signal(signal.SIGINT)
+    assert first.wait(60) == 75
+    run, _ = only_run(store)
+    listing = subprocess.run(
+        cli_cmd("checkpoints", "--store", str(store), "list"), capture_output=True, text=True
+    )
+    assert run.run_id in listing.stdout and "interrupted" in listing.stdout
+    shown = subprocess.run(
+        cli_cmd("checkpoints", "--store", str(store), "show", run.run_id),
+        capture_output=True,
+        text=True,
+    )
+    data = json.loads(shown.stdout)
+    assert data["tasks"][0]["checkpoint"]["state"].count(",") == 2
+    assert data["tasks"][0]["generations"]
+    gone = subprocess.run(
+        cli_cmd("checkpoints", "--store", str(store), "delete", run.run_id),
+        capture_output=True,
+        text=True,
+    )
+    assert gone.returncode == 0
+    assert CheckpointStore(store).list_runs()[0] == []
+    missing = subprocess.run(
+        cli_cmd("checkpoints", "--store", str(store), "show", "nope"),
+        capture_output=True,
+        text=True,
+    )
+    assert missing.returncode == 2 and "no run 'nope'" in missing.stderr
+
+
+def test_fresh_runs_from_the_top(store: Path) -> None:
+    template = EXAMPLES / "fibonacci" / "fibonacci-fast.yaml"
+    args = ("run", str(template), "-p", "N=200", "--store", str(store))
+    first = CliProcess(*args)
+    first.wait_for("checkpoint generation 1 stored", stream="err")
+    first.proc.send_signal(signal.SIGINT)
+    assert first.wait(60) == 75
+    second = subprocess.run(
+        cli_cmd("run", str(template), "-p", "N=3", "-p", "StepSeconds=0.01", "--store", str(store)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert second.returncode == 0 and "RESUMED" not in second.stdout  # other parameters
+    third = subprocess.run(
+        cli_cmd(*args, "--fresh", "-p", "StepSeconds=0.001"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert third.returncode == 0, third.stderr
+    assert "RESUMED" not in third.stdout and "Fibonacci number 0 is 0" in third.stdout
+
+
+def test_bad_template_and_parameters_exit_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("specificationVersion: jobtemplate-2023-09\nname: x\nsteps: []\n")
+    r = subprocess.run(cli_cmd("run", str(bad)), capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2 and "bad.yaml" in r.stderr and "steps" in r.stderr
+    r = subprocess.run(
+        cli_cmd("run", str(EXAMPLES / "fibonacci" / "fibonacci.yaml"), "-p", "N=abc"),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert r.returncode == 2 and "N" in r.stderr
+    r = subprocess.run(
+        cli_cmd("run", str(EXAMPLES / "fibonacci" / "fibonacci.yaml"), "-p", "Nope=1"),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert r.returncode == 2 and "Nope" in r.stderr
