@@ -194,7 +194,7 @@ class _MalformedError(ValueError):
 def _json_object(body: str, allowed: set[str]) -> dict[str, Any]:
     try:
         value = json.loads(body)
-    except (json.JSONDecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, over-long integers
         raise _MalformedError(f"not valid JSON ({exc})") from None
     if not isinstance(value, dict):
         raise _MalformedError(f"expected a JSON object, got {type(value).__name__}")
@@ -265,7 +265,7 @@ def _files(body: str, _cap: int) -> MessageEvent:
 def _task_complete(body: str, _cap: int) -> MessageEvent:
     try:
         value = json.loads(body)
-    except json.JSONDecodeError as exc:
+    except (ValueError, RecursionError) as exc:
         raise _MalformedError(f"not valid JSON ({exc})") from None
     if not isinstance(value, dict) or len(value) != 1:
         raise _MalformedError('expected one key, the CHUNK[INT] parameter: {"Frame": 12}')

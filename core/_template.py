@@ -82,7 +82,7 @@ notify anything, and are refused. See docs/decisions.md for the Windows mapping.
 DEFAULT_NOTIFY_PERIOD_SECONDS = 120
 """The OpenJD 2023-09 default ``notifyPeriodInSeconds`` of NOTIFY_THEN_TERMINATE."""
 
-_CHECKPOINT_REF = re.compile(r"Task\.Checkpoint\.(State|File)")
+_CHECKPOINT_REF = re.compile(r"Task\.Checkpoint\.(State|File)(?![A-Za-z0-9_])")
 _ACTION_NAMES = ("onRun", "onCheckpointResume", "onEnter", "onExit")
 
 
@@ -226,7 +226,9 @@ def parse_template(document: Any, *, source: Path | None = None) -> CheckpointJo
         else:
             extensions = list(raw_ext)
     for i, name in enumerate(extensions):
-        if name not in SUPPORTED_EXTENSIONS:
+        if name in extensions[:i]:
+            problems.append(f"extensions[{i}]: extension '{name}' is listed twice")
+        elif name not in SUPPORTED_EXTENSIONS:
             problems.append(
                 f"extensions[{i}]: extension '{name}' is not supported by openjd-checkpoint "
                 f"(supported: {', '.join(sorted(SUPPORTED_EXTENSIONS))})"
@@ -299,11 +301,7 @@ def parse_template(document: Any, *, source: Path | None = None) -> CheckpointJo
             decode_job_template(template=trial, supported_extensions=model_ext)
         except DecodeValidationError as exc:
             for msg in _model_problems(str(exc)):
-                problems.append(
-                    msg.replace(f"steps[{i}].script.actions.onRun", rpath).replace(
-                        "Session.WorkingDirectory", "Task.Checkpoint.*"
-                    )
-                )
+                problems.append(msg.replace(f"steps[{i}].script.actions.onRun", rpath))
             continue
         try:
             resume_actions[step_name] = parse_model(
@@ -362,7 +360,10 @@ def _iter_actions(doc: dict[str, Any]) -> Iterator[tuple[str, Any]]:
 
 
 def _swap_checkpoint_refs(value: Any) -> Any:
-    """Replace ``Task.Checkpoint.X`` by a reference that exists wherever onRun is evaluated."""
+    """Replace ``Task.Checkpoint.X`` by a reference that exists wherever onRun is evaluated.
+
+    The regex matches whole names only, so a misspelling (``Task.Checkpoint.StateX``) is left
+    in place and reported by openjd-model under its own name."""
     if isinstance(value, str):
         return _CHECKPOINT_REF.sub("Session.WorkingDirectory", value)
     if isinstance(value, list):
@@ -398,7 +399,13 @@ def _validate_action_parts(
     cancel_raw = parts.get("cancelation")
     signal_name = parts.get("signalToNotify")
     ok = True
-    cancelation = _cancel_method(cancel_raw, signal_name, f"{path}.cancelation", problems)
+    cancelation = _cancel_method(
+        cancel_raw,
+        signal_name,
+        f"{path}.cancelation",
+        problems,
+        signal_given="signalToNotify" in parts,
+    )
     if cancelation is None:
         ok = False
     ckpt: CancelMethod | None = None
@@ -409,6 +416,12 @@ def _validate_action_parts(
             problems.append(f"{cpath}: must be a mapping with 'mode'")
             return None
         ckpt_raw = dict(ckpt_raw)
+        if ckpt_raw.get("mode") not in ("TERMINATE", "NOTIFY_THEN_TERMINATE"):
+            problems.append(
+                f"{cpath}.mode: must be TERMINATE or NOTIFY_THEN_TERMINATE, "
+                f"got {ckpt_raw.get('mode')!r}"
+            )
+            return None
         ck_signal = ckpt_raw.pop("signalToNotify", None)
         has_signal = "signalToNotify" in parts["checkpointCancelation"]
         try:
