@@ -351,7 +351,7 @@ def test_ordinary_line_is_not_a_message(line: str) -> None:
     assert parse_line(line) is None
 
 
-# --- parser crashes found by review (fixed) ----------------------------------------------------------
+# --- parser crashes found by review (fixed) ---
 
 
 def test_deeply_nested_task_complete_is_a_warning() -> None:
