@@ -420,5 +420,10 @@ def this_process(pgid: int | None = None) -> ProcessInfo:
 
 
 def _short(exc: BaseException) -> str:
+    if isinstance(exc, ValidationError):
+        return "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}"
+            for e in exc.errors()[:3]
+        )
     text = str(exc).splitlines()
     return text[0] if text else type(exc).__name__

@@ -1,0 +1,136 @@
+"""Planning a resumed step (``PreparedJob.plan_step``): what runs again, and how."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from core import CheckpointData, TaskRecord, TaskStatus, parse_template, prepare_job
+from core._job import params_to_record, task_key_of
+
+
+def chunk_job(constraint: str = "CONTIGUOUS", resumable: bool = False, count: int = 10):
+    actions: dict[str, Any] = {"onRun": {"command": "true"}}
+    if resumable:
+        actions["onCheckpointResume"] = {"command": "true", "args": ["{{Task.Checkpoint.State}}"]}
+    doc = {
+        "specificationVersion": "jobtemplate-2023-09",
+        "extensions": ["TASK_CHUNKING", "CHECKPOINT"],
+        "name": "plan",
+        "steps": [
+            {
+                "name": "R",
+                "parameterSpace": {
+                    "taskParameterDefinitions": [
+                        {
+                            "name": "Frame",
+                            "type": "CHUNK[INT]",
+                            "range": "1-20",
+                            "chunks": {"defaultTaskCount": count, "rangeConstraint": constraint},
+                        },
+                        {"name": "Cam", "type": "STRING", "range": ["a", "b"]},
+                    ]
+                },
+                "script": {"actions": actions},
+            }
+        ],
+    }
+    return prepare_job(parse_template(doc))
+
+
+def rec(job, params, status=TaskStatus.INTERRUPTED, frames=(), checkpoint=None) -> TaskRecord:
+    return TaskRecord(
+        job_key=job.job_key,
+        run_id="r",
+        step="R",
+        task_key=task_key_of(params),
+        parameters=params_to_record(params),
+        status=status,
+        chunk_parameter="Frame",
+        completed_frames=list(frames),
+        checkpoint=checkpoint,
+    )
+
+
+def values(specs):
+    return [
+        (s.parameters["Frame"].value, s.parameters["Cam"].value, s.resume is not None)
+        for s in specs
+    ]
+
+
+def test_fresh_plan_is_the_parameter_space() -> None:
+    job = chunk_job()
+    assert values(job.plan_step("R")) == [
+        ("1-10", "a", False),
+        ("1-10", "b", False),
+        ("11-20", "a", False),
+        ("11-20", "b", False),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("constraint", "expected"),
+    [
+        ("CONTIGUOUS", [("1,2", "a", False), ("5-10", "a", False)]),
+        ("NONCONTIGUOUS", [("1,2,5-10", "a", False)]),
+    ],
+)
+def test_interrupted_chunk_runs_only_frames_not_reported(constraint, expected) -> None:
+    job = chunk_job(constraint)
+    specs = job.plan_step("R")
+    first = specs[0].parameters
+    done = rec(job, first, frames=[3, 4])
+    finished = [rec(job, s.parameters, status=TaskStatus.SUCCEEDED) for s in specs[1:]]
+    plan = job.plan_step("R", [done, *finished])
+    assert values(plan) == expected
+    assert all(s.task_key.startswith(specs[0].task_key + "#") for s in plan)
+
+
+def test_checkpointed_chunk_resumes_with_remaining_frames() -> None:
+    job = chunk_job(resumable=True)
+    specs = job.plan_step("R")
+    ck = CheckpointData(generation=2, state="st", saved_at=0, attempt=1)
+    r = rec(job, specs[1].parameters, frames=[1, 2, 3], checkpoint=ck)
+    plan = job.plan_step("R", [r])
+    assert values(plan)[0] == ("4-10", "b", True)
+    assert plan[0].resume == ck and plan[0].task_key == specs[1].task_key
+    assert plan[0].record_parameters["Frame"].value == "1-10"
+    assert [v for v in values(plan)[1:]] == [
+        ("1-10", "a", False),
+        ("11-20", "a", False),
+        ("11-20", "b", False),
+    ]
+
+
+def test_checkpoint_ignored_when_step_has_no_resume_action() -> None:
+    job = chunk_job(resumable=False)
+    specs = job.plan_step("R")
+    ck = CheckpointData(generation=1, state="st", saved_at=0, attempt=1)
+    plan = job.plan_step("R", [rec(job, specs[0].parameters, frames=[1], checkpoint=ck)])
+    assert plan[0].resume is None and plan[0].parameters["Frame"].value == "2-10"
+
+
+def test_fully_reported_chunk_is_not_run_again() -> None:
+    job = chunk_job()
+    specs = job.plan_step("R")
+    r = rec(job, specs[0].parameters, frames=range(1, 11))
+    assert len(job.plan_step("R", [r])) == 3
+
+
+def test_pieces_of_a_second_interruption_combine() -> None:
+    """Frames reported by a piece of a chunk count for the whole chunk next time."""
+    job = chunk_job()
+    specs = job.plan_step("R")
+    first = rec(job, specs[0].parameters, frames=[1, 2, 3])
+    plan = job.plan_step("R", [first])
+    piece = plan[0]
+    assert piece.parameters["Frame"].value == "4-10"
+    second = TaskRecord(
+        job_key=job.job_key, run_id="r", step="R", task_key=piece.task_key,
+        parameters=params_to_record(piece.parameters), status=TaskStatus.INTERRUPTED,
+        chunk_parameter="Frame", completed_frames=[4, 5],
+    )  # fmt: skip
+    again = job.plan_step("R", [first, second])
+    assert values(again)[0] == ("6-10", "a", False)

@@ -1,0 +1,137 @@
+"""The checkpoint store: atomic versioned records, generations, unreadable records kept."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from core import CheckpointData, CheckpointStore, RunRecord, StoreError, TaskRecord, TaskStatus
+from core._store import task_id_for
+
+
+def record(**kw) -> TaskRecord:
+    base = dict(job_key="j", run_id="r", step="S", task_key="{}", parameters={})
+    base.update(kw)
+    return TaskRecord(**base)
+
+
+def ck(gen: int, state: str = "s") -> CheckpointData:
+    return CheckpointData(generation=gen, state=f"{state}{gen}", saved_at=1.0, attempt=1)
+
+
+def test_round_trip_and_generations_kept(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path, keep_generations=2)
+    rec = record()
+    for gen in range(1, 6):
+        store.commit_checkpoint(rec, ck(gen))
+    tasks, warnings = store.read_tasks("j", "r")
+    assert warnings == []
+    assert tasks[0].checkpoint.state == "s5"
+    assert [g.generation for g in store.list_generations(tasks[0])] == [4, 5]
+
+
+def test_unreadable_record_is_moved_aside_not_overwritten(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    rec = record()
+    store.commit_checkpoint(rec, ck(1))
+    path = tmp_path / "jobs/j/runs/r/tasks" / f"{task_id_for('S', '{}')}.json"
+    path.write_text("{ not json")
+    tasks, warnings = store.read_tasks("j", "r")
+    assert tasks == []
+    assert len(warnings) == 1 and str(path) in warnings[0] and "unreadable" in warnings[0]
+    aside = [p for p in path.parent.iterdir() if ".unreadable-" in p.name]
+    assert len(aside) == 1 and aside[0].read_text() == "{ not json"
+    # the checkpoint generation file is still there too
+    assert any(".gen-000001" in p.name for p in path.parent.iterdir())
+
+
+def test_other_schema_version_is_refused_by_name(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    run = RunRecord(job_key="j", run_id="r", job_name="n", template_hash="h")
+    store.write_run(run)
+    path = tmp_path / "jobs/j/runs/r/run.json"
+    data = json.loads(path.read_text())
+    data["schema_version"] = 99
+    path.write_text(json.dumps(data))
+    with pytest.raises(StoreError, match="schema version 99"):
+        store.read_run("j", "r")
+    assert path.exists()  # not moved: a newer openjd-checkpoint can still read it
+
+
+def test_record_with_unknown_field_is_refused(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    store.write_task(record())
+    path = next((tmp_path / "jobs/j/runs/r/tasks").iterdir())
+    data = json.loads(path.read_text())
+    data["surprise"] = 1
+    path.write_text(json.dumps(data))
+    tasks, warnings = store.read_tasks("j", "r")
+    assert tasks == [] and "surprise" in warnings[0]
+
+
+def test_leftover_temporary_file_is_ignored(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    store.write_task(record(status=TaskStatus.RUNNING))
+    tdir = tmp_path / "jobs/j/runs/r/tasks"
+    (tdir / ".tmp-abc").write_text('{"half": ')
+    tasks, warnings = store.read_tasks("j", "r")
+    assert warnings == [] and len(tasks) == 1
+
+
+def test_memory_filesystem_store() -> None:
+    store = CheckpointStore("memory://openjd-checkpoint-test")
+    rec = record()
+    store.commit_checkpoint(rec, ck(1))
+    assert store.read_tasks("j", "r")[0][0].checkpoint.state == "s1"
+    store.delete_run("j", "r")
+    assert store.read_tasks("j", "r") == ([], [])
+
+
+CRASHER = textwrap.dedent(
+    """
+    import sys
+    from core import CheckpointData, CheckpointStore, TaskRecord
+    store = CheckpointStore(sys.argv[1])
+    rec = TaskRecord(job_key="j", run_id="r", step="S", task_key="{}", parameters={})
+    gen = 0
+    print("ready", flush=True)
+    while True:
+        gen += 1
+        store.commit_checkpoint(
+            rec, CheckpointData(generation=gen, state="x" * 4096 + str(gen), saved_at=0, attempt=1)
+        )
+    """
+)
+
+
+@pytest.mark.parametrize("delay", [0.05, 0.13, 0.29])
+def test_sigkill_during_a_burst_of_saves_leaves_a_readable_latest(tmp_path: Path, delay) -> None:
+    """A writer killed at an arbitrary instant: the record is whole and not older than the
+    previous generation it had committed."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CRASHER, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    assert proc.stdout.readline() == b"ready\n"
+    import time
+
+    time.sleep(delay)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    store = CheckpointStore(tmp_path)
+    tasks, warnings = store.read_tasks("j", "r")
+    assert warnings == []
+    (task,) = tasks
+    gens = store.list_generations(task)
+    assert task.checkpoint is not None
+    assert task.checkpoint.state.endswith(str(task.checkpoint.generation))
+    # the record points at the newest generation written whole, or the one just before it
+    assert task.checkpoint.generation >= max(g.generation for g in gens) - 1
