@@ -28,7 +28,7 @@ __all__ = ("ActionProcess", "OutputLine", "ProcessIdentity", "kill_process_group
 _READ_SIZE = 256 * 1024
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class OutputLine:
     """One whole line of an action's output.
 
@@ -254,30 +254,28 @@ class ActionProcess:
         buffers: dict[int, bytearray],
         dropping: dict[int, int],
     ) -> list[OutputLine]:
+        parts = chunk.split(b"\n")
+        rest = parts.pop()
         out: list[OutputLine] = []
-        buf = buffers[fd]
-        start = 0
-        while True:
-            nl = chunk.find(b"\n", start)
-            if nl < 0:
-                break
-            piece = chunk[start:nl]
+        if parts:
+            first = parts[0]
+            buf = buffers[fd]
             if dropping[fd] >= 0:
-                out.append(OutputLine(self._next(), name, b"", True, dropping[fd] + len(piece)))
+                out.append(OutputLine(self._next(), name, b"", True, dropping[fd] + len(first)))
                 dropping[fd] = -1
             elif buf:
-                buf += piece
-                line = bytes(buf)
+                buf += first
+                out.append(self._make(name, bytes(buf)))
                 buf.clear()
-                out.append(self._make(name, line))
             else:
-                out.append(self._make(name, piece))
-            start = nl + 1
-        rest = chunk[start:]
+                out.append(self._make(name, first))
+            make = self._make
+            out.extend([make(name, piece) for piece in parts[1:]])
         if rest:
             if dropping[fd] >= 0:
                 dropping[fd] += len(rest)
             else:
+                buf = buffers[fd]
                 buf += rest
                 if len(buf) > self._max:
                     dropping[fd] = len(buf)
