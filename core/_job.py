@@ -38,6 +38,9 @@ from ._errors import TemplateError
 from ._store import CheckpointData, TaskRecord
 from ._template import CheckpointJobTemplate, canonical_json, load_template, sha256_hex
 
+_INT64 = (-(2**63), 2**63 - 1)
+"""OpenJD INT values are 64-bit (Template Schemas 2.3); openjd-model 0.14 does not check it."""
+
 __all__ = (
     "PreparedJob",
     "TaskSpec",
@@ -347,10 +350,8 @@ def prepare_job(
         TemplateError: invalid template or parameter values, naming the parameter.
     """
     tmpl = template if isinstance(template, CheckpointJobTemplate) else load_template(template)
-    envs = [
-        e if isinstance(e, EnvironmentTemplate) else load_environment_template(e)
-        for e in environments
-    ]
+    # openjd-model 0.14 exports EnvironmentTemplate as a typing alias: test for paths instead.
+    envs = [load_environment_template(e) if isinstance(e, (str, Path)) else e for e in environments]
     template_dir = tmpl.source.parent if tmpl.source else Path.cwd()
     cwd = (current_working_dir or Path.cwd()).resolve()
     raw = {k: str(v) if not isinstance(v, str) else v for k, v in (parameters or {}).items()}
@@ -373,6 +374,13 @@ def prepare_job(
             or [str(exc)],
             source=str(tmpl.source) if tmpl.source else None,
         ) from None
+    problems = [
+        f"job parameters: {name}: {value.value} is outside the 64-bit integer range"
+        for name, value in values.items()
+        if value.type == ParameterValueType.INT and not _INT64[0] <= int(value.value) <= _INT64[1]
+    ]
+    if problems:
+        raise TemplateError(problems, source=str(tmpl.source) if tmpl.source else None)
     return PreparedJob(
         template=tmpl,
         job=job,

@@ -43,6 +43,7 @@ EXIT_CODES = {
     "failed": 1,
     "usage": 2,
     "store": 3,
+    "internal": 70,
     "interrupted": 75,
     "canceled": 130,
 }

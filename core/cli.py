@@ -30,6 +30,7 @@ exit codes of 'run':
   2    bad template, parameters or usage
   3    checkpoint store error, or the run is in progress in another process
   75   interrupted (SIGINT/SIGTERM): checkpoints kept; run the same command again to resume
+  70   internal error (a bug in openjd-checkpoint)
   130  abandoned by a second Ctrl-C (tasks killed without a checkpoint request)
 
 the store is --store, else $OPENJD_CHECKPOINT_STORE, else the per-user state directory.
@@ -116,6 +117,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     )
     store = CheckpointStore(args.store)
     display = _Display(quiet_progress=args.quiet)
+    display.note(f"Running job {job.job.name!r} (store: {store.location})")
     runner = JobRunner(
         job,
         store=store,
@@ -172,7 +174,8 @@ def _report(args: argparse.Namespace, result: RunResult, store: CheckpointStore)
     say(f"openjd-checkpoint: run {result.run_id} {result.status.value} ({summary})\n")
     for spec, res in result.results:
         if res.outcome.value == "failed":
-            say(f"  failed: {spec.describe()}: {res.message}\n")
+            code = "" if res.exit_code is None else f" (exited with code: {res.exit_code})"
+            say(f"  failed: {spec.describe()}: {res.message}{code}\n")
     if result.skipped:
         say(f"  not started: {', '.join(result.skipped)}\n")
     if result.exit_code == EXIT_CODES["interrupted"] or result.exit_code == EXIT_CODES["failed"]:
@@ -316,6 +319,12 @@ def main(argv: list[str] | None = None) -> int:
     except OpenJDCheckpointError as exc:  # pragma: no cover
         print(f"openjd-checkpoint: {exc}", file=sys.stderr)
         return 1
+    except Exception:  # a bug: say so, with the traceback, and do not look like a task failure
+        import traceback
+
+        traceback.print_exc()
+        print("openjd-checkpoint: internal error (a bug; please report it)", file=sys.stderr)
+        return EXIT_CODES["internal"]
 
 
 if __name__ == "__main__":

@@ -1,0 +1,569 @@
+"""Run the public OpenJD conformance test data through ``openjd-checkpoint`` and report the rate.
+
+The data (``conformance-tests/2023-09/`` of OpenJobDescription/openjd-specifications) is read
+from ``$OPENJD_CONFORMANCE_ROOT`` or ``/work/shared/conformance/conformance-tests/2023-09``.
+The format is described in that project's ``conformance-tests/README.md`` (and its later
+versions): this module implements the assertion keys of ``README-newer-b.md``
+(``expected.output``/``forbidden`` and their ``_posix``/``_windows`` variants, ``taskFailure``,
+``expectedError``, ``outputSequence``, ``taskCount``, ``runOn``) plus the rule that a valid job
+test without ``taskFailure`` must exit 0 (``README-newer-a.md``; ``lenient=True`` drops it).
+
+Job tests (``jobs/*.test.yaml``) run the real CLI in a subprocess, one fresh temporary directory
+(template, environment templates, path mapping rules, checkpoint store) per case. Template
+fixtures (``job_templates/*.yaml``) are validated in-process with ``core.load_template``.
+
+Usage, from the repository root::
+
+    .venv/bin/python -m tests.conformance [--root DIR] [--jobs N] [--lenient] [-v]
+        [--cli "COMMAND PREFIX"] [DIR ...]
+
+DIRs are relative to --root (default: every directory of ``ALL_DIRS``). The exit status is 1 if
+any case outside ``proposed/`` failed. A CLI crash (a Python traceback) never counts as a
+refusal of an ``.invalid`` fixture.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_ROOT = Path(
+    os.environ.get("OPENJD_CONFORMANCE_ROOT", "/work/shared/conformance/conformance-tests/2023-09")
+)
+MAIN_DIRS = ["base/jobs", "TASK_CHUNKING/jobs", "TASK_CHUNKING/job_templates"]
+PROPOSED_DIRS = ["base/jobs/proposed", "TASK_CHUNKING/jobs/proposed"]
+ALL_DIRS = MAIN_DIRS + PROPOSED_DIRS
+CASE_TIMEOUT_SECONDS = 60.0
+PLATFORM = "windows" if os.name == "nt" else "posix"
+
+PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
+
+# A line of task output as our CLI prints it: "[<Step>] text" or "[<Step>[<k=v, ...>]] text".
+_TASK_PREFIX = re.compile(r"^\[([^\[\]\n]+?)(\[[^\n]*?\])?\] ", re.MULTILINE)
+# The run summary on stderr: "openjd-checkpoint: run <id> <status> (2 succeeded, 1 failed)".
+_RUN_SUMMARY = re.compile(r"^openjd-checkpoint: run \S+ \w+ \(([^)\n]*)\)$", re.MULTILINE)
+# A process exit code as conforming CLIs print it ("exited with code: 42"), and as ours prints
+# it ("steps[0].script.actions.onRun: exited with code 42"), or "exit code 42".
+_EXIT_CODE = re.compile(r"(?:exited with code|exit code):? ?(-?\d+)")
+# An uncaught exception in the CLI itself (task output is prefixed, so cannot match this).
+_CRASH = re.compile(r"^Traceback \(most recent call last\):$", re.MULTILINE)
+
+
+@dataclass
+class CaseResult:
+    """The verdict on one fixture.
+
+    Attributes:
+        name: the fixture's path relative to the suite root (``base/jobs/x.test.yaml``).
+        group: the directory it was found in (``base/jobs``, ``TASK_CHUNKING/jobs/proposed``).
+        status: ``PASS``, ``FAIL`` or ``SKIP``.
+        reason: a short explanation (why it failed or was skipped).
+        exit_code: the CLI's exit code (None for in-process validation and skips).
+        output: the combined stdout+stderr of the run (or the validation error text).
+        seconds: wall time of the case.
+    """
+
+    name: str
+    group: str
+    status: str
+    reason: str = ""
+    exit_code: int | None = None
+    output: str = ""
+    seconds: float = 0.0
+
+    @property
+    def proposed(self) -> bool:
+        return self.group.endswith("/proposed")
+
+
+# --- fixture discovery ---------------------------------------------------------------------------
+
+
+def discover(root: Path, dirs: Sequence[str]) -> list[tuple[str, Path]]:
+    """(group, file) for every fixture in ``dirs`` (non-recursive, like the reference runner)."""
+    found: list[tuple[str, Path]] = []
+    for d in dirs:
+        folder = root / d
+        pattern = "*.yaml" if Path(d).name in ("job_templates", "env_templates") else "*.test.yaml"
+        found.extend((d, f) for f in sorted(folder.glob(pattern)) if f.is_file())
+    return found
+
+
+# --- assertions ------------------------------------------------------------------------------
+
+
+def _as_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, list) else [value]
+
+
+def check_expected_error(spec: Any, output: str) -> str | None:
+    """``expectedError`` (a string, or ``contains``/``anyOf``): None if it holds, else why not."""
+    if spec is None:
+        return None
+    if isinstance(spec, str):
+        spec = {"contains": spec}
+    if not isinstance(spec, dict):
+        return f"unreadable expectedError {spec!r}"
+    missing = [s for s in _as_list(spec.get("contains")) if str(s) not in output]
+    if missing:
+        return f"expectedError: missing {missing[0]!r}"
+    any_of = [str(s) for s in _as_list(spec.get("anyOf"))]
+    if any_of and not any(s in output for s in any_of):
+        return f"expectedError: none of {any_of!r}"
+    return None
+
+
+def check_sequences(chains: Any, output: str, key: str) -> str | None:
+    """``outputSequence``: a flat list is one chain, a list of lists is independent chains."""
+    if not chains:
+        return None
+    if all(isinstance(c, list) for c in chains):
+        chain_list = chains
+    else:
+        chain_list = [chains]
+    for chain in chain_list:
+        pos = 0
+        for i, entry in enumerate(chain):
+            found = output.find(str(entry), pos)
+            if found < 0:
+                where = "missing" if str(entry) not in output else "out of order"
+                return f"{key}: {entry!r} (entry {i + 1} of {len(chain)}) {where}"
+            pos = found + len(str(entry))
+    return None
+
+
+def count_task_runs(output: str) -> tuple[int | None, int]:
+    """(task runs from the CLI's run summary line or None, distinct ``[task]`` output prefixes).
+
+    The summary line counts every task execution; the prefixes miss tasks that printed nothing.
+    """
+    summary: int | None = None
+    m = _RUN_SUMMARY.search(output)
+    if m:
+        summary = sum(int(n) for n in re.findall(r"(\d+) \w+", m.group(1)))
+    prefixes = {mm.group(0) for mm in _TASK_PREFIX.finditer(output)}
+    return summary, len(prefixes)
+
+
+def first_nonzero_exit_code(output: str) -> int | None:
+    for m in _EXIT_CODE.finditer(output):
+        code = int(m.group(1))
+        if code != 0:
+            return code
+    return None
+
+
+def check_job_output(test: dict[str, Any], output: str, exit_code: int, *, lenient: bool) -> str:
+    """Every assertion of a valid (non-``.invalid``) job test; '' if all hold."""
+    expected = test.get("expected") or {}
+    if not isinstance(expected, dict):
+        return "unreadable 'expected' block"
+    failure = expected.get("taskFailure")
+    if failure is not None:
+        if exit_code == 0:
+            return "taskFailure: the run succeeded (exit 0)"
+        want = failure.get("exitCode") if isinstance(failure, dict) else None
+        if want is not None:
+            got = first_nonzero_exit_code(output)
+            if got is None:
+                return f"taskFailure: no 'exited with code' line in the output (want {want})"
+            if got != int(want):
+                return f"taskFailure: first non-zero exit code is {got}, want {want}"
+    elif exit_code != 0 and not lenient:
+        return f"exit code {exit_code} (a valid test without taskFailure must exit 0)"
+    for entry in _as_list(expected.get("output")) + _as_list(expected.get(f"output_{PLATFORM}")):
+        if isinstance(entry, dict):  # {anyOf: [...]}: implementations phrase it differently
+            any_of = [str(s) for s in _as_list(entry.get("anyOf"))]
+            if any_of and not any(s in output for s in any_of):
+                return f"missing output: none of {any_of!r}"
+            missing = [str(s) for s in _as_list(entry.get("contains")) if str(s) not in output]
+            if missing:
+                return f"missing output {missing[0]!r}"
+        elif str(entry) not in output:
+            return f"missing output {str(entry)!r}"
+    for entry in _as_list(expected.get("forbidden")) + _as_list(
+        expected.get(f"forbidden_{PLATFORM}")
+    ):
+        strings = (
+            [str(s) for v in entry.values() for s in _as_list(v)]
+            if isinstance(entry, dict)
+            else [str(entry)]
+        )
+        for line in strings:
+            if line in output:
+                return f"forbidden output {line!r}"
+    for key in ("outputSequence", f"outputSequence_{PLATFORM}"):
+        problem = check_sequences(expected.get(key), output, key)
+        if problem:
+            return problem
+    want_count = expected.get("taskCount")
+    if want_count is not None:
+        summary, prefixes = count_task_runs(output)
+        got = summary if summary is not None else prefixes
+        if got != int(want_count):
+            return (
+                f"taskCount: {got} task runs, want {want_count} "
+                f"(summary line: {summary}, distinct output prefixes: {prefixes})"
+            )
+    return ""
+
+
+# --- running one job test ------------------------------------------------------------------------
+
+
+def _python_dir(scratch: Path) -> str:
+    """A directory whose ``python``/``python3`` is ``sys.executable`` (the tests call
+    ``python``): the executable's own directory if it has them, else a directory of links."""
+    own = Path(sys.executable).parent
+    if (own / "python").exists() and (own / "python3").exists():
+        return str(own)
+    shim = scratch / "python-shim"
+    shim.mkdir(exist_ok=True)
+    for name in ("python", "python3"):
+        link = shim / name
+        if not link.exists():
+            link.symlink_to(sys.executable)
+    return str(shim)
+
+
+def _subprocess_env(python_dir: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("OPENJD_CHECKPOINT_STORE", None)
+    env["PATH"] = python_dir + os.pathsep + env.get("PATH", "")
+    env["PYTHONPATH"] = str(REPO_ROOT) + (
+        os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
+    )
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def default_cli() -> list[str]:
+    """The CLI under test: this interpreter running ``core.cli``."""
+    return [sys.executable, "-m", "core.cli"]
+
+
+def build_command(
+    test: dict[str, Any], workdir: Path, cli: Sequence[str] | None = None
+) -> list[str]:
+    """Write the test's template, environments and path mapping rules into ``workdir`` and
+    return the CLI command that runs it."""
+    template = workdir / "template.yaml"
+    template.write_text(yaml.safe_dump(test["template"], sort_keys=False), encoding="utf-8")
+    cmd = [*(cli or default_cli()), "run", str(template)]
+    cmd += ["--store", str(workdir / "store"), "-q"]
+    for name, value in (test.get("parameters") or {}).items():
+        cmd += ["-p", f"{name}={value}"]
+    for i, env_tmpl in enumerate(test.get("environments") or []):
+        path = workdir / f"env-{i}.yaml"
+        path.write_text(yaml.safe_dump(env_tmpl, sort_keys=False), encoding="utf-8")
+        cmd += ["--environment", str(path)]
+    rules = test.get("pathMapping")
+    if rules:
+        path = workdir / "path-mapping.json"
+        doc = {"version": "pathmapping-1.0", "path_mapping_rules": rules}
+        path.write_text(json.dumps(doc, indent=2), encoding="utf-8")
+        cmd += ["--path-mapping-rules", str(path)]
+    return cmd
+
+
+def _run_cli(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[int | None, str]:
+    """Run the CLI; (exit code or None on timeout, combined output in order)."""
+    proc = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=CASE_TIMEOUT_SECONDS)
+        return proc.returncode, out.decode("utf-8", errors="replace")
+    except subprocess.TimeoutExpired:
+        # SIGTERM lets the CLI stop its tasks (their own process groups); then kill.
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            out, _ = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+        return None, out.decode("utf-8", errors="replace")
+
+
+def run_job_test(
+    path: Path,
+    group: str,
+    name: str,
+    scratch: Path,
+    *,
+    lenient: bool = False,
+    cli: Sequence[str] | None = None,
+) -> CaseResult:
+    started = time.monotonic()
+    result = CaseResult(name=name, group=group, status=FAIL)
+    try:
+        test = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        result.reason = f"unreadable fixture: {exc}"
+        return result
+    if not isinstance(test, dict) or "template" not in test:
+        result.reason = "fixture has no 'template'"
+        return result
+    run_on = _as_list(test.get("runOn"))
+    if run_on and PLATFORM not in run_on:
+        result.status, result.reason = SKIP, f"runOn {run_on}"
+        return result
+    invalid = ".invalid." in path.name
+    with tempfile.TemporaryDirectory(prefix="case-", dir=scratch) as tmp:
+        workdir = Path(tmp)
+        cmd = build_command(test, workdir, cli)
+        code, output = _run_cli(cmd, workdir, _subprocess_env(_python_dir(scratch)))
+    result.exit_code, result.output = code, output
+    result.seconds = time.monotonic() - started
+    if code is None:
+        result.reason = f"timed out after {CASE_TIMEOUT_SECONDS:g} s"
+        return result
+    crash = _CRASH.search(output)
+    if crash:  # a crash is neither a refusal nor a run
+        last = [ln for ln in output[crash.end() :].splitlines() if ln and not ln[0].isspace()]
+        result.reason = f"CLI crashed (exit {code}): {last[0] if last else 'traceback'}"
+        return result
+    if invalid:
+        if code == 0:
+            result.reason = "accepted and ran (exit 0); must be refused"
+            return result
+        problem = check_expected_error(test.get("expectedError"), output)
+        if problem:
+            result.reason = problem
+            return result
+        result.status = PASS
+        result.reason = (
+            f"refused at job creation (exit {code})"
+            if code == 2
+            else f"refused at run time (exit {code})"
+        )
+        if test.get("expected"):
+            result.reason += "; its 'expected' block is not enforced for .invalid"
+        return result
+    problem = check_job_output(test, output, code, lenient=lenient)
+    if problem:
+        result.reason = problem
+        return result
+    result.status, result.reason = PASS, f"exit {code}"
+    return result
+
+
+# --- template validation ----------------------------------------------------------------------
+
+
+def leading_directive(text: str) -> Any:
+    """``expectedError`` from the contiguous ``#`` comment block at the top of a fixture."""
+    block: list[str] = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        block.append(line[1:][1:] if line.startswith("# ") else line[1:])
+    if not any(re.match(r"\s*expectedError\s*:", b) for b in block):
+        return None
+    start = next(i for i, b in enumerate(block) if re.match(r"\s*expectedError\s*:", b))
+    chunk = [block[start]] + [b for b in block[start + 1 :] if b.startswith((" ", "\t"))]
+    try:
+        data = yaml.safe_load("\n".join(chunk))
+    except yaml.YAMLError:
+        return None
+    return data.get("expectedError") if isinstance(data, dict) else None
+
+
+def run_template_test(path: Path, group: str, name: str) -> CaseResult:
+    from core import TemplateError, load_template
+
+    started = time.monotonic()
+    invalid = ".invalid." in path.name
+    result = CaseResult(name=name, group=group, status=FAIL)
+    try:
+        load_template(path)
+        error: str | None = None
+    except TemplateError as exc:
+        error = str(exc)
+    except Exception as exc:  # a crash is a failure of either kind of case
+        result.reason = f"load_template raised {type(exc).__name__}: {exc}"
+        result.seconds = time.monotonic() - started
+        return result
+    result.seconds = time.monotonic() - started
+    result.output = error or ""
+    if error is not None:  # drop the "<file>: " prefix of the message
+        error = error.replace(f"{path.resolve()}: ", "").replace(f"{path}: ", "")
+    if invalid and error is None:
+        result.reason = "accepted; must be refused"
+    elif not invalid and error is not None:
+        result.reason = "refused: " + _first_line(error)
+    elif invalid:
+        problem = check_expected_error(leading_directive(path.read_text(encoding="utf-8")), error)
+        if problem:
+            result.reason = problem
+        else:
+            result.status, result.reason = PASS, "refused: " + _first_line(error or "")
+    else:
+        result.status, result.reason = PASS, "accepted"
+    return result
+
+
+def _first_line(text: str, limit: int = 160) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    line = " | ".join(lines[:2]) if lines else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+# --- the suite ----------------------------------------------------------------------------------
+
+
+def run_suite(
+    root: Path,
+    dirs: list[str],
+    *,
+    workers: int = 2,
+    lenient: bool = False,
+    cli: Sequence[str] | None = None,
+    on_result: Callable[[CaseResult], None] | None = None,
+) -> list[CaseResult]:
+    """Run every fixture of ``dirs`` (relative to ``root``, e.g. ``base/jobs``); results in
+    discovery order.
+
+    Args:
+        workers: cases run at once.
+        lenient: do not require exit 0 from valid job tests without ``taskFailure``.
+        cli: the command prefix of the CLI under test (default: ``python -m core.cli``).
+        on_result: called as each case ends (from a worker thread).
+    """
+    root = Path(root)
+    cases = discover(root, dirs)
+    with tempfile.TemporaryDirectory(prefix="openjd-conformance-") as scratch_name:
+        scratch = Path(scratch_name)
+
+        def one(case: tuple[str, Path]) -> CaseResult:
+            group, path = case
+            name = path.relative_to(root).as_posix()
+            try:
+                if Path(group).name in ("job_templates", "env_templates"):
+                    res = run_template_test(path, group, name)
+                else:
+                    res = run_job_test(path, group, name, scratch, lenient=lenient, cli=cli)
+            except Exception as exc:  # a harness bug must not hide the other cases
+                res = CaseResult(name, group, FAIL, f"harness error {type(exc).__name__}: {exc}")
+            if on_result is not None:
+                on_result(res)
+            return res
+
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            return list(pool.map(one, cases))
+
+
+@dataclass
+class Tally:
+    passed: int = 0
+    failed: int = 0
+    skipped: int = 0
+
+    @property
+    def run(self) -> int:
+        return self.passed + self.failed
+
+    @property
+    def rate(self) -> float:
+        return self.passed / self.run if self.run else 1.0
+
+    def line(self, label: str) -> str:
+        text = f"{label}: {self.passed}/{self.run} passed ({100 * self.rate:.1f}%)"
+        return text + (f", {self.skipped} skipped" if self.skipped else "")
+
+
+def tally(results: Iterable[CaseResult]) -> Tally:
+    t = Tally()
+    for r in results:
+        if r.status == PASS:
+            t.passed += 1
+        elif r.status == FAIL:
+            t.failed += 1
+        else:
+            t.skipped += 1
+    return t
+
+
+def format_case(r: CaseResult) -> str:
+    return f"{r.status} {r.name}" + (f" -- {r.reason}" if r.reason else "")
+
+
+def summary_lines(results: list[CaseResult]) -> list[str]:
+    """Per-directory rates, then the total over the non-proposed directories and the proposed."""
+    groups: list[str] = []
+    for r in results:
+        if r.group not in groups:
+            groups.append(r.group)
+    lines = [tally(r for r in results if r.group == g).line(g) for g in groups]
+    main = [r for r in results if not r.proposed]
+    proposed = [r for r in results if r.proposed]
+    if main:
+        lines.append(tally(main).line("Total (excluding proposed/)"))
+    if proposed:
+        lines.append(tally(proposed).line("Proposed (reported separately)"))
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.conformance",
+        description="Run the OpenJD conformance test data through openjd-checkpoint.",
+    )
+    parser.add_argument("dirs", nargs="*", help=f"directories under --root (default: {ALL_DIRS})")
+    parser.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="the 2023-09 directory")
+    parser.add_argument("--jobs", type=int, default=2, help="cases run at once (default 2)")
+    parser.add_argument(
+        "--lenient", action="store_true", help="do not require exit 0 from valid job tests"
+    )
+    parser.add_argument(
+        "--cli", help="the CLI command prefix to test (default: python -m core.cli)"
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="print failures' output")
+    args = parser.parse_args(argv)
+    if not args.root.is_dir():
+        print(f"conformance data not found: {args.root}", file=sys.stderr)
+        return 2
+    cli = shlex.split(args.cli) if args.cli else None
+    if cli and os.sep in cli[0] and Path(cli[0]).exists():  # cases run in their own directory
+        cli[0] = os.path.abspath(cli[0])  # not resolve(): keep a venv's python link
+    results = run_suite(
+        args.root, args.dirs or ALL_DIRS, workers=args.jobs, lenient=args.lenient, cli=cli
+    )
+    for r in results:
+        print(format_case(r))
+        if args.verbose and r.status == FAIL and r.output:
+            print("    | " + r.output.rstrip().replace("\n", "\n    | "))
+    print()
+    for line in summary_lines(results):
+        print(line)
+    return 0 if all(r.status != FAIL for r in results if not r.proposed) else 1
+
+
+if __name__ == "__main__":
+    if __package__ in (None, ""):  # run as a script: make ``core`` importable
+        sys.path.insert(0, str(REPO_ROOT))
+    sys.exit(main())
