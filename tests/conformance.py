@@ -43,8 +43,12 @@ from typing import Any
 import yaml
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# shared/ lies beside the repository's folder (in CI too).
 DEFAULT_ROOT = Path(
-    os.environ.get("OPENJD_CONFORMANCE_ROOT", "/work/shared/conformance/conformance-tests/2023-09")
+    os.environ.get(
+        "OPENJD_CONFORMANCE_ROOT",
+        Path(__file__).resolve().parents[2] / "shared/conformance/conformance-tests/2023-09",
+    )
 )
 MAIN_DIRS = ["base/jobs", "TASK_CHUNKING/jobs", "TASK_CHUNKING/job_templates"]
 PROPOSED_DIRS = ["base/jobs/proposed", "TASK_CHUNKING/jobs/proposed"]
