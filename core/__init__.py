@@ -20,10 +20,12 @@ from ._messages import (
     MessageWarning,
     parse_line,
 )
-from ._runner import EXIT_CODES, JobRunner, RunResult
+from ._resume import RefusalCode, ResumeHow, ResumeRefusedError
+from ._runner import EXIT_CODES, JobRunner, RunResult, TerminationMode
 from ._store import (
     CheckpointData,
     CheckpointStore,
+    RunCondition,
     RunRecord,
     RunStatus,
     TaskRecord,
@@ -41,12 +43,17 @@ __all__ = (
     "CheckpointData",
     "CheckpointJobTemplate",
     "CheckpointStore",
+    "RefusalCode",
+    "ResumeHow",
+    "ResumeRefusedError",
+    "TerminationMode",
     "JobRunner",
     "MessageContext",
     "MessageWarning",
     "OpenJDCheckpointError",
     "PreparedJob",
     "RunError",
+    "RunCondition",
     "RunRecord",
     "RunResult",
     "RunStatus",

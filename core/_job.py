@@ -36,7 +36,13 @@ from openjd.sessions import PathMappingRule
 
 from ._errors import TemplateError
 from ._store import CheckpointData, TaskRecord
-from ._template import CheckpointJobTemplate, canonical_json, load_template, sha256_hex
+from ._template import (
+    JOB_STATUS_PARAMETER,
+    CheckpointJobTemplate,
+    canonical_json,
+    load_template,
+    sha256_hex,
+)
 
 _INT64 = (-(2**63), 2**63 - 1)
 """OpenJD INT values are 64-bit (Template Schemas 2.3); openjd-model 0.14 does not check it."""
@@ -108,7 +114,11 @@ class PreparedJob:
     @property
     def parameters(self) -> dict[str, str]:
         """Job parameter values as plain strings (name -> value)."""
-        return {k: str(v.value) for k, v in sorted(self.parameter_values.items())}
+        return {
+            k: str(v.value)
+            for k, v in sorted(self.parameter_values.items())
+            if k != JOB_STATUS_PARAMETER
+        }
 
     def step(self, name: str) -> Any:
         for step in self.job.steps:

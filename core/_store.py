@@ -42,10 +42,13 @@ __all__ = (
     "SCHEMA_VERSION",
     "CheckpointData",
     "CheckpointStore",
+    "Lease",
     "ProcessInfo",
+    "RunCondition",
     "RunRecord",
     "RunStatus",
     "TaskRecord",
+    "StopRequest",
     "TaskStatus",
     "default_store_location",
     "task_id_for",
@@ -73,8 +76,11 @@ class RunStatus(str, Enum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     INTERRUPTED = "interrupted"
-    """Stopped to be resumed later (checkpointCancelation)."""
+    """Suspended: stopped to be resumed later (checkpointCancelation)."""
     CANCELED = "canceled"
+    """Ended by Cancelled or CancelledRunFinally."""
+    STOPPED = "stopped"
+    """Ended by StoppedRunFinally."""
 
 
 class TaskStatus(str, Enum):
@@ -142,6 +148,27 @@ class TaskRecord(_Model):
     updated_at: float = Field(default_factory=time.time)
 
 
+class RunCondition(_Model):
+    """The run's ``Succeeded`` condition, as Tekton reports a PipelineRun's (seed 002).
+
+    ``status`` is ``"True"``, ``"False"`` or ``"Unknown"``; ``reason`` is ``Running``,
+    ``Stopping``, ``Succeeded``, ``Failed``, ``Timeout``, or the termination mode that ended the
+    run (``Cancelled``, ``CancelledRunFinally``, ``StoppedRunFinally``, ``Suspended``).
+    """
+
+    status: str = "Unknown"
+    reason: str = "Running"
+    message: str = ""
+
+
+class StopRequest(_Model):
+    """A request, through the store, to end a run in a termination mode."""
+
+    mode: str
+    requested_at: float = Field(default_factory=time.time)
+    requested_by: ProcessInfo | None = None
+
+
 class RunRecord(_Model):
     """One run of a job (a template with job parameter values), across its attempts."""
 
@@ -159,6 +186,11 @@ class RunRecord(_Model):
     updated_at: float = Field(default_factory=time.time)
     runner: ProcessInfo | None = None
     message: str | None = None
+    condition: RunCondition = Field(default_factory=RunCondition)
+    termination: str | None = None
+    """The termination mode asked for, if any."""
+    skipped_tasks: list[str] = Field(default_factory=list)
+    finally_steps: list[str] = Field(default_factory=list)
 
 
 def task_id_for(step: str, task_key: str) -> str:
@@ -342,6 +374,76 @@ class CheckpointStore:
             raise StoreError(f"cannot list {self._where(path)}: {exc}") from None
         return sorted(posixpath.basename(str(e).rstrip("/")) for e in entries)
 
+    def delete_checkpoints(self, run: RunRecord) -> None:
+        """Delete a run's task records and checkpoints, keeping its run record (the tombstone
+        that tells a later resume the run already completed)."""
+        path = posixpath.join(self._run_dir(run.job_key, run.run_id), "tasks")
+        try:
+            if self.fs.exists(path):
+                self.fs.rm(path, recursive=True)
+        except OSError as exc:
+            raise StoreError(f"cannot delete {self._where(path)}: {exc}") from None
+
+    # --- stop requests and leases ----------------------------------------------------------------
+    def write_stop_request(self, run: RunRecord, request: StopRequest) -> None:
+        path = posixpath.join(self._run_dir(run.job_key, run.run_id), "stop-request.json")
+        self._write(path, request.model_dump(mode="json"))
+
+    def read_stop_request(self, run: RunRecord) -> StopRequest | None:
+        path = posixpath.join(self._run_dir(run.job_key, run.run_id), "stop-request.json")
+        try:
+            req: StopRequest | None = self._read(path, StopRequest)
+        except StoreError:
+            return None
+        return req
+
+    def clear_stop_request(self, run: RunRecord) -> None:
+        path = posixpath.join(self._run_dir(run.job_key, run.run_id), "stop-request.json")
+        try:
+            if self.fs.exists(path):
+                self.fs.rm(path)
+        except OSError:
+            pass
+
+    def acquire_lease(self, run: RunRecord, *, ttl_seconds: float = 60.0) -> Lease | None:
+        """Take the run's lease, or return None if another live owner holds it.
+
+        On a local store the lease is an exclusive ``flock`` on ``lease.lock`` in the run's
+        directory: the kernel releases it when its owner dies, however it dies. Elsewhere it is
+        a ``lease.json`` with an expiry time that its owner renews (``Lease.renew()``); an
+        expired lease may be taken over (object stores have no locks: best effort).
+        """
+        run_dir = self._run_dir(run.job_key, run.run_id)
+        if self._local:
+            import fcntl
+
+            os.makedirs(run_dir, exist_ok=True)
+            fd = os.open(posixpath.join(run_dir, "lease.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                return None
+            return Lease(self, run_dir, fd=fd, ttl=ttl_seconds)
+        path = posixpath.join(run_dir, "lease.json")
+        try:
+            current = json.loads(self.fs.cat_file(path))
+            if float(current.get("expires_at", 0)) > time.time():
+                return None
+        except (FileNotFoundError, ValueError, OSError):
+            pass
+        lease = Lease(self, run_dir, fd=None, ttl=ttl_seconds)
+        lease.renew()
+        return lease
+
+    def lease_held(self, run: RunRecord) -> bool:
+        """True if a live owner holds the run's lease (probes without keeping it)."""
+        lease = self.acquire_lease(run)
+        if lease is None:
+            return True
+        lease.release()
+        return False
+
     # --- tasks ---------------------------------------------------------------------------------
     def write_task(self, record: TaskRecord) -> None:
         """Write a task's latest record (atomically replacing the previous one)."""
@@ -401,6 +503,36 @@ class CheckpointStore:
                     gens.append(data)
         gens.sort(key=lambda g: g.generation)
         return gens
+
+
+class Lease:
+    """A held run lease; ``release()`` when done (also released when the owner dies)."""
+
+    def __init__(self, store: CheckpointStore, run_dir: str, *, fd: int | None, ttl: float):
+        self._store = store
+        self._run_dir = run_dir
+        self._fd = fd
+        self._ttl = ttl
+        self.owner = this_process()
+
+    def renew(self) -> None:
+        """Extend the lease (needed only on stores without locks)."""
+        if self._fd is not None:
+            return
+        self._store._write(
+            posixpath.join(self._run_dir, "lease.json"),
+            {"owner": self.owner.model_dump(mode="json"), "expires_at": time.time() + self._ttl},
+        )
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor drops the flock
+            self._fd = None
+            return
+        try:
+            self._store.fs.rm(posixpath.join(self._run_dir, "lease.json"))
+        except OSError:
+            pass
 
 
 def this_process(pgid: int | None = None) -> ProcessInfo:

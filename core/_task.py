@@ -58,7 +58,7 @@ from ._store import (
     TaskRecord,
     TaskStatus,
 )
-from ._template import CancelMethod
+from ._template import JOB_STATUS_PARAMETER, CancelMethod
 
 __all__ = ("StopIntent", "TaskEvent", "TaskExecution", "TaskOutcome", "TaskResult")
 
@@ -134,6 +134,8 @@ class TaskExecution:
         working_root: parent directory of the session working directory (default: system temp).
         os_env: the environment the actions start from (default: ``os.environ``).
         max_line_bytes / max_state_bytes: protocol caps in bytes.
+        job_status: the run's outcome so far (``Succeeded``, ``Failed``, ``Cancelled``,
+            ``Stopped``), the value of ``{{Job.Status}}`` in finally steps.
     """
 
     def __init__(
@@ -151,8 +153,10 @@ class TaskExecution:
         os_env: dict[str, str] | None = None,
         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
         max_state_bytes: int = DEFAULT_MAX_STATE_BYTES,
+        job_status: str | None = None,
     ) -> None:
         self.job = job
+        self.job_status = job_status
         self.spec = spec
         self.run_id = run_id
         self.store = store
@@ -700,6 +704,8 @@ class TaskExecution:
         for name, value in self.job.parameter_values.items():
             symtab[f"RawParam.{name}"] = str(value.value)
             symtab[f"Param.{name}"] = self._map_value(value)
+        if self.job_status is not None:
+            symtab[f"Param.{JOB_STATUS_PARAMETER}"] = self.job_status
         return symtab
 
     def _apply_env_variables(

@@ -22,6 +22,7 @@ checks, and relabelling the errors.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import re
@@ -55,8 +56,22 @@ __all__ = (
 CHECKPOINT_EXTENSION = "CHECKPOINT"
 """The name a template lists in ``extensions`` to use what this module adds."""
 
+FINALLY_EXTENSION = "FINALLY"
+"""The name a template lists in ``extensions`` to declare a top-level ``finally:`` list of steps
+(ours, after Tekton's finally tasks: seed 002)."""
+
+JOB_STATUS_PARAMETER = "OpenJDCheckpointJobStatus"
+"""``{{Job.Status}}`` in a finally step is carried as this hidden job parameter, so openjd-model
+validates and resolves it like any value reference."""
+
 SUPPORTED_EXTENSIONS = frozenset(
-    {"TASK_CHUNKING", "REDACTED_ENV_VARS", "FEATURE_BUNDLE_1", CHECKPOINT_EXTENSION}
+    {
+        "TASK_CHUNKING",
+        "REDACTED_ENV_VARS",
+        "FEATURE_BUNDLE_1",
+        CHECKPOINT_EXTENSION,
+        FINALLY_EXTENSION,
+    }
 )
 """Extensions the runner implements. EXPR and WRAP_ACTIONS are validated by openjd-model but
 not run by this runner, so they are refused with a message that says so."""
@@ -82,6 +97,8 @@ notify anything, and are refused. See docs/decisions.md for the Windows mapping.
 DEFAULT_NOTIFY_PERIOD_SECONDS = 120
 """The OpenJD 2023-09 default ``notifyPeriodInSeconds`` of NOTIFY_THEN_TERMINATE."""
 
+_JOB_STATUS_REF = re.compile(r"\bJob\.Status(?![A-Za-z0-9_])")
+_STEP_INDEX = re.compile(r"\bsteps\[(\d+)\]")
 _CHECKPOINT_REF = re.compile(r"Task\.Checkpoint\.(State|File)(?![A-Za-z0-9_])")
 _ACTION_NAMES = ("onRun", "onCheckpointResume", "onEnter", "onExit")
 
@@ -146,16 +163,28 @@ class CheckpointJobTemplate:
     actions: dict[str, ActionCheckpointSpec] = field(default_factory=dict)
     template_hash: str = ""
     step_hashes: dict[str, str] = field(default_factory=dict)
+    finally_steps: tuple[str, ...] = ()
+    regular_steps: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
         return str(self.document.get("name", ""))
 
     def step_index(self, step_name: str) -> int:
-        for i, step in enumerate(self.document.get("steps", [])):
-            if isinstance(step, dict) and step.get("name") == step_name:
-                return i
+        """Index of a step in the job's combined step list (regular steps, then finally)."""
+        names = self.regular_steps + self.finally_steps
+        if step_name in names:
+            return names.index(step_name)
         raise KeyError(step_name)
+
+    def is_finally(self, step_name: str) -> bool:
+        return step_name in self.finally_steps
+
+    def step_path(self, step_name: str) -> str:
+        """The step's field path in the template: ``steps[i]`` or ``finally[j]``."""
+        i = self.step_index(step_name)
+        n = len(self.regular_steps)
+        return f"steps[{i}]" if i < n else f"finally[{i - n}]"
 
     def action_spec(self, path: str) -> ActionCheckpointSpec:
         """The CHECKPOINT parts of the action at ``path`` (TERMINATE defaults if none)."""
@@ -236,12 +265,118 @@ def parse_template(document: Any, *, source: Path | None = None) -> CheckpointJo
     if problems:
         raise TemplateError(problems, source=where)
     has_checkpoint = CHECKPOINT_EXTENSION in extensions
-    model_ext = [e for e in extensions if e != CHECKPOINT_EXTENSION]
+    ours = (CHECKPOINT_EXTENSION, FINALLY_EXTENSION)
+    model_ext = [e for e in extensions if e not in ours]
     if raw_ext is not None:
         if model_ext:
             doc["extensions"] = model_ext
         else:
             del doc["extensions"]
+    regular: list[Any] = doc["steps"] if isinstance(doc.get("steps"), list) else []
+    n_regular = len(regular)
+    finally_names = _merge_finally(doc, FINALLY_EXTENSION in extensions, problems)
+    if problems:
+        raise TemplateError(problems, source=where)
+    try:
+        result = _parse_merged(doc, original, source, extensions, model_ext, has_checkpoint)
+    except TemplateError as exc:
+        raise TemplateError([_relabel(p, n_regular) for p in exc.problems], source=where) from None
+    return dataclasses.replace(
+        result,
+        finally_steps=tuple(finally_names),
+        regular_steps=tuple(str(s.get("name")) for s in regular if isinstance(s, dict)),
+    )
+
+
+def _relabel(problem: str, n_regular: int) -> str:
+    """Name finally steps as the author wrote them (``finally[j]``) and ``Job.Status`` as such."""
+
+    def sub(m: re.Match[str]) -> str:
+        k = int(m.group(1))
+        return f"steps[{k}]" if k < n_regular else f"finally[{k - n_regular}]"
+
+    return _STEP_INDEX.sub(sub, problem).replace(f"Param.{JOB_STATUS_PARAMETER}", "Job.Status")
+
+
+def _merge_finally(doc: dict[str, Any], declared: bool, problems: list[str]) -> list[str]:
+    """Append the ``finally:`` steps to ``steps`` (to validate and create them with
+    openjd-model), checking what openjd-model cannot: the extension is declared, names are
+    unique across both lists, and no dependency crosses between the lists."""
+    if "finally" not in doc:
+        return []
+    raw = doc.pop("finally")
+    if not declared:
+        problems.append(
+            "finally: is part of the FINALLY extension, which the template does not declare "
+            "in 'extensions'"
+        )
+        return []
+    if not isinstance(raw, list) or not raw or not all(isinstance(s, dict) for s in raw):
+        problems.append("finally: must be a non-empty list of steps")
+        return []
+    steps: list[Any] = doc["steps"] if isinstance(doc.get("steps"), list) else []
+    regular_names = {s.get("name") for s in steps if isinstance(s, dict)}
+    finally_names = [s.get("name") for s in raw]
+    for j, name in enumerate(finally_names):
+        if name in regular_names or name in finally_names[:j]:
+            problems.append(
+                f"finally[{j}].name: step name {name!r} is already used; step names must be "
+                "unique across steps and finally"
+            )
+        for k, dep in enumerate(raw[j].get("dependencies") or []):
+            target = dep.get("dependsOn") if isinstance(dep, dict) else None
+            if target in regular_names:
+                problems.append(
+                    f"finally[{j}].dependencies[{k}].dependsOn: a finally step may depend only "
+                    f"on other finally steps, not on {target!r}"
+                )
+    for i, step in enumerate(steps):
+        if not isinstance(step, dict):
+            continue
+        for k, dep in enumerate(step.get("dependencies") or []):
+            target = dep.get("dependsOn") if isinstance(dep, dict) else None
+            if target in finally_names:
+                problems.append(
+                    f"steps[{i}].dependencies[{k}].dependsOn: a step cannot depend on the "
+                    f"finally step {target!r}"
+                )
+    if problems:
+        return []
+    swapped = [_swap_job_status(s) for s in raw]
+    doc["steps"] = list(steps) + swapped
+    params = doc.setdefault("parameterDefinitions", [])
+    if isinstance(params, list):
+        params.append(
+            {
+                "name": JOB_STATUS_PARAMETER,
+                "type": "STRING",
+                "default": "Unknown",
+                "description": "The run's outcome so far, for finally steps ({{Job.Status}}).",
+            }
+        )
+    return [str(n) for n in finally_names]
+
+
+def _swap_job_status(value: Any) -> Any:
+    if isinstance(value, str):
+        return _JOB_STATUS_REF.sub(f"Param.{JOB_STATUS_PARAMETER}", value)
+    if isinstance(value, list):
+        return [_swap_job_status(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _swap_job_status(v) for k, v in value.items()}
+    return value
+
+
+def _parse_merged(
+    doc: dict[str, Any],
+    original: dict[str, Any],
+    source: Path | None,
+    extensions: list[str],
+    model_ext: list[str],
+    has_checkpoint: bool,
+) -> CheckpointJobTemplate:
+    where = str(source) if source else None
+    problems: list[str] = []
 
     # 1. Take the CHECKPOINT parts out of the document, remembering where they were.
     resume_raw: dict[int, Any] = {}
@@ -321,7 +456,7 @@ def parse_template(document: Any, *, source: Path | None = None) -> CheckpointJo
         actions=action_specs,
         template_hash=sha256_hex(canonical_json(original)),
         step_hashes=_step_hashes(original),
-    )
+    )  # finally_steps and regular_steps are filled in by parse_template
 
 
 def _get(obj: Any, *keys: str) -> Any:
@@ -499,7 +634,8 @@ def _step_hashes(document: dict[str, Any]) -> dict[str, str]:
         "jobEnvironments": document.get("jobEnvironments"),
     }
     out: dict[str, str] = {}
-    for step in document.get("steps") or []:
+    steps = [s for key in ("steps", "finally") for s in (document.get(key) or [])]
+    for step in steps:
         if isinstance(step, dict) and "name" in step:
             out[str(step["name"])] = sha256_hex(canonical_json({"common": common, "step": step}))
     return out

@@ -18,20 +18,38 @@ from typing import Any
 
 from ._errors import OpenJDCheckpointError, RunError, StoreError, TemplateError
 from ._job import load_path_mapping_rules, prepare_job
-from ._runner import EXIT_CODES, JobRunner, RunResult
-from ._store import CheckpointStore, default_store_location
+from ._resume import RefusalCode, ResumeHow, ResumeRefusedError
+from ._runner import (
+    DEFAULT_FINALLY_TIMEOUT_SECONDS,
+    EXIT_CODES,
+    JobRunner,
+    RunResult,
+    TerminationMode,
+)
+from ._store import (
+    CheckpointStore,
+    RunStatus,
+    StopRequest,
+    default_store_location,
+    this_process,
+)
 from ._task import StopIntent, TaskEvent, TaskExecution
 from ._template import load_template
 
 EPILOG = """\
-exit codes of 'run':
-  0    every task succeeded (the run's checkpoints are deleted)
-  1    a task failed (checkpoints are kept; running again resumes)
+exit codes of 'run' and 'resume':
+  0    every task and finally step succeeded (the run's checkpoints are deleted)
+  1    a task or a finally step failed, or the run's --timeout expired (checkpoints are kept:
+       running again resumes)
   2    bad template, parameters or usage
-  3    checkpoint store error, or the run is in progress in another process
-  75   interrupted (SIGINT/SIGTERM): checkpoints kept; run the same command again to resume
+  3    checkpoint store error
+  4    resume refused, with a code: unknown-run, not-failed, already-resumed, different-input,
+       no-checkpoint, chain-changed, state-changed (nothing ran)
   70   internal error (a bug in openjd-checkpoint)
-  130  abandoned by a second Ctrl-C (tasks killed without a checkpoint request)
+  75   suspended (Ctrl-C, SIGTERM, or 'stop --mode Suspended'): checkpoints kept; run the same
+       command again, or 'resume RUN_ID', to resume
+  130  canceled or stopped (a second Ctrl-C, or 'stop --mode Cancelled|CancelledRunFinally|
+       StoppedRunFinally'); finally steps ran unless the mode was Cancelled
 
 the store is --store, else $OPENJD_CHECKPOINT_STORE, else the per-user state directory.
 """
@@ -108,24 +126,56 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    rules = load_path_mapping_rules(args.path_mapping_rules) if args.path_mapping_rules else []
     job = prepare_job(
         args.template,
         _params(args.parameter or []),
         environments=args.environment or [],
-        path_mapping_rules=rules,
+        path_mapping_rules=(
+            load_path_mapping_rules(args.path_mapping_rules) if args.path_mapping_rules else []
+        ),
     )
-    store = CheckpointStore(args.store)
+    return _execute(args, job, how=ResumeHow.REQUEUE if args.fresh else ResumeHow.RETRY)
+
+
+def _cmd_resume(args: argparse.Namespace) -> int:
+    store = _store_from(args)
+    run = store.find_run(args.run_id)
+    if run is None:
+        raise ResumeRefusedError(
+            RefusalCode.UNKNOWN_RUN, f"no run {args.run_id!r} in {store.location}"
+        )
+    template = args.template or (Path(run.template_path) if run.template_path else None)
+    if template is None:
+        raise TemplateError([f"run {run.run_id} has no template path; pass --template"])
+    params = dict(run.parameters)
+    params.update(_params(args.parameter or []))
+    job = prepare_job(template, params)
+    args.template = template
+    return _execute(
+        args,
+        job,
+        how=ResumeHow.OPERATOR,
+        run_id=run.run_id,
+        from_step=args.from_step,
+        generation=args.generation,
+    )
+
+
+def _execute(args: argparse.Namespace, job: Any, *, how: ResumeHow, **resume: Any) -> int:
+    store = CheckpointStore(args.store, keep_generations=args.keep_generations)
     display = _Display(quiet_progress=args.quiet)
     display.note(f"Running job {job.job.name!r} (store: {store.location})")
     runner = JobRunner(
         job,
         store=store,
-        fresh=args.fresh,
+        how=how,
         max_parallel=args.max_parallel,
+        timeout_seconds=args.timeout,
+        finally_timeout_seconds=args.finally_timeout,
         on_output=display.output,
         on_event=display.event,
         on_note=display.note,
+        **resume,
     )
     signals_seen: list[int] = []
 
@@ -133,12 +183,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         signals_seen.append(signum)
         if len(signals_seen) == 1:
             display.note(
-                f"{signal.Signals(signum).name}: interrupting tasks with checkpointCancelation "
-                "(press Ctrl-C again to abandon them)"
+                f"{signal.Signals(signum).name}: suspending the run: tasks are interrupted with "
+                "checkpointCancelation (press Ctrl-C again to cancel it)"
             )
             runner.stop(StopIntent.CHECKPOINT)
         elif signum == signal.SIGINT or len(signals_seen) > 2:
-            display.note("abandoning the run: killing its tasks")
+            display.note("cancelling the run: killing its tasks")
             runner.stop(StopIntent.CANCEL, force=True)
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -171,21 +221,25 @@ def _report(args: argparse.Namespace, result: RunResult, store: CheckpointStore)
         counts[res.outcome.value] = counts.get(res.outcome.value, 0) + 1
     summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "no task ran"
     say = sys.stderr.write
-    say(f"openjd-checkpoint: run {result.run_id} {result.status.value} ({summary})\n")
+    cond = result.condition
+    say(
+        f"openjd-checkpoint: run {result.run_id} {result.status.value} ({summary}); "
+        f"condition Succeeded={cond.status} reason={cond.reason}"
+        + (f": {cond.message}" if cond.message else "")
+        + "\n"
+    )
     for spec, res in result.results:
         if res.outcome.value == "failed":
             code = "" if res.exit_code is None else f" (exited with code: {res.exit_code})"
             say(f"  failed: {spec.describe()}: {res.message}{code}\n")
     if result.skipped:
-        say(f"  not started: {', '.join(result.skipped)}\n")
-    if result.exit_code == EXIT_CODES["interrupted"] or result.exit_code == EXIT_CODES["failed"]:
-        cmd = ["openjd-checkpoint", "run", str(args.template)]
-        for p in args.parameter or []:
-            cmd += ["-p", p]
+        say(f"  skipped: {', '.join(result.skipped)}\n")
+    if result.status.value != "succeeded":
+        cmd = ["openjd-checkpoint", "resume", result.run_id]
         if args.store:
             cmd += ["--store", str(args.store)]
         say(f"  checkpoints kept in {store.location}\n")
-        say(f"  to resume: {shlex.join(cmd)}\n")
+        say(f"  to resume: {shlex.join(cmd)}  (or run the same 'run' command again)\n")
 
 
 def _store_from(args: argparse.Namespace) -> CheckpointStore:
@@ -232,9 +286,126 @@ def _cmd_delete(args: argparse.Namespace) -> int:
     if run is None:
         print(f"openjd-checkpoint: no run {args.run_id!r} in {store.location}", file=sys.stderr)
         return 2
+    if store.lease_held(run):
+        raise RunError(f"run {run.run_id} is running; stop it first")
     store.delete_run(run.job_key, run.run_id)
     print(f"deleted run {run.run_id} and its checkpoints")
     return 0
+
+
+def _cmd_stop(args: argparse.Namespace) -> int:
+    store = _store_from(args)
+    run = store.find_run(args.run_id)
+    if run is None:
+        print(f"openjd-checkpoint: no run {args.run_id!r} in {store.location}", file=sys.stderr)
+        return 2
+    if run.status != RunStatus.RUNNING or not store.lease_held(run):
+        print(
+            f"openjd-checkpoint: refused: run {run.run_id} has ended "
+            f"({run.status.value}, reason {run.condition.reason}); it cannot be stopped",
+            file=sys.stderr,
+        )
+        return EXIT_CODES["refused"]
+    store.write_stop_request(run, StopRequest(mode=args.mode, requested_by=this_process()))
+    print(f"asked run {run.run_id} to end: {args.mode}")
+    if args.wait:
+        end = time.monotonic() + args.wait
+        while time.monotonic() < end:
+            rec = store.find_run(run.run_id)
+            if rec is not None and rec.status != RunStatus.RUNNING:
+                print(f"run {run.run_id} ended: {rec.status.value} ({rec.condition.reason})")
+                return 0
+            time.sleep(0.2)
+        print(f"run {run.run_id} has not ended after {args.wait:g} s", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cmd_runs(args: argparse.Namespace) -> int:
+    store = _store_from(args)
+    runs, warnings = store.list_runs()
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    if not runs:
+        print(f"no stored runs in {store.location}")
+        return 0
+    print(f"{'RUN':<24} {'STATUS':<12} {'REASON':<20} {'ATTEMPT':>7}  JOB")
+    for r in runs:
+        status = r.status.value
+        if status == "running" and not store.lease_held(r):
+            status = "running?"  # its runner died: resumable
+        print(f"{r.run_id:<24} {status:<12} {r.condition.reason:<20} {r.attempt:>7}  {r.job_name}")
+    return 0
+
+
+def _cmd_gc(args: argparse.Namespace) -> int:
+    store = _store_from(args)
+    runs, warnings = store.list_runs()
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    cutoff = time.time() - args.retention_days * 86400
+    removed = 0
+    for r in runs:
+        if r.updated_at > cutoff or store.lease_held(r):
+            continue
+        store.delete_run(r.job_key, r.run_id)
+        removed += 1
+        print(f"removed run {r.run_id} ({r.status.value}, {r.job_name})")
+    print(f"{removed} run(s) removed; kept {len(runs) - removed}")
+    return 0
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--max-parallel",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="tasks of a step run at once (default: CPU count, at most 4)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=None,
+        metavar="SECONDS",
+        help="the regular steps' time budget; on expiry tasks are canceled and the "
+        "finally steps run",
+    )
+    p.add_argument(
+        "--finally-timeout",
+        type=_positive_float,
+        default=DEFAULT_FINALLY_TIMEOUT_SECONDS,
+        metavar="SECONDS",
+        help="the finally steps' own time budget (default: %(default)s)",
+    )
+    p.add_argument(
+        "--keep-generations",
+        type=_positive_int,
+        default=3,
+        metavar="K",
+        help="checkpoint generations kept per task (default: %(default)s)",
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 1 or more")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -266,13 +437,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="a job parameter value (repeatable), or @FILE of name: value pairs",
     )
     run.add_argument("--store", help=f"checkpoint store (default: {default_store_location()})")
-    run.add_argument("--fresh", action="store_true", help="run from the top; do not resume")
     run.add_argument(
-        "--max-parallel",
-        type=int,
-        default=None,
-        metavar="N",
-        help="tasks of a step run at once (default: CPU count, at most 4)",
+        "--fresh", action="store_true", help="requeue: run from the top; do not resume"
     )
     run.add_argument(
         "--environment",
@@ -284,8 +450,80 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--path-mapping-rules", metavar="FILE", help="path mapping rules JSON (as openjd-cli takes)"
     )
-    run.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    _add_run_options(run)
     run.set_defaults(func=_cmd_run)
+
+    resume = sub.add_parser(
+        "resume",
+        help="resume a stored run exactly where asked (refuses with a code otherwise)",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    resume.add_argument("run_id")
+    resume.add_argument(
+        "--template",
+        type=Path,
+        default=None,
+        help="the job template (default: the path the run was started from)",
+    )
+    resume.add_argument(
+        "-p",
+        "--parameter",
+        action="append",
+        metavar="NAME=VALUE",
+        help="job parameter values (default: the run's; others are refused)",
+    )
+    resume.add_argument(
+        "--from",
+        dest="from_step",
+        metavar="STEP",
+        default=None,
+        help="run STEP and every later step again (from their checkpoints)",
+    )
+    resume.add_argument(
+        "--generation",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="resume checkpointed tasks from checkpoint generation N",
+    )
+    resume.add_argument("--store", help="checkpoint store")
+    _add_run_options(resume)
+    resume.set_defaults(func=_cmd_resume)
+
+    stop = sub.add_parser("stop", help="ask a running run (in any process) to end early")
+    stop.add_argument("run_id")
+    stop.add_argument(
+        "--mode",
+        required=True,
+        choices=[m.value for m in TerminationMode],
+        help="Cancelled, CancelledRunFinally, StoppedRunFinally (TEP-0058) or "
+        "Suspended (interrupt with checkpoints; resumable)",
+    )
+    stop.add_argument(
+        "--wait",
+        type=_positive_float,
+        default=None,
+        metavar="SECONDS",
+        help="wait up to SECONDS for the run to end",
+    )
+    stop.add_argument("--store", help="checkpoint store")
+    stop.set_defaults(func=_cmd_stop)
+
+    runs = sub.add_parser("runs", help="list stored runs with their states")
+    runs.add_argument("--store", help="checkpoint store")
+    runs.set_defaults(func=_cmd_runs)
+
+    gc = sub.add_parser("gc", help="delete runs (and checkpoints) older than the retention")
+    gc.add_argument(
+        "--retention-days",
+        type=float,
+        default=7.0,
+        metavar="DAYS",
+        help="keep runs updated within DAYS (default: %(default)s)",
+    )
+    gc.add_argument("--store", help="checkpoint store")
+    gc.set_defaults(func=_cmd_gc)
 
     ck = sub.add_parser("checkpoints", help="list, show or delete stored runs and checkpoints")
     ck.add_argument("--store", help="checkpoint store")
@@ -313,6 +551,9 @@ def main(argv: list[str] | None = None) -> int:
     except TemplateError as exc:
         print(f"openjd-checkpoint: {exc}", file=sys.stderr)
         return EXIT_CODES["usage"]
+    except ResumeRefusedError as exc:
+        print(f"openjd-checkpoint: {exc}", file=sys.stderr)
+        return EXIT_CODES["refused"]
     except (StoreError, RunError) as exc:
         print(f"openjd-checkpoint: {exc}", file=sys.stderr)
         return EXIT_CODES["store"]

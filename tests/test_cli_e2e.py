@@ -54,7 +54,7 @@ def test_seed_fibonacci_interrupted_by_sigterm_then_resumed(store: Path) -> None
     assert re.fullmatch(r"\d+,\d+,\d+", task.checkpoint.state or ""), task.checkpoint
     saved_n, v0, v1 = (int(x) for x in task.checkpoint.state.split(","))
     assert (v0, v1) == (fib(saved_n), fib(saved_n + 1))
-    assert "to resume: openjd-checkpoint run" in first.stderr
+    assert "to resume: openjd-checkpoint resume " in first.stderr
 
     second = subprocess.run(cli_cmd(*args), capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert second.returncode == 0, second.stderr
@@ -65,8 +65,10 @@ def test_seed_fibonacci_interrupted_by_sigterm_then_resumed(store: Path) -> None
     assert [int(s) for s in re.findall(r"Fibonacci number (\d+) is \d+$", second.stdout, re.M)][
         0
     ] == saved_n
-    # A completed run deletes its checkpoints.
-    assert CheckpointStore(store).list_runs()[0] == []
+    # A completed run deletes its checkpoints; its run record stays as a tombstone.
+    (done,) = CheckpointStore(store).list_runs()[0]
+    assert done.status.value == "succeeded" and done.attempt == 2
+    assert CheckpointStore(store).read_tasks(done.job_key, done.run_id) == ([], [])
 
 
 def test_chunked_step_interrupted_mid_chunk_runs_only_unfinished_frames(

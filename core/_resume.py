@@ -1,0 +1,239 @@
+"""Resume safety: which earlier run a new attempt continues, and when it must refuse.
+
+Implements Trax's Checkpoint page (seed 001, "Resuming" and "What can resume where") on OpenJD
+jobs: a run resumes from an earlier run of the same job (same template name) and the same input
+(job parameter values) that failed, was suspended or was cancelled, and that no other resume has
+completed. Three ways, with Trax's meaning:
+
+- ``RETRY`` (the default of ``run``, and what adapters do on a retry): after the latest
+  checkpoint, else from the top; a refusal runs from the top and says why.
+- ``REQUEUE`` (``run --fresh``): always from the top.
+- ``OPERATOR`` (``resume RUN_ID [--from STEP] [--generation N]``): exactly where asked; a
+  refusal is an error with its code and nothing runs.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from enum import Enum
+
+from ._errors import RunError, StoreError
+from ._job import PreparedJob
+from ._process import ProcessIdentity
+from ._store import CheckpointStore, RunRecord, RunStatus, TaskRecord, TaskStatus
+
+__all__ = ("RefusalCode", "ResumeHow", "ResumePlan", "ResumeRefusedError", "plan_resume")
+
+
+class ResumeHow(str, Enum):
+    RETRY = "retry"
+    """Resume after the latest checkpoint when allowed, else run from the top."""
+    REQUEUE = "requeue"
+    """Run from the top."""
+    OPERATOR = "operator"
+    """Resume exactly where asked, or refuse."""
+
+
+class RefusalCode(str, Enum):
+    UNKNOWN_RUN = "unknown-run"
+    """No run with that id."""
+    NOT_FAILED = "not-failed"
+    """The run succeeded and was never resumed: there is nothing to carry on."""
+    ALREADY_RESUMED = "already-resumed"
+    """Another process is resuming it now, or a resume of it already completed."""
+    DIFFERENT_INPUT = "different-input"
+    """The job parameter values differ from the run's."""
+    NO_CHECKPOINT = "no-checkpoint"
+    """The run stored nothing to resume from (at the point asked for)."""
+    CHAIN_CHANGED = "chain-changed"
+    """The template (or a step's script) changed since the run's checkpoints."""
+    STATE_CHANGED = "state-changed"
+    """The stored records' schema version is not the one this version reads."""
+
+
+class ResumeRefusedError(RunError):
+    """A resume was refused. ``code`` is a ``RefusalCode``; the message names what differs."""
+
+    def __init__(self, code: RefusalCode, message: str) -> None:
+        self.code = code
+        super().__init__(f"resume refused ({code.value}): {message}")
+
+
+@dataclass
+class ResumePlan:
+    """What a new attempt continues.
+
+    Attributes:
+        run: the run to continue, or None to start a new run from the top.
+        records: the task records it resumes from (after ``from_step``/``generation``).
+        notes: why a retry runs from the top, and what was found, for a person.
+        refusal: the refusal a retry fell back from, if any.
+    """
+
+    run: RunRecord | None
+    records: list[TaskRecord] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    refusal: ResumeRefusedError | None = None
+
+
+def _owner_alive(run: RunRecord) -> bool:
+    if run.runner is None or run.runner.host != socket.gethostname():
+        return False
+    ident = ProcessIdentity(run.runner.pid, run.runner.pgid, run.runner.start_time)
+    return ident.is_alive()
+
+
+def check_run(
+    store: CheckpointStore,
+    job: PreparedJob,
+    run: RunRecord,
+    *,
+    from_step: str | None = None,
+    generation: int | None = None,
+) -> list[TaskRecord]:
+    """Check that ``job`` may resume ``run``; return the task records to resume from.
+
+    Raises:
+        ResumeRefusedError: with the code of the first rule that fails.
+    """
+    if run.status == RunStatus.SUCCEEDED:
+        if run.attempt > 1:
+            raise ResumeRefusedError(
+                RefusalCode.ALREADY_RESUMED,
+                f"run {run.run_id} was already resumed and completed (attempt {run.attempt})",
+            )
+        raise ResumeRefusedError(
+            RefusalCode.NOT_FAILED, f"run {run.run_id} succeeded; there is nothing to resume"
+        )
+    if run.parameters != job.parameters:
+        diff = sorted(
+            k
+            for k in set(run.parameters) | set(job.parameters)
+            if run.parameters.get(k) != job.parameters.get(k)
+        )
+        raise ResumeRefusedError(
+            RefusalCode.DIFFERENT_INPUT,
+            f"job parameter(s) {', '.join(diff)} differ from run {run.run_id}'s",
+        )
+    if store.lease_held(run) or (run.status == RunStatus.RUNNING and _owner_alive(run)):
+        owner = f" by process {run.runner.pid}" if run.runner else ""
+        raise ResumeRefusedError(
+            RefusalCode.ALREADY_RESUMED, f"run {run.run_id} is being run now{owner}"
+        )
+    if run.template_hash != job.template.template_hash:
+        changed = sorted(
+            name
+            for name in set(run.step_hashes) | set(job.template.step_hashes)
+            if run.step_hashes.get(name) != job.template.step_hashes.get(name)
+        )
+        what = f"step(s) {', '.join(changed)} changed" if changed else "the template changed"
+        raise ResumeRefusedError(
+            RefusalCode.CHAIN_CHANGED, f"{what} since run {run.run_id}'s checkpoints"
+        )
+    try:
+        records, warnings = store.read_tasks(run.job_key, run.run_id)
+    except StoreError as exc:
+        raise ResumeRefusedError(RefusalCode.STATE_CHANGED, str(exc)) from None
+    versioned = [w for w in warnings if "schema version" in w]
+    if versioned:
+        raise ResumeRefusedError(RefusalCode.STATE_CHANGED, versioned[0])
+    useful = [
+        r for r in records if r.checkpoint or r.completed_frames or r.status.value == "succeeded"
+    ]
+    if not useful:
+        raise ResumeRefusedError(
+            RefusalCode.NO_CHECKPOINT, f"run {run.run_id} stored no checkpoint and no finished task"
+        )
+    order = job.template.regular_steps + job.template.finally_steps
+    if from_step is not None:
+        if from_step not in order:
+            raise ResumeRefusedError(
+                RefusalCode.NO_CHECKPOINT, f"the job has no step {from_step!r}"
+            )
+        start = order.index(from_step)
+        before = set(order[:start])
+        for name in order[:start]:
+            if job.template.is_finally(name):
+                continue
+            planned = job.plan_step(name, [r for r in records if r.step == name])
+            if planned:
+                raise ResumeRefusedError(
+                    RefusalCode.NO_CHECKPOINT,
+                    f"step {name!r}, before {from_step!r}, did not finish in run {run.run_id}",
+                )
+        again = set(order[start:])
+        kept: list[TaskRecord] = []
+        for r in records:
+            if r.step in before:
+                kept.append(r)
+            elif r.step in again and r.checkpoint is not None:
+                # runs again: from its checkpoint where it has one, finished or not
+                kept.append(r.model_copy(update={"status": TaskStatus.INTERRUPTED}))
+        records = kept
+    if generation is not None:
+        chosen: list[TaskRecord] = []
+        found = False
+        for r in records:
+            if r.checkpoint is None:
+                chosen.append(r)
+                continue
+            gens = {g.generation: g for g in store.list_generations(r)}
+            if generation in gens:
+                found = True
+                chosen.append(r.model_copy(update={"checkpoint": gens[generation]}))
+            else:
+                chosen.append(r)
+        if not found:
+            raise ResumeRefusedError(
+                RefusalCode.NO_CHECKPOINT,
+                f"no task of run {run.run_id} has checkpoint generation {generation}",
+            )
+        records = chosen
+    return records
+
+
+def plan_resume(
+    store: CheckpointStore,
+    job: PreparedJob,
+    how: ResumeHow,
+    *,
+    run_id: str | None = None,
+    from_step: str | None = None,
+    generation: int | None = None,
+) -> ResumePlan:
+    """Decide what a new attempt of ``job`` continues.
+
+    Raises:
+        ResumeRefusedError: for ``OPERATOR`` on any refusal; for ``RETRY`` only when another process
+            is running the same run now (running it from the top too would run the job twice).
+    """
+    if how == ResumeHow.OPERATOR:
+        if run_id is None:
+            raise RunError("an operator resume needs a run id")
+        run = store.find_run(run_id)
+        if run is None or run.job_key != job.job_key:
+            raise ResumeRefusedError(
+                RefusalCode.UNKNOWN_RUN, f"no run {run_id!r} of this job in {store.location}"
+            )
+        records = check_run(store, job, run, from_step=from_step, generation=generation)
+        return ResumePlan(run, records, [f"resuming run {run.run_id} as asked"])
+    if how == ResumeHow.REQUEUE:
+        return ResumePlan(None, notes=["requeue: running from the top"])
+
+    runs, warnings = store.list_runs(job.job_key)
+    notes = [f"warning: {w}" for w in warnings]
+    candidates = [r for r in reversed(runs) if r.status != RunStatus.SUCCEEDED]
+    same_input = [r for r in candidates if r.parameters == job.parameters]
+    if not candidates:
+        return ResumePlan(None, notes=notes)
+    run = same_input[0] if same_input else candidates[0]
+    try:
+        records = check_run(store, job, run)
+    except ResumeRefusedError as refusal:
+        if refusal.code == RefusalCode.ALREADY_RESUMED:
+            raise
+        notes.append(f"not resuming run {run.run_id}: {refusal}; running from the top")
+        return ResumePlan(None, notes=notes, refusal=refusal)
+    notes.append(f"resuming run {run.run_id} (attempt {run.attempt + 1})")
+    return ResumePlan(run, records, notes)
