@@ -1,0 +1,186 @@
+"""Finally steps and run termination modes (TEP-0058, seed 002), through the real CLI.
+
+The job (tests/data/finally.yaml): ``Long`` runs for LongSeconds, ``Later`` depends on it and so
+has not started while ``Long`` runs, and ``Cleanup`` is the finally step. Every stop request is
+sent by a second ``openjd-checkpoint stop`` process, through the store.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import DATA, ROOT, CliProcess, cli_cmd
+
+from core import CheckpointStore
+
+pytestmark = pytest.mark.slow
+TEMPLATE = str(DATA / "finally.yaml")
+
+
+def start(store: Path, *params: str, extra: tuple[str, ...] = ()) -> CliProcess:
+    args = ["run", TEMPLATE, "--store", str(store), "-q", *extra]
+    for p in params:
+        args += ["-p", p]
+    return CliProcess(*args)
+
+
+def run_id_of(store: Path) -> str:
+    end = time.monotonic() + 20
+    while time.monotonic() < end:
+        runs, _ = CheckpointStore(store).list_runs()
+        if runs:
+            return runs[-1].run_id
+        time.sleep(0.05)
+    raise AssertionError("no run appeared in the store")
+
+
+def stop(store: Path, run_id: str, mode: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        cli_cmd("stop", run_id, "--mode", mode, "--store", str(store)),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=30,
+    )
+
+
+def record(store: Path, run_id: str):
+    rec = CheckpointStore(store).find_run(run_id)
+    assert rec is not None
+    return rec
+
+
+# mode -> (Long's output, Later ran, finally's Job.Status or None, exit code, run status)
+MODES = {
+    "Cancelled": ("LONG-TERM", False, None, 130, "canceled"),
+    "CancelledRunFinally": ("LONG-TERM", False, "Cancelled", 130, "canceled"),
+    "StoppedRunFinally": ("LONG-DONE", False, "Stopped", 130, "stopped"),
+    "Suspended": ("LONG-CKPT", False, None, 75, "interrupted"),
+}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_termination_mode(store: Path, mode: str) -> None:
+    long_says, later_runs, finally_status, code, status = MODES[mode]
+    cli = start(store, "LongSeconds=3")
+    cli.wait_for("LONG-START")
+    run_id = run_id_of(store)
+    asked = stop(store, run_id, mode)
+    assert asked.returncode == 0, asked.stderr
+    if mode == "StoppedRunFinally":
+        # Long is left to finish; meanwhile the run says it is stopping.
+        end = time.monotonic() + 10
+        while record(store, run_id).condition.reason != "Stopping":
+            assert time.monotonic() < end, record(store, run_id).condition
+            time.sleep(0.05)
+        assert record(store, run_id).condition.status == "Unknown"
+    assert cli.wait(60) == code, cli.stderr
+    out = cli.stdout
+    assert long_says in out
+    for other in {"LONG-TERM", "LONG-DONE", "LONG-CKPT"} - {long_says}:
+        assert other not in out
+    assert ("LATER-RAN" in out) is later_runs
+    if finally_status is None:
+        assert "CLEANUP-START" not in out
+    else:
+        assert f"CLEANUP-START status={finally_status}" in out and "CLEANUP-DONE" in out
+    rec = record(store, run_id)
+    assert rec.status.value == status
+    assert rec.condition.status == "False" and rec.condition.reason == mode
+    assert rec.termination == mode
+    assert "Later" in rec.skipped_tasks
+    if finally_status is None:
+        assert "Cleanup" in rec.skipped_tasks
+    # After the end, a request is refused.
+    late = stop(store, run_id, "Cancelled")
+    assert late.returncode == 4 and "has ended" in late.stderr
+
+
+def test_cancelled_during_stopped_run_finally_stops_the_running_finally_step(store: Path) -> None:
+    cli = start(store, "LongSeconds=3", "FinallySeconds=60")
+    cli.wait_for("LONG-START")
+    run_id = run_id_of(store)
+    assert stop(store, run_id, "StoppedRunFinally").returncode == 0  # while Long runs
+    cli.wait_for("CLEANUP-START status=Stopped")
+    t0 = time.monotonic()
+    assert stop(store, run_id, "Cancelled").returncode == 0
+    assert cli.wait(60) == 130
+    assert time.monotonic() - t0 < 10
+    assert "CLEANUP-DONE" not in cli.stdout
+    rec = record(store, run_id)
+    assert rec.condition.reason == "Cancelled"
+
+
+def test_run_timeout_still_runs_finally_within_its_own_budget(store: Path) -> None:
+    cli = start(store, "LongSeconds=60", "FinallySeconds=2", extra=("--timeout", "2"))
+    assert cli.wait(60) == 1, cli.stderr
+    out = cli.stdout
+    assert "LONG-TERM" in out and "LATER-RAN" not in out
+    assert "CLEANUP-START status=Failed" in out and "CLEANUP-DONE" in out  # 2 s > what was left
+    rec = record(store, run_id_of(store))
+    assert rec.condition.reason == "Timeout" and rec.status.value == "failed"
+
+
+def test_finally_timeout_cancels_finally_and_fails_the_run(store: Path) -> None:
+    cli = start(store, "LongSeconds=0.2", "FinallySeconds=60", extra=("--finally-timeout", "1"))
+    assert cli.wait(60) == 1
+    assert "CLEANUP-START status=Succeeded" in cli.stdout and "CLEANUP-DONE" not in cli.stdout
+    rec = record(store, run_id_of(store))
+    assert rec.condition.reason == "Failed" and "Cleanup" in rec.condition.message
+
+
+def test_failing_finally_step_fails_the_run_and_keeps_checkpoints(store: Path) -> None:
+    cli = start(store, "LongSeconds=0.2", "FinallyExit=3")
+    assert cli.wait(60) == 1
+    rec = record(store, run_id_of(store))
+    assert rec.status.value == "failed" and "finally Cleanup" in rec.condition.message
+    tasks, _ = CheckpointStore(store).read_tasks(rec.job_key, rec.run_id)
+    assert {t.step for t in tasks} == {"Long", "Later", "Cleanup"}
+
+
+def test_failed_regular_step_runs_finally_with_failed_status(store: Path, tmp_path: Path) -> None:
+    template = tmp_path / "fail.yaml"
+    template.write_text(
+        (DATA / "finally.yaml").read_text().replace("print('LATER-RAN')", "raise SystemExit(9)")
+    )
+    r = subprocess.run(
+        cli_cmd("run", str(template), "-p", "LongSeconds=0.1", "--store", str(store), "-q"),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert r.returncode == 1
+    assert "CLEANUP-START status=Failed" in r.stdout
+    assert "exited with code: 9" in r.stderr
+
+
+def test_suspended_then_run_again_completes_with_no_task_run_twice(store: Path) -> None:
+    cli = start(store, "LongSeconds=2")
+    cli.wait_for("LONG-START")
+    time.sleep(0.8)
+    run_id = run_id_of(store)
+    assert stop(store, run_id, "Suspended").returncode == 0
+    assert cli.wait(60) == 75
+    first = cli.stdout
+    assert "LONG-CKPT" in first and "LONG-DONE" not in first
+
+    again = subprocess.run(
+        cli_cmd("run", TEMPLATE, "--store", str(store), "-q", "-p", "LongSeconds=2"),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert again.returncode == 0, again.stderr
+    second = again.stdout
+    assert '"RESUMED"' in second and "LONG-START from 0.0" not in second
+    both = first + second
+    for done in ("LONG-DONE", "LATER-RAN", "CLEANUP-DONE"):
+        assert both.count(done) == 1, (done, both)
+    assert "CLEANUP-START status=Succeeded" in second
+    rec = record(store, run_id)
+    assert rec.status.value == "succeeded" and rec.attempt == 2
