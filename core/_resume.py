@@ -69,12 +69,16 @@ class ResumePlan:
         records: the task records it resumes from (after ``from_step``/``generation``).
         notes: why a retry runs from the top, and what was found, for a person.
         refusal: the refusal a retry fell back from, if any.
+        superseded: see below.
     """
 
     run: RunRecord | None
     records: list[TaskRecord] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     refusal: ResumeRefusedError | None = None
+    superseded: list[RunRecord] = field(default_factory=list)
+    """Earlier runs the new run replaces: retries stop picking them (their checkpoints stay
+    until ``gc``, and an operator resume can still take them)."""
 
 
 def _owner_alive(run: RunRecord) -> bool:
@@ -219,11 +223,21 @@ def plan_resume(
         records = check_run(store, job, run, from_step=from_step, generation=generation)
         return ResumePlan(run, records, [f"resuming run {run.run_id} as asked"])
     if how == ResumeHow.REQUEUE:
-        return ResumePlan(None, notes=["requeue: running from the top"])
+        runs, _ = store.list_runs(job.job_key)
+        earlier = [
+            r
+            for r in runs
+            if r.status != RunStatus.SUCCEEDED
+            and not r.superseded_by
+            and r.parameters == job.parameters
+        ]
+        return ResumePlan(None, notes=["requeue: running from the top"], superseded=earlier)
 
     runs, warnings = store.list_runs(job.job_key)
     notes = [f"warning: {w}" for w in warnings]
-    candidates = [r for r in reversed(runs) if r.status != RunStatus.SUCCEEDED]
+    candidates = [
+        r for r in reversed(runs) if r.status != RunStatus.SUCCEEDED and not r.superseded_by
+    ]
     same_input = [r for r in candidates if r.parameters == job.parameters]
     if not candidates:
         return ResumePlan(None, notes=notes)
@@ -234,6 +248,7 @@ def plan_resume(
         if refusal.code == RefusalCode.ALREADY_RESUMED:
             raise
         notes.append(f"not resuming run {run.run_id}: {refusal}; running from the top")
-        return ResumePlan(None, notes=notes, refusal=refusal)
+        superseded = [run] if refusal.code != RefusalCode.DIFFERENT_INPUT else []
+        return ResumePlan(None, notes=notes, refusal=refusal, superseded=superseded)
     notes.append(f"resuming run {run.run_id} (attempt {run.attempt + 1})")
     return ResumePlan(run, records, notes)

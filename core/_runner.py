@@ -324,6 +324,13 @@ class JobRunner:
             raise ResumeRefusedError(
                 RefusalCode.ALREADY_RESUMED, f"run {run.run_id} is being run by another process"
             )
+        for old in plan.superseded:
+            if old.run_id != run.run_id:
+                old.superseded_by = run.run_id
+                try:
+                    self.store.write_run(old)
+                except StoreError as exc:
+                    self.note(f"warning: {exc}")
         try:
             return self._run_leased(run, plan, lease)
         finally:

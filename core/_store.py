@@ -191,6 +191,10 @@ class RunRecord(_Model):
     """The termination mode asked for, if any."""
     skipped_tasks: list[str] = Field(default_factory=list)
     finally_steps: list[str] = Field(default_factory=list)
+    superseded_by: str | None = None
+    """A later run of the same job that started from the top instead of resuming this one
+    (a requeue, or a retry that was refused): retries no longer pick this run; an operator
+    resume still can."""
 
 
 def task_id_for(step: str, task_key: str) -> str:

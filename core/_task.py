@@ -317,13 +317,16 @@ class TaskExecution:
                     TaskOutcome.INTERRUPTED_WITH_CHECKPOINT if has else TaskOutcome.INTERRUPTED
                 )
                 rec.status = TaskStatus.INTERRUPTED
-                message = message if not has else "interrupted; checkpoint kept"
+                if rec.checkpoint is not None:
+                    message = f"interrupted; checkpoint generation {rec.checkpoint.generation} kept"
+                elif rec.completed_frames:
+                    message = f"interrupted; {len(rec.completed_frames)} finished frame(s) kept"
             elif intent == StopIntent.CANCEL:
                 outcome, rec.status = TaskOutcome.CANCELED, TaskStatus.CANCELED
                 message = "canceled"
             elif failed:
                 outcome, rec.status = TaskOutcome.FAILED, TaskStatus.FAILED
-                message = self._fail_message or message or f"exited with code {exit_code}"
+                message = self._fail_message or message or "failed"
             else:
                 outcome, rec.status = TaskOutcome.SUCCEEDED, TaskStatus.SUCCEEDED
                 if self.spec.chunk_parameter:
@@ -487,7 +490,7 @@ class TaskExecution:
                     env[name] = value
         if timed_out:
             return (code if code != 0 else 1), f"{path}: timed out after {timeout:g} s"
-        return code, (self._fail_message or (f"{path}: exited with code {code}" if code else ""))
+        return code, (self._fail_message or (f"{path} failed" if code else ""))
 
     def _method(self, spec: Any, intent: StopIntent) -> CancelMethod:
         if intent == StopIntent.CHECKPOINT and spec.checkpoint_cancelation is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import signal
 import sys
@@ -235,11 +236,19 @@ def _report(args: argparse.Namespace, result: RunResult, store: CheckpointStore)
     if result.skipped:
         say(f"  skipped: {', '.join(result.skipped)}\n")
     if result.status.value != "succeeded":
-        cmd = ["openjd-checkpoint", "resume", result.run_id]
+        cmd = [_program(), "resume", result.run_id]
         if args.store:
             cmd += ["--store", str(args.store)]
         say(f"  checkpoints kept in {store.location}\n")
         say(f"  to resume: {shlex.join(cmd)}  (or run the same 'run' command again)\n")
+
+
+def _program() -> str:
+    """How the user started this program, for commands printed back to them."""
+    argv0 = sys.argv[0] if sys.argv else ""
+    if os.path.basename(argv0) == "openjd-checkpoint":
+        return argv0
+    return "openjd-checkpoint"
 
 
 def _store_from(args: argparse.Namespace) -> CheckpointStore:
@@ -408,6 +417,15 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("openjd-checkpoint")
+    except PackageNotFoundError:  # pragma: no cover - run from a source tree
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="openjd-checkpoint",
@@ -416,10 +434,11 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     check = sub.add_parser("check", help="validate a job template")
-    check.add_argument("template", type=Path)
+    check.add_argument("template", type=Path, help="job template file (YAML or JSON)")
     check.set_defaults(func=_cmd_check)
 
     run = sub.add_parser(
@@ -428,7 +447,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    run.add_argument("template", type=Path)
+    run.add_argument("template", type=Path, help="job template file (YAML or JSON)")
     run.add_argument(
         "-p",
         "--parameter",

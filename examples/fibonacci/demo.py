@@ -46,14 +46,21 @@ def main() -> int:
             print("demo: expected exit code 75", file=sys.stderr)
             return 1
         print(f"$ {' '.join(cmd)}    # the same command resumes", flush=True)
-        second = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-        sys.stdout.write(second.stdout)
-        sys.stderr.write(second.stderr)
+        second = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+        )
+        output = []
+        assert second.stdout is not None
+        for line in second.stdout:  # shown as it comes, task output and notes in order
+            sys.stdout.write(line)
+            output.append(line)
+        code = second.wait(timeout=120)
+        text = "".join(output)
         expected = f"Final answer: Fibonacci number {N} is {fib(N)}"
-        if second.returncode != 0 or expected not in second.stdout:
+        if code != 0 or expected not in text:
             print(f"demo: expected exit 0 and {expected!r}", file=sys.stderr)
             return 1
-        if '"RESUMED"' not in second.stdout:
+        if '"RESUMED"' not in text:
             print("demo: the second run did not resume from the checkpoint", file=sys.stderr)
             return 1
         print(f"\n--> resumed from the checkpoint and finished: {expected}")

@@ -1,0 +1,213 @@
+"""Resume safety (Trax, seed 001): refusal codes of ``openjd-checkpoint resume``, the retry
+path's fallback to the top, checkpoint writes that are refused, and concurrent resumes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from conftest import DATA, ROOT, CliProcess, cli_cmd
+
+from core import CheckpointStore
+
+pytestmark = pytest.mark.slow
+
+
+def cli(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cli_cmd(*args), capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+
+
+def suspended_run(store: Path, template: Path, *params: str, after: str = "LONG-START") -> str:
+    args = ["run", str(template), "--store", str(store), "-q"]
+    for p in params:
+        args += ["-p", p]
+    proc = CliProcess(*args)
+    proc.wait_for(after)
+    time.sleep(0.5)
+    proc.proc.send_signal(2)  # SIGINT: Suspended
+    assert proc.wait(60) == 75, proc.stderr
+    runs, _ = CheckpointStore(store).list_runs()
+    return runs[-1].run_id
+
+
+@pytest.fixture
+def template(tmp_path: Path) -> Path:
+    path = tmp_path / "finally.yaml"
+    shutil.copy(DATA / "finally.yaml", path)
+    return path
+
+
+def refused(result: subprocess.CompletedProcess[str], code: str) -> None:
+    assert result.returncode == 4, (result.returncode, result.stdout, result.stderr)
+    assert f"resume refused ({code})" in result.stderr, result.stderr
+    assert "LONG-START" not in result.stdout  # nothing ran
+
+
+def test_unknown_run(store: Path) -> None:
+    refused(cli("resume", "no-such-run", "--store", str(store)), "unknown-run")
+
+
+def test_not_failed_and_already_resumed(store: Path, template: Path) -> None:
+    ok = cli("run", str(template), "-p", "LongSeconds=0.1", "--store", str(store), "-q")
+    assert ok.returncode == 0
+    (first,) = CheckpointStore(store).list_runs()[0]
+    refused(cli("resume", first.run_id, "--store", str(store)), "not-failed")
+
+    run_id = suspended_run(store, template, "LongSeconds=2")
+    resumed = cli("resume", run_id, "--store", str(store), "-q")
+    assert resumed.returncode == 0, resumed.stderr
+    assert '"RESUMED"' in resumed.stdout
+    refused(cli("resume", run_id, "--store", str(store)), "already-resumed")
+
+
+def test_different_input(store: Path, template: Path) -> None:
+    run_id = suspended_run(store, template, "LongSeconds=5")
+    refused(cli("resume", run_id, "-p", "LongSeconds=6", "--store", str(store)), "different-input")
+    # the retry path with other parameters runs from the top and says why
+    retry = cli("run", str(template), "-p", "LongSeconds=0.1", "--store", str(store), "-q")
+    assert retry.returncode == 0
+    assert "different-input" in retry.stderr and "running from the top" in retry.stderr
+    # ... and the suspended run is still there to resume
+    assert CheckpointStore(store).find_run(run_id).status.value == "interrupted"
+
+
+def test_no_checkpoint(store: Path, tmp_path: Path) -> None:
+    template = tmp_path / "plain.yaml"
+    template.write_text(
+        textwrap.dedent(
+            """
+            specificationVersion: jobtemplate-2023-09
+            name: plain
+            steps:
+            - name: S
+              script:
+                actions:
+                  onRun:
+                    command: python3
+                    args: [-c, "import time; print('LONG-START', flush=True); time.sleep(30)"]
+            """
+        )
+    )
+    run_id = suspended_run(store, template)
+    refused(cli("resume", run_id, "--store", str(store)), "no-checkpoint")
+
+
+def test_no_checkpoint_for_a_generation_that_is_not_stored(store: Path, template: Path) -> None:
+    run_id = suspended_run(store, template, "LongSeconds=5")
+    refused(cli("resume", run_id, "--generation", "99", "--store", str(store)), "no-checkpoint")
+    refused(cli("resume", run_id, "--from", "Later", "--store", str(store)), "no-checkpoint")
+
+
+def test_chain_changed_names_the_step_and_retry_falls_back(store: Path, template: Path) -> None:
+    run_id = suspended_run(store, template, "LongSeconds=2")
+    template.write_text(template.read_text().replace("print('LATER-RAN')", "print('LATER-NEW')"))
+    result = cli("resume", run_id, "--store", str(store))
+    refused(result, "chain-changed")
+    assert "Later" in result.stderr and "Long" not in result.stderr.split("chain-changed")[1]
+    retry = cli("run", str(template), "-p", "LongSeconds=2", "--store", str(store), "-q")
+    assert retry.returncode == 0, retry.stderr
+    assert f"not resuming run {run_id}" in retry.stderr and "chain-changed" in retry.stderr
+    assert "LONG-START from 0.0" in retry.stdout and "LATER-NEW" in retry.stdout
+    # the refused run is not picked by later retries, but its checkpoints stay for gc
+    assert CheckpointStore(store).find_run(run_id).superseded_by is not None
+
+
+def test_state_changed(store: Path, template: Path) -> None:
+    run_id = suspended_run(store, template, "LongSeconds=5")
+    run = CheckpointStore(store).find_run(run_id)
+    tasks_dir = store / "jobs" / run.job_key / "runs" / run_id / "tasks"
+    record = next(
+        p for p in tasks_dir.iterdir() if p.name.endswith(".json") and ".gen-" not in p.name
+    )
+    data = json.loads(record.read_text())
+    data["schema_version"] = 2
+    record.write_text(json.dumps(data))
+    refused(cli("resume", run_id, "--store", str(store)), "state-changed")
+    assert record.exists()  # left in place for a version that can read it
+
+
+def test_operator_resume_from_a_step_and_generation(store: Path, template: Path) -> None:
+    run_id = suspended_run(store, template, "LongSeconds=3", after="LONG-START")
+    result = cli("resume", run_id, "--generation", "1", "--store", str(store), "-q")
+    assert result.returncode == 0, result.stderr
+    assert '"RESUMED"' in result.stdout and "LATER-RAN" in result.stdout
+
+
+def test_requeue_supersedes_so_a_later_retry_does_not_go_back(store: Path, template: Path) -> None:
+    first = suspended_run(store, template, "LongSeconds=5")
+    requeue = CliProcess(
+        "run", str(template), "-p", "LongSeconds=5", "--fresh", "--store", str(store), "-q"
+    )
+    requeue.wait_for("LONG-START from 0.0")
+    time.sleep(0.5)
+    requeue.proc.send_signal(2)
+    assert requeue.wait(60) == 75
+    assert CheckpointStore(store).find_run(first).superseded_by is not None
+    retry = cli("run", str(template), "-p", "LongSeconds=5", "--store", str(store), "-q")
+    assert retry.returncode == 0
+    assert f"resuming run {first}" not in retry.stderr
+    assert CheckpointStore(store).find_run(first).status.value == "interrupted"
+
+
+def test_refused_checkpoint_writes_keep_the_previous_generation(
+    store: Path, tmp_path: Path
+) -> None:
+    template = tmp_path / "bad-saves.yaml"
+    template.write_text(
+        textwrap.dedent(
+            """
+            specificationVersion: jobtemplate-2023-09
+            extensions: [CHECKPOINT]
+            name: bad saves
+            steps:
+            - name: S
+              script:
+                actions:
+                  onRun:
+                    command: python3
+                    args: ['{{Task.File.Saver}}']
+                  onCheckpointResume:
+                    command: python3
+                    args: [-c, "import sys; print('RESUMED FROM ' + sys.argv[1])",
+                           '{{Task.Checkpoint.State}}']
+                embeddedFiles:
+                - name: Saver
+                  type: TEXT
+                  data: |
+                    import json, time
+                    def save(**kw):
+                        print("openjd_checkpoint_save: " + json.dumps(kw), flush=True)
+                    save(state="good")
+                    save(state="x" * (1024 * 1024 + 1))          # over the cap
+                    save(state="nul\\u0000inside")                # NUL
+                    save(state="missing", file="/no/such/file")   # missing file
+                    print("LONG-START", flush=True)
+                    time.sleep(30)
+            """
+        )
+    )
+    proc = CliProcess("run", str(template), "--store", str(store))
+    proc.wait_for("LONG-START")
+    time.sleep(0.3)
+    proc.proc.send_signal(2)
+    assert proc.wait(60) == 75
+    for what in ("over the 1048576-byte cap", "NUL character", "does not exist"):
+        assert what in proc.stderr, (what, proc.stderr)
+    again = cli("run", str(template), "--store", str(store), "-q")
+    assert again.returncode == 0 and "RESUMED FROM good" in again.stdout
+
+
+def test_two_concurrent_runs_one_resumes_one_is_refused(store: Path, template: Path) -> None:
+    suspended_run(store, template, "LongSeconds=4")
+    args = ("run", str(template), "-p", "LongSeconds=4", "--store", str(store), "-q")
+    a, b = CliProcess(*args), CliProcess(*args)
+    codes = sorted([a.wait(90), b.wait(90)])
+    assert codes == [0, 4], (codes, a.stderr, b.stderr)
+    loser = a if "already-resumed" in a.stderr else b
+    assert "resume refused (already-resumed)" in loser.stderr
+    assert "LONG-START" not in loser.stdout
