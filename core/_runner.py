@@ -48,6 +48,7 @@ from ._task import (
     TaskExecution,
     TaskOutcome,
     TaskResult,
+    clean_stale_sessions,
     kill_recorded_process,
 )
 
@@ -338,6 +339,7 @@ class JobRunner:
             lease.release()
 
     def _run_leased(self, run: RunRecord, plan: ResumePlan, lease: Lease) -> RunResult:
+        clean_stale_sessions(self._working_root)
         records: dict[tuple[str, str], TaskRecord] = {}
         for t in plan.records:
             records[(t.step, t.task_key)] = t

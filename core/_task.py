@@ -234,7 +234,9 @@ class TaskExecution:
         if self.spec.resume is not None:
             rec.resume_status = None
         self._persist(force=True)
-        session_dir = tempfile.mkdtemp(prefix="openjd-session-", dir=self._working_root)
+        root = self._working_root or sessions_root()
+        os.makedirs(root, mode=0o700, exist_ok=True)
+        session_dir = tempfile.mkdtemp(prefix=f"session-{os.getpid()}-", dir=root)
         os.chmod(session_dir, 0o700)
         env = dict(self._os_env)
         env["OPENJD_SESSION_WORKING_DIR"] = session_dir
@@ -740,6 +742,33 @@ class TaskExecution:
                 mode |= stat.S_IXUSR
             os.chmod(target, mode)
         return paths
+
+
+def sessions_root() -> str:
+    """Where session working directories go by default: ``<temp>/openjd-checkpoint-<uid>``."""
+    return os.path.join(tempfile.gettempdir(), f"openjd-checkpoint-{os.getuid()}")
+
+
+def clean_stale_sessions(root: str | None = None) -> int:
+    """Remove session working directories left by runners that died (their pid is in the
+    name). Returns how many were removed."""
+    import psutil
+
+    root = root or sessions_root()
+    removed = 0
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return 0
+    for name in names:
+        parts = name.split("-")
+        if len(parts) < 3 or parts[0] != "session" or not parts[1].isdigit():
+            continue
+        if psutil.pid_exists(int(parts[1])):
+            continue
+        shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+        removed += 1
+    return removed
 
 
 def _seconds(value: Any, symtab: SymbolTable) -> float | None:
