@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import re
 import socket
 import tempfile
 import time
@@ -104,6 +105,9 @@ class ProcessInfo(_Model):
     start_time: float
     """Seconds since the epoch."""
     host: str
+    marker: str | None = None
+    """The value of ``OPENJD_CHECKPOINT_SESSION`` in the task's environment: every process of
+    the task inherits it, so the task's processes are found even after they left its group."""
 
 
 class CheckpointData(_Model):
@@ -191,10 +195,24 @@ class RunRecord(_Model):
     """The termination mode asked for, if any."""
     skipped_tasks: list[str] = Field(default_factory=list)
     finally_steps: list[str] = Field(default_factory=list)
+    environments: list[str] = Field(default_factory=list)
+    """External environment template files the run was started with."""
+    path_mapping_rules: list[dict[str, Any]] = Field(default_factory=list)
     superseded_by: str | None = None
     """A later run of the same job that started from the top instead of resuming this one
     (a requeue, or a retry that was refused): retries no longer pick this run; an operator
     resume still can."""
+
+
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+"""Run ids are one safe path component: made here as ``YYYYmmdd-HHMMSS-xxxxxx``; adapters may
+pass their own (letters, digits, ``.``, ``_``, ``-``; not starting with ``.``)."""
+_JOB_KEY = re.compile(r"[0-9a-f]{16}")
+
+
+def is_run_id(text: str) -> bool:
+    """True if ``text`` can be a run id (one safe path component, at most 128 characters)."""
+    return bool(_RUN_ID.fullmatch(text))
 
 
 def task_id_for(step: str, task_key: str) -> str:
@@ -216,6 +234,7 @@ class CheckpointStore:
         location: a directory path or an fsspec URL (``file:///…``, ``memory://…``, ``s3://…``).
             Default: ``default_store_location()``.
         keep_generations: checkpoint generations kept per task (1 or more).
+        create: make the store's folder if it is missing (False for read-only commands).
 
     Raises:
         StoreError: the location cannot be used.
@@ -226,8 +245,11 @@ class CheckpointStore:
         location: str | Path | None = None,
         *,
         keep_generations: int = DEFAULT_KEEP_GENERATIONS,
+        create: bool = True,
     ) -> None:
         loc = str(location) if location is not None else default_store_location()
+        if not loc.strip():
+            raise StoreError("the checkpoint store location is empty")
         if keep_generations < 1:
             raise StoreError("keep_generations must be 1 or more")
         self.keep_generations = keep_generations
@@ -239,13 +261,19 @@ class CheckpointStore:
         self.root = root.rstrip("/") or "/"
         self.location = loc
         self._local = isinstance(fs, LocalFileSystem)
-        try:
-            self.fs.makedirs(self.root, exist_ok=True)
-        except OSError as exc:
-            raise StoreError(f"checkpoint store {loc!r} cannot be created: {exc}") from None
+        if create:
+            try:
+                self.fs.makedirs(self.root, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(f"checkpoint store {loc!r} cannot be created: {exc}") from None
 
     # --- paths ---------------------------------------------------------------------------------
     def _run_dir(self, job_key: str, run_id: str) -> str:
+        if not _JOB_KEY.fullmatch(job_key) or not _RUN_ID.fullmatch(run_id):
+            raise StoreError(
+                f"checkpoint store {self.location!r}: {job_key!r}/{run_id!r} is not a job key "
+                "and run id this store makes; refusing to use it as a path"
+            )
         return posixpath.join(self.root, "jobs", job_key, "runs", run_id)
 
     def _run_path(self, job_key: str, run_id: str) -> str:
@@ -307,11 +335,26 @@ class CheckpointStore:
                 and obj.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION
             ):
                 raise StoreError(
-                    f"{self._where(path)} has schema version {obj.get('schema_version')}, "
+                    f"{self._where(path)} has schema version {obj.get('schema_version')!r}, "
                     f"this openjd-checkpoint reads version {SCHEMA_VERSION}"
                 )
-            return model.model_validate(obj)
-        except (UnicodeDecodeError, json.JSONDecodeError, ValidationError) as exc:
+            rec = model.model_validate(obj)
+            parts = path.split("/")
+            folders: tuple[int, int] | None = None
+            if model is RunRecord:
+                folders = (-2, -4)
+            elif model is TaskRecord:
+                folders = (-3, -5)
+            if folders is not None:
+                for attr, index in zip(("run_id", "job_key"), folders, strict=True):
+                    if getattr(rec, attr) != parts[index]:
+                        raise ValueError(
+                            f"{attr} {getattr(rec, attr)!r} does not match its folder "
+                            f"{parts[index]!r}"
+                        )
+            return rec
+        except (ValueError, RecursionError, ValidationError) as exc:
+            # ValueError covers UnicodeDecodeError, JSONDecodeError and over-long integers
             aside = self._move_aside(path)
             raise StoreError(
                 f"{self._where(path)} is unreadable ({_short(exc)}); kept as {aside}"
@@ -341,7 +384,11 @@ class CheckpointStore:
         warnings: list[str] = []
         keys = [job_key] if job_key else self._ls_names(posixpath.join(self.root, "jobs"))
         for key in keys:
+            if not _JOB_KEY.fullmatch(key):
+                continue
             for run_id in self._ls_names(posixpath.join(self.root, "jobs", key, "runs")):
+                if not is_run_id(run_id):
+                    continue
                 try:
                     rec = self.read_run(key, run_id)
                 except StoreError as exc:
@@ -353,8 +400,12 @@ class CheckpointStore:
         return runs, warnings
 
     def find_run(self, run_id: str) -> RunRecord | None:
-        """A run by its id alone (any job)."""
+        """A run by its id alone (any job); None if there is none (or the id is malformed)."""
+        if not is_run_id(run_id):
+            return None
         for key in self._ls_names(posixpath.join(self.root, "jobs")):
+            if not _JOB_KEY.fullmatch(key):
+                continue
             rec = self.read_run(key, run_id)
             if rec is not None:
                 return rec
@@ -383,8 +434,9 @@ class CheckpointStore:
         that tells a later resume the run already completed)."""
         path = posixpath.join(self._run_dir(run.job_key, run.run_id), "tasks")
         try:
-            if self.fs.exists(path):
-                self.fs.rm(path, recursive=True)
+            for name in self._ls_names(path):
+                if ".unreadable-" not in name:  # kept for a person to look at
+                    self.fs.rm(posixpath.join(path, name))
         except OSError as exc:
             raise StoreError(f"cannot delete {self._where(path)}: {exc}") from None
 

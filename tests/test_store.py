@@ -15,9 +15,12 @@ import pytest
 from core import CheckpointData, CheckpointStore, RunRecord, StoreError, TaskRecord, TaskStatus
 from core._store import task_id_for
 
+JK = "0123456789abcdef"
+RID = "20260101-000000-abcdef"
+
 
 def record(**kw) -> TaskRecord:
-    base = dict(job_key="j", run_id="r", step="S", task_key="{}", parameters={})
+    base = dict(job_key=JK, run_id=RID, step="S", task_key="{}", parameters={})
     base.update(kw)
     return TaskRecord(**base)
 
@@ -31,7 +34,7 @@ def test_round_trip_and_generations_kept(tmp_path: Path) -> None:
     rec = record()
     for gen in range(1, 6):
         store.commit_checkpoint(rec, ck(gen))
-    tasks, warnings = store.read_tasks("j", "r")
+    tasks, warnings = store.read_tasks(JK, RID)
     assert warnings == []
     assert tasks[0].checkpoint.state == "s5"
     assert [g.generation for g in store.list_generations(tasks[0])] == [4, 5]
@@ -41,9 +44,9 @@ def test_unreadable_record_is_moved_aside_not_overwritten(tmp_path: Path) -> Non
     store = CheckpointStore(tmp_path)
     rec = record()
     store.commit_checkpoint(rec, ck(1))
-    path = tmp_path / "jobs/j/runs/r/tasks" / f"{task_id_for('S', '{}')}.json"
+    path = tmp_path / f"jobs/{JK}/runs/{RID}/tasks" / f"{task_id_for('S', '{}')}.json"
     path.write_text("{ not json")
-    tasks, warnings = store.read_tasks("j", "r")
+    tasks, warnings = store.read_tasks(JK, RID)
     assert tasks == []
     assert len(warnings) == 1 and str(path) in warnings[0] and "unreadable" in warnings[0]
     aside = [p for p in path.parent.iterdir() if ".unreadable-" in p.name]
@@ -54,34 +57,34 @@ def test_unreadable_record_is_moved_aside_not_overwritten(tmp_path: Path) -> Non
 
 def test_other_schema_version_is_refused_by_name(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path)
-    run = RunRecord(job_key="j", run_id="r", job_name="n", template_hash="h")
+    run = RunRecord(job_key=JK, run_id=RID, job_name="n", template_hash="h")
     store.write_run(run)
-    path = tmp_path / "jobs/j/runs/r/run.json"
+    path = tmp_path / f"jobs/{JK}/runs/{RID}/run.json"
     data = json.loads(path.read_text())
     data["schema_version"] = 99
     path.write_text(json.dumps(data))
     with pytest.raises(StoreError, match="schema version 99"):
-        store.read_run("j", "r")
+        store.read_run(JK, RID)
     assert path.exists()  # not moved: a newer openjd-checkpoint can still read it
 
 
 def test_record_with_unknown_field_is_refused(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path)
     store.write_task(record())
-    path = next((tmp_path / "jobs/j/runs/r/tasks").iterdir())
+    path = next((tmp_path / f"jobs/{JK}/runs/{RID}/tasks").iterdir())
     data = json.loads(path.read_text())
     data["surprise"] = 1
     path.write_text(json.dumps(data))
-    tasks, warnings = store.read_tasks("j", "r")
+    tasks, warnings = store.read_tasks(JK, RID)
     assert tasks == [] and "surprise" in warnings[0]
 
 
 def test_leftover_temporary_file_is_ignored(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path)
     store.write_task(record(status=TaskStatus.RUNNING))
-    tdir = tmp_path / "jobs/j/runs/r/tasks"
+    tdir = tmp_path / f"jobs/{JK}/runs/{RID}/tasks"
     (tdir / ".tmp-abc").write_text('{"half": ')
-    tasks, warnings = store.read_tasks("j", "r")
+    tasks, warnings = store.read_tasks(JK, RID)
     assert warnings == [] and len(tasks) == 1
 
 
@@ -89,9 +92,9 @@ def test_memory_filesystem_store() -> None:
     store = CheckpointStore("memory://openjd-checkpoint-test")
     rec = record()
     store.commit_checkpoint(rec, ck(1))
-    assert store.read_tasks("j", "r")[0][0].checkpoint.state == "s1"
-    store.delete_run("j", "r")
-    assert store.read_tasks("j", "r") == ([], [])
+    assert store.read_tasks(JK, RID)[0][0].checkpoint.state == "s1"
+    store.delete_run(JK, RID)
+    assert store.read_tasks(JK, RID) == ([], [])
 
 
 CRASHER = textwrap.dedent(
@@ -99,7 +102,10 @@ CRASHER = textwrap.dedent(
     import sys
     from core import CheckpointData, CheckpointStore, TaskRecord
     store = CheckpointStore(sys.argv[1])
-    rec = TaskRecord(job_key="j", run_id="r", step="S", task_key="{}", parameters={})
+    rec = TaskRecord(
+        job_key="0123456789abcdef", run_id="20260101-000000-abcdef", step="S", task_key="{}",
+        parameters={},
+    )
     gen = 0
     print("ready", flush=True)
     while True:
@@ -127,7 +133,7 @@ def test_sigkill_during_a_burst_of_saves_leaves_a_readable_latest(tmp_path: Path
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     store = CheckpointStore(tmp_path)
-    tasks, warnings = store.read_tasks("j", "r")
+    tasks, warnings = store.read_tasks(JK, RID)
     assert warnings == []
     (task,) = tasks
     gens = store.list_generations(task)
@@ -135,3 +141,47 @@ def test_sigkill_during_a_burst_of_saves_leaves_a_readable_latest(tmp_path: Path
     assert task.checkpoint.state.endswith(str(task.checkpoint.generation))
     # the record points at the newest generation written whole, or the one just before it
     assert task.checkpoint.generation >= max(g.generation for g in gens) - 1
+
+
+@pytest.mark.parametrize("bad", ["../../x", "..", "a/b", "", ".hidden", "x" * 200])
+def test_ids_that_are_not_one_safe_path_component_are_refused(tmp_path: Path, bad: str) -> None:
+    store = CheckpointStore(tmp_path / "store")
+    with pytest.raises(StoreError, match="refusing to use it as a path"):
+        store.delete_run(JK, bad)
+    assert store.find_run(bad) is None
+
+
+def test_record_whose_ids_do_not_match_its_folder_is_refused(tmp_path: Path) -> None:
+    """An edited run.json naming another run must not make the store touch that run."""
+    store = CheckpointStore(tmp_path)
+    store.write_run(RunRecord(job_key=JK, run_id=RID, job_name="n", template_hash="h"))
+    other = "20260101-000000-ffffff"
+    store.write_run(RunRecord(job_key=JK, run_id=other, job_name="n", template_hash="h"))
+    path = tmp_path / f"jobs/{JK}/runs/{RID}/run.json"
+    data = json.loads(path.read_text())
+    data["run_id"] = other
+    path.write_text(json.dumps(data))
+    runs, warnings = store.list_runs()
+    assert [r.run_id for r in runs] == [other]
+    assert "does not match its folder" in warnings[0]
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    ['{"schema_version": 1, "x": ' + "9" * 5000 + "}", "[" * 100_000, "\udcff"],
+    ids=["huge-int", "deep", "bad-utf8"],
+)
+def test_hostile_record_is_a_warning_not_a_crash(tmp_path: Path, garbage: str) -> None:
+    store = CheckpointStore(tmp_path)
+    store.write_run(RunRecord(job_key=JK, run_id=RID, job_name="n", template_hash="h"))
+    path = tmp_path / f"jobs/{JK}/runs/{RID}/run.json"
+    path.write_bytes(garbage.encode("utf-8", "surrogateescape"))
+    runs, warnings = store.list_runs()
+    assert runs == [] and "unreadable" in warnings[0]
+
+
+def test_read_only_use_does_not_create_the_store(tmp_path: Path) -> None:
+    CheckpointStore(tmp_path / "nope", create=False).list_runs()
+    assert not (tmp_path / "nope").exists()
+    with pytest.raises(StoreError, match="empty"):
+        CheckpointStore("")

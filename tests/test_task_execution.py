@@ -29,6 +29,7 @@ from core import (
 from core._job import TaskSpec
 
 pytestmark = pytest.mark.slow
+RUN_ID = "20260101-000000-000001"
 
 
 def make_job(
@@ -63,7 +64,7 @@ class Runner:
         self.ex = TaskExecution(
             job,
             spec,
-            run_id="r1",
+            run_id=RUN_ID,
             store=store,
             on_output=lambda _ex, lines: self.lines.extend(lines),
             on_event=lambda _ex, ev: self.events.append(ev),
@@ -259,7 +260,7 @@ def test_malformed_output_warns_task_keeps_running_and_checkpoint_stays(tmp_path
     store = CheckpointStore(tmp_path / "store")
     r = Runner(job, store)
     r.wait_line("STILL RUNNING", timeout=30)
-    stored = store.read_tasks(job.job_key, "r1")[0][0]
+    stored = store.read_tasks(job.job_key, RUN_ID)[0][0]
     assert stored.checkpoint is not None and stored.checkpoint.state == "good"
     r.ex.stop(StopIntent.CHECKPOINT)
     result = r.join()
@@ -284,7 +285,7 @@ def test_malformed_output_warns_task_keeps_running_and_checkpoint_stays(tmp_path
         assert expected in warnings, (expected, warnings)
     assert all("output line" in w for w in r.ex.warnings)
     # What the store holds on disk is the same good checkpoint.
-    again = store.read_tasks(job.job_key, "r1")[0][0]
+    again = store.read_tasks(job.job_key, RUN_ID)[0][0]
     assert again.checkpoint.state == "good"
 
 
