@@ -110,6 +110,8 @@ class PreparedJob:
     environments: list[EnvironmentTemplate] = field(default_factory=list)
     path_mapping_rules: list[PathMappingRule] = field(default_factory=list)
     job_key: str = ""
+    environment_paths: list[str] = field(default_factory=list)
+    """The external environment template files, as absolute paths (kept with the run)."""
 
     @property
     def parameters(self) -> dict[str, str]:
@@ -396,6 +398,9 @@ def prepare_job(
         job=job,
         parameter_values=values,
         environments=envs,
+        environment_paths=[
+            str(Path(e).resolve()) for e in environments if isinstance(e, (str, Path))
+        ],
         path_mapping_rules=list(path_mapping_rules or []),
         job_key=sha256_hex(canonical_json({"name": tmpl.name}))[:16],
     )

@@ -48,9 +48,11 @@ DEFAULT_MAX_LINE_BYTES = 4 * 1024 * 1024
 """The longest output line the reader takes whole (4 MiB, newline excluded). A longer line is
 refused with a warning and never parsed, in whole or in part."""
 
-DEFAULT_MAX_STATE_BYTES = 1024 * 1024
-"""The largest checkpoint ``state`` (1 MiB of UTF-8), as Trax caps a checkpoint's JSON. It fits
-the line cap with room for JSON escaping; see docs/decisions.md."""
+DEFAULT_MAX_STATE_BYTES = 128 * 1024 - 1
+"""The largest checkpoint ``state``: 131,071 bytes of UTF-8. Trax caps a checkpoint at 1 MiB,
+but ``{{Task.Checkpoint.State}}`` reaches the task as one command-line argument of
+``onCheckpointResume``, and Linux takes at most 128 KiB (MAX_ARG_STRLEN, with its NUL) for one:
+a larger state could be saved but never resumed. See docs/decisions.md."""
 
 
 class FilesMode(str, Enum):
@@ -287,12 +289,21 @@ def _save(body: str, cap: int) -> MessageEvent:
                 "'state' holds a NUL character, which cannot be stored; encode such data "
                 "(Base64, say)"
             )
-        size = len(state.encode("utf-8", "surrogatepass"))
+        try:
+            size = len(state.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise _MalformedError(
+                "'state' holds a lone surrogate (\\ud800-\\udfff), which is not valid Unicode"
+            ) from None
         if size > cap:
             raise _MalformedError(f"'state' is {size} bytes, over the {cap}-byte cap")
     if file is not None:
         if not isinstance(file, str) or not file or "\x00" in file:
             raise _MalformedError("'file' must be a non-empty path string")
+        try:
+            file.encode("utf-8")
+        except UnicodeEncodeError:
+            raise _MalformedError("'file' holds a lone surrogate; not valid Unicode") from None
         if not (file.startswith("/") or re.match(r"^[A-Za-z]:[\\/]", file)):
             raise _MalformedError(f"'file' must be an absolute path, got {file!r}")
     return CheckpointSave(state=state, file=file)

@@ -23,7 +23,14 @@ import psutil
 
 from ._messages import DEFAULT_MAX_LINE_BYTES
 
-__all__ = ("ActionProcess", "OutputLine", "ProcessIdentity", "kill_process_group")
+__all__ = (
+    "MARKER_VARIABLE",
+    "ActionProcess",
+    "OutputLine",
+    "ProcessIdentity",
+    "kill_process_group",
+    "processes_with_marker",
+)
 
 _READ_SIZE = 256 * 1024
 
@@ -90,8 +97,10 @@ class ActionProcess:
         env: dict[str, str],
         on_lines: Callable[[list[OutputLine]], None],
         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+        marker: str | None = None,
     ) -> None:
         self._argv = list(argv)
+        self._marker = marker
         self._cwd = cwd
         self._env = env
         self._on_lines = on_lines
@@ -101,6 +110,7 @@ class ActionProcess:
         self._exited = threading.Event()
         self._returncode: int | None = None
         self._line_no = 0
+        self._consumer_failed = False
         self.identity: ProcessIdentity | None = None
 
     def start(self) -> ProcessIdentity:
@@ -186,7 +196,9 @@ class ActionProcess:
         then wait until none is left running."""
         if self._popen is None:
             return
-        kill_process_group(self._popen.pid, include_leader=not self._exited.is_set())
+        kill_process_group(
+            self._popen.pid, include_leader=not self._exited.is_set(), marker=self._marker
+        )
 
     # --- internals ---------------------------------------------------------------------------
     def _wait(self) -> None:
@@ -234,13 +246,30 @@ class ActionProcess:
                         batch: list[OutputLine] = []
                         self._flush_tail(fd, names[fd], buffers, dropping, batch)
                         if batch:
-                            self._on_lines(batch)
+                            self._deliver(batch)
                         continue
                     batch = self._split(fd, names[fd], chunk, buffers, dropping)
                     if batch:
-                        self._on_lines(batch)
+                        self._deliver(batch)
         finally:
             sel.close()
+
+    def _deliver(self, batch: list[OutputLine]) -> None:
+        """Hand lines on; a failing consumer (a closed stdout, say) must not stop the reading,
+        or the task would block on a full pipe and its checkpoint messages would be lost."""
+        try:
+            self._on_lines(batch)
+        except Exception as exc:  # reported once, then reading goes on
+            if not self._consumer_failed:
+                self._consumer_failed = True
+                import sys
+
+                err = sys.__stderr__
+                try:
+                    if err is not None:
+                        err.write(f"openjd-checkpoint: output consumer failed: {exc!r}\n")
+                except (OSError, ValueError):
+                    pass
 
     def _next(self) -> int:
         self._line_no += 1
@@ -305,7 +334,36 @@ class ActionProcess:
             buffers[fd].clear()
 
 
-def kill_process_group(pid: int, *, include_leader: bool = True, timeout: float = 10.0) -> None:
+MARKER_VARIABLE = "OPENJD_CHECKPOINT_SESSION"
+"""Set in every action's environment to a value unique to the task's session. Descendants
+inherit it, so the task's processes are found even after they left the process group or were
+reparented (``setsid``, double fork), and never confused with a process that reused a pid."""
+
+
+def processes_with_marker(marker: str) -> list[psutil.Process]:
+    """Processes of this user whose environment holds ``OPENJD_CHECKPOINT_SESSION=marker``."""
+    found: list[psutil.Process] = []
+    me = os.getpid()
+    needle = f"{MARKER_VARIABLE}={marker}".encode()
+    for proc in psutil.process_iter(["pid"]):
+        if proc.pid == me:
+            continue
+        try:
+            with open(f"/proc/{proc.pid}/environ", "rb") as fh:
+                if needle in fh.read().split(b"\0"):
+                    found.append(proc)
+        except OSError:
+            continue
+    return found
+
+
+def kill_process_group(
+    pid: int,
+    *,
+    include_leader: bool = True,
+    timeout: float = 10.0,
+    marker: str | None = None,
+) -> None:
     """SIGKILL process group ``pid`` and every descendant of ``pid``; wait until all are gone.
 
     Descendants are found with psutil before the kill, so a child that called ``setsid`` (and so
@@ -327,6 +385,10 @@ def kill_process_group(pid: int, *, include_leader: bool = True, timeout: float 
                 victims.append(proc)
         except (ProcessLookupError, PermissionError, psutil.Error, OSError):
             continue
+    if marker is not None:
+        for proc in processes_with_marker(marker):
+            if proc not in victims and (include_leader or proc.pid != pid):
+                victims.append(proc)
     try:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):

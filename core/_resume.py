@@ -95,6 +95,7 @@ def check_run(
     *,
     from_step: str | None = None,
     generation: int | None = None,
+    notes: list[str] | None = None,
 ) -> list[TaskRecord]:
     """Check that ``job`` may resume ``run``; return the task records to resume from.
 
@@ -109,6 +110,14 @@ def check_run(
             )
         raise ResumeRefusedError(
             RefusalCode.NOT_FAILED, f"run {run.run_id} succeeded; there is nothing to resume"
+        )
+    rules = [r.to_dict() for r in job.path_mapping_rules]
+    if run.environments != job.environment_paths or run.path_mapping_rules != rules:
+        raise ResumeRefusedError(
+            RefusalCode.DIFFERENT_INPUT,
+            f"the environment templates or path mapping rules differ from run {run.run_id}'s "
+            f"(it ran with environments {run.environments or 'none'} and "
+            f"{len(run.path_mapping_rules)} path mapping rule(s))",
         )
     if run.parameters != job.parameters:
         diff = sorted(
@@ -142,6 +151,10 @@ def check_run(
     versioned = [w for w in warnings if "schema version" in w]
     if versioned:
         raise ResumeRefusedError(RefusalCode.STATE_CHANGED, versioned[0])
+    for w in warnings:
+        # an unreadable record was moved aside (kept); its task runs from the top
+        if notes is not None:
+            notes.append(f"warning: {w}; that task runs from the top")
     useful = [
         r for r in records if r.checkpoint or r.completed_frames or r.status.value == "succeeded"
     ]
@@ -220,8 +233,11 @@ def plan_resume(
             raise ResumeRefusedError(
                 RefusalCode.UNKNOWN_RUN, f"no run {run_id!r} of this job in {store.location}"
             )
-        records = check_run(store, job, run, from_step=from_step, generation=generation)
-        return ResumePlan(run, records, [f"resuming run {run.run_id} as asked"])
+        op_notes: list[str] = []
+        records = check_run(
+            store, job, run, from_step=from_step, generation=generation, notes=op_notes
+        )
+        return ResumePlan(run, records, [*op_notes, f"resuming run {run.run_id} as asked"])
     if how == ResumeHow.REQUEUE:
         runs, _ = store.list_runs(job.job_key)
         earlier = [
@@ -243,7 +259,7 @@ def plan_resume(
         return ResumePlan(None, notes=notes)
     run = same_input[0] if same_input else candidates[0]
     try:
-        records = check_run(store, job, run)
+        records = check_run(store, job, run, notes=notes)
     except ResumeRefusedError as refusal:
         if refusal.code == RefusalCode.ALREADY_RESUMED:
             raise

@@ -296,35 +296,45 @@ class JobRunner:
                 is running this run now.
             StoreError: the store cannot be written.
         """
-        plan: ResumePlan = plan_resume(
-            self.store,
-            self.job,
-            self.how,
-            run_id=self._resume_run_id,
-            from_step=self._from_step,
-            generation=self._generation,
-        )
-        for line in plan.notes:
-            self.note(line)
-        if plan.run is not None:
-            run = plan.run
-            run.attempt += 1
-        else:
-            run = RunRecord(
-                job_key=self.job.job_key,
-                run_id=new_run_id(),
-                job_name=self.job.job.name,
-                template_path=str(self.job.template.source) if self.job.template.source else None,
-                template_hash=self.job.template.template_hash,
-                step_hashes=dict(self.job.template.step_hashes),
-                parameters=self.job.parameters,
-                finally_steps=list(self.job.template.finally_steps),
+        with self.store.job_lock(self.job.job_key):
+            plan: ResumePlan = plan_resume(
+                self.store,
+                self.job,
+                self.how,
+                run_id=self._resume_run_id,
+                from_step=self._from_step,
+                generation=self._generation,
             )
-        lease = self.store.acquire_lease(run)
-        if lease is None:
-            raise ResumeRefusedError(
-                RefusalCode.ALREADY_RESUMED, f"run {run.run_id} is being run by another process"
-            )
+            for line in plan.notes:
+                self.note(line)
+            if plan.run is not None:
+                run = plan.run
+                run.attempt += 1
+            else:
+                run = RunRecord(
+                    job_key=self.job.job_key,
+                    run_id=new_run_id(),
+                    job_name=self.job.job.name,
+                    template_path=(
+                        str(self.job.template.source) if self.job.template.source else None
+                    ),
+                    template_hash=self.job.template.template_hash,
+                    step_hashes=dict(self.job.template.step_hashes),
+                    parameters=self.job.parameters,
+                    finally_steps=list(self.job.template.finally_steps),
+                    environments=list(self.job.environment_paths),
+                    path_mapping_rules=[r.to_dict() for r in self.job.path_mapping_rules],
+                )
+            lease = self.store.acquire_lease(run)
+            if lease is None:
+                raise ResumeRefusedError(
+                    RefusalCode.ALREADY_RESUMED,
+                    f"run {run.run_id} is being run by another process",
+                )
+            # Written under the job lock, so the next process to look sees it leased.
+            run.status = RunStatus.RUNNING
+            run.runner = this_process()
+            self.store.write_run(run)
         for old in plan.superseded:
             if old.run_id != run.run_id:
                 old.superseded_by = run.run_id

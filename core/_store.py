@@ -19,6 +19,7 @@ completes deletes its checkpoints" (seed 001).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import posixpath
@@ -27,6 +28,7 @@ import socket
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -491,6 +493,41 @@ class CheckpointStore:
         lease = Lease(self, run_dir, fd=None, ttl=ttl_seconds)
         lease.renew()
         return lease
+
+    @contextlib.contextmanager
+    def job_lock(self, job_key: str, *, timeout: float = 30.0) -> Iterator[None]:
+        """Hold the job's lock while choosing or creating the run a new attempt works on, so
+        that two processes starting the same job at once cannot both start it.
+
+        A blocking ``flock`` on a local store; on other stores nothing (best effort).
+
+        Raises:
+            StoreError: the lock was not had within ``timeout`` seconds.
+        """
+        if not self._local or not _JOB_KEY.fullmatch(job_key):
+            yield
+            return
+        import fcntl
+
+        directory = posixpath.join(self.root, "jobs", job_key)
+        os.makedirs(directory, exist_ok=True)
+        fd = os.open(posixpath.join(directory, "job.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            end = time.monotonic() + timeout
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError:
+                    if time.monotonic() > end:
+                        raise StoreError(
+                            f"checkpoint store {self.location!r}: job {job_key} stayed locked "
+                            f"for {timeout:g} s"
+                        ) from None
+                    time.sleep(0.05)
+            yield
+        finally:
+            os.close(fd)
 
     def lease_held(self, run: RunRecord) -> bool:
         """True if a live owner holds the run's lease (probes without keeping it)."""

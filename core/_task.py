@@ -15,6 +15,7 @@ persisted to the store as it arrives.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 import os
@@ -23,6 +24,7 @@ import stat
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
@@ -50,7 +52,13 @@ from ._messages import (
     TaskComplete,
     parse_line,
 )
-from ._process import ActionProcess, OutputLine, kill_process_group
+from ._process import (
+    MARKER_VARIABLE,
+    ActionProcess,
+    OutputLine,
+    kill_process_group,
+    processes_with_marker,
+)
 from ._store import (
     CheckpointData,
     CheckpointStore,
@@ -184,6 +192,8 @@ class TaskExecution:
             chunk_parameter=spec.chunk_parameter,
             step_hash=job.template.step_hashes.get(spec.step_name, ""),
         )
+        self._marker = uuid.uuid4().hex
+        self._session_dir: str | None = None
         self._dirty = False
         self._pending_save: CheckpointSave | None = None
         self._saved_this_attempt = False
@@ -238,8 +248,10 @@ class TaskExecution:
         os.makedirs(root, mode=0o700, exist_ok=True)
         session_dir = tempfile.mkdtemp(prefix=f"session-{os.getpid()}-", dir=root)
         os.chmod(session_dir, 0o700)
+        self._session_dir = session_dir
         env = dict(self._os_env)
         env["OPENJD_SESSION_WORKING_DIR"] = session_dir
+        env[MARKER_VARIABLE] = self._marker
         entered: list[tuple[Any, str, dict[str, str]]] = []
         exit_code: int | None = None
         message = ""
@@ -419,7 +431,12 @@ class TaskExecution:
             self._handle_lines(lines, ctx, env_changes if env_action else None)
 
         proc = ActionProcess(
-            argv, cwd=session_dir, env=dict(env), on_lines=on_lines, max_line_bytes=self._max_line
+            argv,
+            cwd=session_dir,
+            env=dict(env, **{MARKER_VARIABLE: self._marker}),
+            on_lines=on_lines,
+            max_line_bytes=self._max_line,
+            marker=self._marker,
         )
         try:
             ident = proc.start()
@@ -433,6 +450,7 @@ class TaskExecution:
                 pgid=ident.pgid,
                 start_time=ident.start_time,
                 host=socket.gethostname(),
+                marker=self._marker,
             )
         self._persist(force=True)
         self._emit("action_started", path)
@@ -449,10 +467,13 @@ class TaskExecution:
                 time.sleep(0.05)
             now = time.monotonic()
             with self._lock:
-                want = (self._stop_intent, self._stop_force) if stoppable else (None, False)
+                if stoppable:
+                    want = (self._stop_intent, self._stop_force)
+                else:  # onExit runs even when the task is stopped, unless it is abandoned
+                    want = (StopIntent.CANCEL, True) if self._stop_force else (None, False)
             if want != handled and want[0] is not None:
                 handled = want
-                method = self._method(spec, want[0])
+                method = _resolved(self._method(spec, want[0]), symtab)
                 if want[1] or not method.notifies:
                     proc.kill_tree()
                 else:
@@ -467,7 +488,7 @@ class TaskExecution:
                 and want[0] is None
             ):
                 timed_out = True
-                method = spec.cancelation
+                method = _resolved(spec.cancelation, symtab)
                 self._warn(f"{path}: timed out after {timeout:g} s")
                 if method.notifies:
                     self._write_cancel_info(session_dir, method)
@@ -608,6 +629,19 @@ class TaskExecution:
                     self._dirty = True
             self._emit("frame_complete", event.frame)
         elif isinstance(event, CheckpointSave):
+            if (
+                event.file is not None
+                and self._session_dir is not None
+                and os.path.realpath(event.file).startswith(
+                    os.path.realpath(self._session_dir) + os.sep
+                )
+            ):
+                self._warn(
+                    f"output line {number}: openjd_checkpoint_save names file {event.file!r} in "
+                    "the session working directory, which is deleted when the task ends; "
+                    "nothing was saved and the previous checkpoint stays"
+                )
+                return
             if event.file is not None and not os.path.exists(event.file):
                 self._warn(
                     f"output line {number}: openjd_checkpoint_save names file {event.file!r}, "
@@ -744,6 +778,22 @@ class TaskExecution:
         return paths
 
 
+def _resolved(method: CancelMethod, symtab: SymbolTable) -> CancelMethod:
+    """The method with a format-string ``notifyPeriodInSeconds`` (FEATURE_BUNDLE_1) resolved."""
+    if method.notify_period_text is None:
+        return method
+    from openjd.model._format_strings import FormatString
+    from openjd.model.v2023_09 import ModelParsingContext
+
+    try:
+        context = ModelParsingContext(supported_extensions=["FEATURE_BUNDLE_1"])
+        text = FormatString(method.notify_period_text, context=context).resolve(symtab=symtab)
+        seconds = float(text)
+    except (FormatStringError, ValueError, TypeError):
+        return method  # the default period stands
+    return dataclasses.replace(method, notify_period_seconds=min(max(seconds, 1.0), 600.0))
+
+
 def sessions_root() -> str:
     """Where session working directories go by default: ``<temp>/openjd-checkpoint-<uid>``."""
     return os.path.join(tempfile.gettempdir(), f"openjd-checkpoint-{os.getuid()}")
@@ -783,31 +833,32 @@ def _seconds(value: Any, symtab: SymbolTable) -> float | None:
 
 
 def kill_recorded_process(info: ProcessInfo) -> bool:
-    """Kill a task process tree recorded by an earlier runner, if it still runs on this host.
+    """Kill a task's processes recorded by an earlier runner, if they still run on this host.
 
-    Returns True if something was killed. Used before a task starts again, so that there are
-    never two copies of one task.
+    Processes are found by the task's ``OPENJD_CHECKPOINT_SESSION`` marker, which only they
+    carry, so a process that reused a recorded pid is never touched. (A record without a marker
+    only has its leader killed, and only when the leader's start time matches.) Returns True if
+    something was killed. Used before a task starts again: never two copies of one task.
     """
     import socket
+
+    import psutil
 
     from ._process import ProcessIdentity
 
     if info.host != socket.gethostname():
         return False
+    victims = processes_with_marker(info.marker) if info.marker else []
     ident = ProcessIdentity(pid=info.pid, pgid=info.pgid, start_time=info.start_time)
-    if ident.is_alive():
-        kill_process_group(info.pgid)
-        return True
-    # The leader is gone; members of its group started after it may still run (and not a new
-    # group that reused the number: those started before the leader did are left alone).
-    import psutil
-
-    killed = False
-    for proc in psutil.process_iter(["pid", "create_time"]):
+    leader_alive = info.start_time >= psutil.boot_time() and ident.is_alive()
+    if not victims and not leader_alive:
+        return False
+    if leader_alive:
+        kill_process_group(info.pgid, marker=info.marker)
+    for proc in victims:
         try:
-            if os.getpgid(proc.pid) == info.pgid and proc.create_time() >= info.start_time:
-                proc.kill()
-                killed = True
-        except (OSError, psutil.Error):
-            continue
-    return killed
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(victims, timeout=10)
+    return True

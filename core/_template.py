@@ -116,6 +116,8 @@ class CancelMethod:
     mode: str = "TERMINATE"
     notify_period_seconds: float = 0.0
     signal_to_notify: signal.Signals = signal.SIGTERM
+    notify_period_text: str | None = None
+    """A format-string ``notifyPeriodInSeconds`` (FEATURE_BUNDLE_1), resolved when used."""
 
     @property
     def notifies(self) -> bool:
@@ -226,9 +228,30 @@ def load_template(path: str | Path) -> CheckpointJobTemplate:
         document = document_string_to_object(document=text, document_type=doc_type)
     except Exception as exc:  # yaml and json raise several types
         raise TemplateError(
-            [f"not a valid {doc_type.value} document: {exc}"], source=str(p)
+            [f"not a valid {doc_type.value} document: {_syntax_error(text, doc_type) or exc}"],
+            source=str(p),
         ) from None
     return parse_template(document, source=p.resolve())
+
+
+def _syntax_error(text: str, doc_type: DocumentType) -> str | None:
+    """Where a document's syntax error is (line and column), which openjd-model drops."""
+    try:
+        if doc_type == DocumentType.JSON:
+            json.loads(text)
+        else:
+            import yaml
+
+            yaml.safe_load(text)
+    except json.JSONDecodeError as exc:
+        return f"{exc.msg} at line {exc.lineno}, column {exc.colno}"
+    except Exception as exc:
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        if mark is not None:
+            return f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
+        return None
+    return None
 
 
 def parse_template(document: Any, *, source: Path | None = None) -> CheckpointJobTemplate:
@@ -243,6 +266,16 @@ def parse_template(document: Any, *, source: Path | None = None) -> CheckpointJo
     where = str(source) if source else None
     if not isinstance(document, dict):
         raise TemplateError(["<root>: a job template must be a mapping"], source=where)
+    try:
+        return _parse_template(document, source=source)
+    except RecursionError:
+        raise TemplateError(
+            ["<root>: the document is nested too deeply to be a job template"], source=where
+        ) from None
+
+
+def _parse_template(document: dict[str, Any], *, source: Path | None) -> CheckpointJobTemplate:
+    where = str(source) if source else None
     original = copy.deepcopy(document)
     doc = copy.deepcopy(document)
 
@@ -608,11 +641,13 @@ def _cancel_method(
             return None
         return CancelMethod()
     period = raw.get("notifyPeriodInSeconds", DEFAULT_NOTIFY_PERIOD_SECONDS)
+    period_text: str | None = None
     try:
         period_f = float(period)
     except (TypeError, ValueError):
-        # A format string (FEATURE_BUNDLE_1); resolved when the job is created.
+        # A format string (FEATURE_BUNDLE_1): resolved when the task is stopped.
         period_f = float(DEFAULT_NOTIFY_PERIOD_SECONDS)
+        period_text = str(period)
     sig = signal.SIGTERM
     if signal_given:
         if not isinstance(signal_name, str) or signal_name not in NOTIFY_SIGNALS:
@@ -623,7 +658,10 @@ def _cancel_method(
             return None
         sig = signal.Signals[signal_name]
     return CancelMethod(
-        mode="NOTIFY_THEN_TERMINATE", notify_period_seconds=period_f, signal_to_notify=sig
+        mode="NOTIFY_THEN_TERMINATE",
+        notify_period_seconds=period_f,
+        signal_to_notify=sig,
+        notify_period_text=period_text,
     )
 
 

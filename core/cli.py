@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from ._errors import OpenJDCheckpointError, RunError, StoreError, TemplateError
 from ._job import load_path_mapping_rules, prepare_job
 from ._resume import RefusalCode, ResumeHow, ResumeRefusedError
@@ -68,8 +70,7 @@ class _Display:
         prefix = f"[{ex.spec.describe()}] "
         text = "".join(prefix + line + "\n" for line in lines)
         with self._lock:
-            sys.stdout.write(text)
-            sys.stdout.flush()
+            _write(sys.stdout, text)
 
     def event(self, ex: TaskExecution, event: TaskEvent) -> None:
         name = ex.spec.describe()
@@ -90,8 +91,22 @@ class _Display:
 
     def note(self, text: str) -> None:
         with self._lock:
-            sys.stderr.write(f"openjd-checkpoint: {text}\n")
-            sys.stderr.flush()
+            _write(sys.stderr, f"openjd-checkpoint: {text}\n")
+
+
+_closed_streams: set[int] = set()
+
+
+def _write(stream: Any, text: str) -> None:
+    """Write and flush; a closed or broken stream (``| head``, ``2>&-``, a full disk) is
+    dropped quietly so that the run, and the reading of its tasks' output, goes on."""
+    if stream is None or id(stream) in _closed_streams:
+        return
+    try:
+        stream.write(text)
+        stream.flush()
+    except (OSError, ValueError):
+        _closed_streams.add(id(stream))
 
 
 def _params(pairs: list[str]) -> dict[str, str]:
@@ -100,10 +115,8 @@ def _params(pairs: list[str]) -> dict[str, str]:
         if pair.startswith("@") or (pair.endswith((".json", ".yaml", ".yml")) and "=" not in pair):
             path = Path(pair.lstrip("@"))
             try:
-                import yaml
-
                 data = yaml.safe_load(path.read_text(encoding="utf-8"))
-            except (OSError, ValueError) as exc:
+            except (OSError, ValueError, yaml.YAMLError, RecursionError) as exc:
                 raise TemplateError([f"-p {pair}: cannot read parameter file: {exc}"]) from None
             if not isinstance(data, dict):
                 raise TemplateError([f"-p {pair}: a parameter file must hold a mapping"])
@@ -150,7 +163,12 @@ def _cmd_resume(args: argparse.Namespace) -> int:
         raise TemplateError([f"run {run.run_id} has no template path; pass --template"])
     params = dict(run.parameters)
     params.update(_params(args.parameter or []))
-    job = prepare_job(template, params)
+    job = prepare_job(
+        template,
+        params,
+        environments=[Path(e) for e in run.environments],
+        path_mapping_rules=load_path_mapping_rules(run.path_mapping_rules),
+    )
     args.template = template
     return _execute(
         args,
@@ -192,7 +210,9 @@ def _execute(args: argparse.Namespace, job: Any, *, how: ResumeHow, **resume: An
             display.note("cancelling the run: killing its tasks")
             runner.stop(StopIntent.CANCEL, force=True)
 
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    # Installed for the rest of the process: a late Ctrl-C must not become a traceback.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
     outcome: dict[str, Any] = {}
 
     def target() -> None:
@@ -203,12 +223,8 @@ def _execute(args: argparse.Namespace, job: Any, *, how: ResumeHow, **resume: An
 
     worker = threading.Thread(target=target, name="openjd-run")
     worker.start()
-    try:
-        while worker.is_alive():
-            worker.join(0.2)
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
+    while worker.is_alive():
+        worker.join(0.2)
     if "error" in outcome:
         raise outcome["error"]
     result: RunResult = outcome["result"]
@@ -217,11 +233,13 @@ def _execute(args: argparse.Namespace, job: Any, *, how: ResumeHow, **resume: An
 
 
 def _report(args: argparse.Namespace, result: RunResult, store: CheckpointStore) -> None:
+    def say(text: str) -> None:
+        _write(sys.stderr, text)
+
     counts: dict[str, int] = {}
     for _spec, res in result.results:
         counts[res.outcome.value] = counts.get(res.outcome.value, 0) + 1
     summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "no task ran"
-    say = sys.stderr.write
     cond = result.condition
     say(
         f"openjd-checkpoint: run {result.run_id} {result.status.value} ({summary}); "
@@ -252,7 +270,8 @@ def _program() -> str:
 
 
 def _store_from(args: argparse.Namespace) -> CheckpointStore:
-    return CheckpointStore(args.store)
+    """The store for commands that only read or remove (they never create it)."""
+    return CheckpointStore(args.store, create=False)
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
@@ -265,7 +284,9 @@ def _cmd_list(args: argparse.Namespace) -> int:
         return 0
     print(f"{'RUN':<24} {'STATUS':<12} {'ATTEMPT':>7}  {'CHECKPOINTS':>11}  JOB")
     for r in runs:
-        tasks, _ = store.read_tasks(r.job_key, r.run_id)
+        tasks, task_warnings = store.read_tasks(r.job_key, r.run_id)
+        for w in task_warnings:
+            print(f"warning: {w}", file=sys.stderr)
         ck = sum(1 for t in tasks if t.checkpoint is not None)
         print(f"{r.run_id:<24} {r.status.value:<12} {r.attempt:>7}  {ck:>11}  {r.job_name}")
     return 0
@@ -407,13 +428,23 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more, and finite")
+    return value
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0, and finite")
     return value
 
 
@@ -536,7 +567,7 @@ def build_parser() -> argparse.ArgumentParser:
     gc = sub.add_parser("gc", help="delete runs (and checkpoints) older than the retention")
     gc.add_argument(
         "--retention-days",
-        type=float,
+        type=_non_negative_float,
         default=7.0,
         metavar="DAYS",
         help="keep runs updated within DAYS (default: %(default)s)",
@@ -562,11 +593,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``openjd-checkpoint`` console script. Returns the exit code."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
     try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
         code: int = args.func(args)
         return code
+    except KeyboardInterrupt:  # Ctrl-C before the run started: nothing to keep
+        _write(sys.stderr, "openjd-checkpoint: interrupted before the run started\n")
+        return EXIT_CODES["canceled"]
     except TemplateError as exc:
         print(f"openjd-checkpoint: {exc}", file=sys.stderr)
         return EXIT_CODES["usage"]

@@ -183,7 +183,7 @@ def test_refused_checkpoint_writes_keep_the_previous_generation(
                     def save(**kw):
                         print("openjd_checkpoint_save: " + json.dumps(kw), flush=True)
                     save(state="good")
-                    save(state="x" * (1024 * 1024 + 1))          # over the cap
+                    save(state="x" * (128 * 1024))                # over the cap
                     save(state="nul\\u0000inside")                # NUL
                     save(state="missing", file="/no/such/file")   # missing file
                     print("LONG-START", flush=True)
@@ -196,7 +196,7 @@ def test_refused_checkpoint_writes_keep_the_previous_generation(
     time.sleep(0.3)
     proc.proc.send_signal(2)
     assert proc.wait(60) == 75
-    for what in ("over the 1048576-byte cap", "NUL character", "does not exist"):
+    for what in ("over the 131071-byte cap", "NUL character", "does not exist"):
         assert what in proc.stderr, (what, proc.stderr)
     again = cli("run", str(template), "--store", str(store), "-q")
     assert again.returncode == 0 and "RESUMED FROM good" in again.stdout

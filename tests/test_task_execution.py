@@ -242,7 +242,7 @@ w(b'openjd_checkpoint_save: {"state": ' + b'"x' * 3 + b'\n')       # bad JSON
 w(b'openjd_checkpoint_save: {"state": "a\\u0000b"}\n')          # NUL in the state
 w(b'openjd_checkpoint_save: {"state": "ok", "extra": 1}\n')       # unknown key
 w(b'openjd_checkpoint_save: {"state": 5}\n')                      # wrong type
-w(b'openjd_checkpoint_save: {"state": "' + b'y' * (1024 * 1024 + 1) + b'"}\n')  # over the cap
+w(b'openjd_checkpoint_save: {"state": "' + b'y' * (128 * 1024) + b'"}\n')  # over the cap
 w(b'openjd_checkpoint_save: {"state": "' + b'z' * (5 * 1024 * 1024) + b'"}\n')  # over the line cap
 w(b'openjd_checkpoint_save: {"file": "/no/such/checkpoint.bin"}\n')  # missing file
 w(b'openjd_task_complete: {"Frame": 3}\n')                        # no chunk parameter
@@ -276,7 +276,7 @@ def test_malformed_output_warns_task_keeps_running_and_checkpoint_stays(tmp_path
         "NUL character",
         "unknown key",
         "must be a string",
-        "over the 1048576-byte cap",
+        "over the 131071-byte cap",
         "line cap",
         "does not exist",
         "no CHUNK[INT] task parameter",
