@@ -11,49 +11,94 @@ and the local CLI (``core.cli``) map these operations onto their frameworks:
 - ``JobRunner``: the local scheduler that the CLI uses.
 """
 
-from ._errors import OpenJDCheckpointError, RunError, StoreError, TemplateError
-from ._job import PreparedJob, TaskSpec, load_path_mapping_rules, prepare_job
-from ._messages import (
-    DEFAULT_MAX_LINE_BYTES,
-    DEFAULT_MAX_STATE_BYTES,
-    MessageContext,
-    MessageWarning,
-    parse_line,
-)
-from ._resume import RefusalCode, ResumeHow, ResumeRefusedError
-from ._runner import EXIT_CODES, JobRunner, RunResult, TerminationMode
-from ._store import (
-    CheckpointData,
-    CheckpointStore,
-    RunCondition,
-    RunRecord,
-    RunStatus,
-    TaskRecord,
-    TaskStatus,
-    default_store_location,
-)
-from ._task import StopIntent, TaskEvent, TaskExecution, TaskOutcome, TaskResult
-from ._template import CancelMethod, CheckpointJobTemplate, load_template, parse_template
+# Imports are lazy (PEP 562): the CLI starts, and installs its Ctrl-C handling, before the
+# heavier modules (openjd-model, pydantic, fsspec) load.
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._errors import OpenJDCheckpointError, RunError, StoreError, TemplateError
+    from ._job import PreparedJob, TaskSpec, load_path_mapping_rules, prepare_job
+    from ._messages import (
+        DEFAULT_MAX_LINE_BYTES,
+        DEFAULT_MAX_STATE_BYTES,
+        MessageContext,
+        MessageWarning,
+        parse_line,
+    )
+    from ._resume import RefusalCode, ResumeHow, ResumeRefusedError
+    from ._runner import EXIT_CODES, JobRunner, RunResult, TerminationMode
+    from ._store import (
+        CheckpointData,
+        CheckpointStore,
+        RunCondition,
+        RunRecord,
+        RunStatus,
+        TaskRecord,
+        TaskStatus,
+        default_store_location,
+    )
+    from ._task import StopIntent, TaskEvent, TaskExecution, TaskOutcome, TaskResult
+    from ._template import CancelMethod, CheckpointJobTemplate, load_template, parse_template
+
+_EXPORTS = {
+    "CancelMethod": "._template",
+    "CheckpointData": "._store",
+    "CheckpointJobTemplate": "._template",
+    "CheckpointStore": "._store",
+    "DEFAULT_MAX_LINE_BYTES": "._messages",
+    "DEFAULT_MAX_STATE_BYTES": "._messages",
+    "EXIT_CODES": "._runner",
+    "JobRunner": "._runner",
+    "MessageContext": "._messages",
+    "MessageWarning": "._messages",
+    "OpenJDCheckpointError": "._errors",
+    "PreparedJob": "._job",
+    "RefusalCode": "._resume",
+    "ResumeHow": "._resume",
+    "ResumeRefusedError": "._resume",
+    "RunCondition": "._store",
+    "RunError": "._errors",
+    "RunRecord": "._store",
+    "RunResult": "._runner",
+    "RunStatus": "._store",
+    "StopIntent": "._task",
+    "StoreError": "._errors",
+    "TaskEvent": "._task",
+    "TaskExecution": "._task",
+    "TaskOutcome": "._task",
+    "TaskRecord": "._store",
+    "TaskResult": "._task",
+    "TaskSpec": "._job",
+    "TaskStatus": "._store",
+    "TemplateError": "._errors",
+    "TerminationMode": "._runner",
+    "default_store_location": "._store",
+    "load_path_mapping_rules": "._job",
+    "load_template": "._template",
+    "parse_line": "._messages",
+    "parse_template": "._template",
+    "prepare_job": "._job",
+}
 
 __all__ = (
-    "DEFAULT_MAX_LINE_BYTES",
-    "DEFAULT_MAX_STATE_BYTES",
-    "EXIT_CODES",
     "CancelMethod",
     "CheckpointData",
     "CheckpointJobTemplate",
     "CheckpointStore",
-    "RefusalCode",
-    "ResumeHow",
-    "ResumeRefusedError",
-    "TerminationMode",
+    "DEFAULT_MAX_LINE_BYTES",
+    "DEFAULT_MAX_STATE_BYTES",
+    "EXIT_CODES",
     "JobRunner",
     "MessageContext",
     "MessageWarning",
     "OpenJDCheckpointError",
     "PreparedJob",
-    "RunError",
+    "RefusalCode",
+    "ResumeHow",
+    "ResumeRefusedError",
     "RunCondition",
+    "RunError",
     "RunRecord",
     "RunResult",
     "RunStatus",
@@ -67,6 +112,7 @@ __all__ = (
     "TaskSpec",
     "TaskStatus",
     "TemplateError",
+    "TerminationMode",
     "default_store_location",
     "load_path_mapping_rules",
     "load_template",
@@ -74,3 +120,12 @@ __all__ = (
     "parse_template",
     "prepare_job",
 )
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'core' has no attribute {name!r}")
+    value = getattr(import_module(module, __name__), name)
+    globals()[name] = value
+    return value

@@ -6,6 +6,12 @@ terminal (output lines, a progress display, Ctrl-C).
 
 from __future__ import annotations
 
+import signal as _signal
+import sys as _sys
+
+# Until the run installs its own handling, Ctrl-C ends the program quietly (nothing started).
+_signal.signal(_signal.SIGINT, lambda *_: _sys.exit(130))
+
 import argparse
 import json
 import os

@@ -1,0 +1,242 @@
+"""Regression tests for what a hostile review found: process escapes, pid reuse, hung onExit,
+a closed stdout, two fresh starts at once, saves that could never be resumed."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import ROOT, CliProcess, cli_cmd
+from test_task_execution import Runner, gone, make_job
+
+from core import CheckpointStore, StopIntent, TaskOutcome, parse_line
+from core._messages import MessageWarning
+from core._store import ProcessInfo
+from core._task import kill_recorded_process
+
+pytestmark = pytest.mark.slow
+
+ESCAPER = """
+import os, subprocess, sys, time
+# a child that leaves the group, and a double-forked daemon
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        print(f"PID {os.getpid()}", flush=True)
+        time.sleep(300)
+    os._exit(0)
+time.sleep(0.5)
+print("MAIN DONE", flush=True)
+"""
+
+
+def test_processes_that_left_the_group_die_with_the_task() -> None:
+    job = make_job(
+        {"command": "python3", "args": ["{{Task.File.Escaper}}"]}, files={"Escaper": ESCAPER}
+    )
+    r = Runner(job, None)
+    result = r.join()
+    assert result.outcome == TaskOutcome.SUCCEEDED
+    marker = r.ex._marker
+    time.sleep(0.3)
+    from core._process import processes_with_marker
+
+    assert processes_with_marker(marker) == []
+    assert all(gone(p) for p in r.pids())
+
+
+def test_recorded_process_with_a_reused_pid_is_not_killed() -> None:
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                              start_new_session=True)  # fmt: skip
+    try:
+        started = psutil.Process(victim.pid).create_time()
+        info = ProcessInfo(
+            pid=victim.pid, pgid=victim.pid, start_time=started - 5,
+            host=__import__("socket").gethostname(), marker="not-this-one",
+        )  # fmt: skip
+        assert kill_recorded_process(info) is False
+        assert victim.poll() is None
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_second_stop_abandons_a_hung_on_exit() -> None:
+    doc = {
+        "specificationVersion": "jobtemplate-2023-09",
+        "name": "hung exit",
+        "jobEnvironments": [
+            {
+                "name": "E",
+                "script": {
+                    "actions": {
+                        "onExit": {
+                            "command": "python3",
+                            "args": [
+                                "-c",
+                                "import time; print('EXIT', flush=True); time.sleep(300)",
+                            ],
+                        }
+                    }
+                },
+            }
+        ],
+        "steps": [
+            {
+                "name": "S",
+                "script": {
+                    "actions": {
+                        "onRun": {
+                            "command": "python3",
+                            "args": [
+                                "-c",
+                                "import time; print('READY', flush=True); time.sleep(300)",
+                            ],
+                        }
+                    }
+                },
+            }
+        ],
+    }
+    from core import parse_template, prepare_job
+
+    r = Runner(prepare_job(parse_template(doc)), None)
+    r.wait_line("READY")
+    r.ex.stop(StopIntent.CHECKPOINT)
+    r.wait_line("EXIT")
+    t0 = time.monotonic()
+    r.ex.stop(StopIntent.CANCEL, force=True)
+    result = r.join(30)
+    assert time.monotonic() - t0 < 5
+    assert result.outcome == TaskOutcome.CANCELED
+
+
+def test_failing_output_consumer_does_not_stop_reading(tmp_path: Path) -> None:
+    job = make_job(
+        {
+            "command": "python3",
+            "args": [
+                "-c",
+                "import json\nfor i in range(20000):\n    print('line', i)\n"
+                "print('openjd_checkpoint_save: ' + json.dumps({'state': 'last'}), flush=True)",
+            ],
+        }
+    )
+    store = CheckpointStore(tmp_path / "store")
+    from core import TaskExecution
+
+    spec = job.plan_step("S")[0]
+
+    def broken(_ex, _lines):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    done: list = []
+    ex = TaskExecution(job, spec, run_id="20260101-000000-000002", store=store, on_output=broken)
+    t = threading.Thread(target=lambda: done.append(ex.run()))
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), "the run hung"
+    assert done[0].outcome == TaskOutcome.SUCCEEDED
+    assert done[0].record.checkpoint.state == "last"
+
+
+def test_cli_piped_into_head_does_not_hang(tmp_path: Path) -> None:
+    template = tmp_path / "chatty.yaml"
+    template.write_text(
+        textwrap.dedent(
+            """
+            specificationVersion: jobtemplate-2023-09
+            name: chatty
+            steps:
+            - name: S
+              script:
+                actions:
+                  onRun:
+                    command: python3
+                    args: [-c, "for i in range(200000): print('line', i)"]
+            """
+        )
+    )
+    cmd = " ".join(cli_cmd("run", str(template), "--store", str(tmp_path / "s")))
+    r = subprocess.run(
+        f"{cmd} | head -2", shell=True, capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert r.stdout.count("\n") == 2
+
+
+def test_two_fresh_starts_at_once_run_the_job_once(tmp_path: Path) -> None:
+    template = tmp_path / "slow.yaml"
+    template.write_text(
+        textwrap.dedent(
+            """
+            specificationVersion: jobtemplate-2023-09
+            name: slow
+            steps:
+            - name: S
+              script:
+                actions:
+                  onRun:
+                    command: python3
+                    args: [-c, "import time; print('STARTED', flush=True); time.sleep(3)"]
+            """
+        )
+    )
+    store = tmp_path / "store"
+    for _ in range(3):
+        a = CliProcess("run", str(template), "--store", str(store), "-q")
+        b = CliProcess("run", str(template), "--store", str(store), "-q")
+        codes = sorted([a.wait(60), b.wait(60)])
+        assert codes == [0, 4], (codes, a.stderr, b.stderr)
+        assert (a.stdout + b.stdout).count("STARTED") == 1
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        'openjd_checkpoint_save: {"state": "\\ud800"}',
+        'openjd_checkpoint_save: {"file": "/tmp/\\udcff"}',
+    ],
+)
+def test_saves_that_could_never_be_resumed_are_refused(line: str) -> None:
+    result = parse_line(line)
+    assert isinstance(result, MessageWarning) and "surrogate" in result.reason
+
+
+def test_checkpoint_file_in_the_session_directory_is_refused(tmp_path: Path) -> None:
+    job = make_job(
+        {
+            "command": "python3",
+            "args": [
+                "-c",
+                "import json, os; open('ck.bin', 'w').write('x'); p = os.path.abspath('ck.bin'); "
+                "print('openjd_checkpoint_save: ' + json.dumps({'file': p}))",
+            ],
+        }
+    )
+    r = Runner(job, CheckpointStore(tmp_path / "store"))
+    result = r.join()
+    assert result.record.checkpoint is None
+    assert any("session working directory" in w for w in r.ex.warnings)
+
+
+def test_ctrl_c_before_the_run_starts_is_not_a_traceback(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        cli_cmd("run", str(ROOT / "examples/fibonacci/fibonacci.yaml"), "--store", str(tmp_path)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    time.sleep(0.15)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert "Traceback" not in err, err
+    assert proc.returncode in (75, 130), (proc.returncode, err)
