@@ -273,18 +273,7 @@ class TaskExecution:
                     failed, message = True, f"environment {env_model.name!r}: {exc}"
                     break
                 entered.append((env_model, path, dict(files)))
-                action = getattr(getattr(env_model.script, "actions", None), "onEnter", None)
-                if action is None:
-                    continue
-                code, msg = self._run_action(
-                    action,
-                    f"{path}.script.actions.onEnter",
-                    symtab,
-                    env,
-                    session_dir,
-                    MessageContext(in_task_action=False, redaction_enabled=self._redaction()),
-                    env_action=True,
-                )
+                code, msg = self._run_env_action(env_model, path, "onEnter", symtab, env)
                 if code != 0:
                     failed, message = True, msg or f"environment {env_model.name!r} onEnter failed"
                     break
@@ -296,22 +285,10 @@ class TaskExecution:
         finally:
             if not self._stop_force:
                 for env_model, path, files in reversed(entered):
-                    action = getattr(getattr(env_model.script, "actions", None), "onExit", None)
-                    if action is None:
-                        continue
                     symtab = SymbolTable(source=self._base_symtab(session_dir))
                     for k, v in files.items():
                         symtab[k] = v
-                    code, msg = self._run_action(
-                        action,
-                        f"{path}.script.actions.onExit",
-                        symtab,
-                        env,
-                        session_dir,
-                        MessageContext(in_task_action=False, redaction_enabled=self._redaction()),
-                        env_action=True,
-                        stoppable=False,
-                    )
+                    code, msg = self._run_env_action(env_model, path, "onExit", symtab, env)
                     if code != 0 and not failed and self._stop_intent is None:
                         failed, message = (
                             True,
@@ -319,6 +296,27 @@ class TaskExecution:
                         )
             shutil.rmtree(session_dir, ignore_errors=True)
         return self._finish(exit_code, failed, message)
+
+    def _run_env_action(
+        self, env_model: Any, path: str, which: str, symtab: SymbolTable, env: dict[str, str]
+    ) -> tuple[int, str]:
+        """Run an environment's ``onEnter`` or ``onExit`` (exit code 0 if it has none).
+
+        ``onExit`` runs even when the task is being stopped; only an abandon stops it."""
+        action = getattr(getattr(env_model.script, "actions", None), which, None)
+        if action is None:
+            return 0, ""
+        assert self._session_dir is not None
+        return self._run_action(
+            action,
+            f"{path}.script.actions.{which}",
+            symtab,
+            env,
+            self._session_dir,
+            MessageContext(in_task_action=False, redaction_enabled=self._redaction()),
+            env_action=True,
+            stoppable=which != "onExit",
+        )
 
     def _finish(self, exit_code: int | None, failed: bool, message: str) -> TaskResult:
         with self._lock:

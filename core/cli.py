@@ -280,24 +280,6 @@ def _store_from(args: argparse.Namespace) -> CheckpointStore:
     return CheckpointStore(args.store, create=False)
 
 
-def _cmd_list(args: argparse.Namespace) -> int:
-    store = _store_from(args)
-    runs, warnings = store.list_runs()
-    for w in warnings:
-        print(f"warning: {w}", file=sys.stderr)
-    if not runs:
-        print(f"no stored runs in {store.location}")
-        return 0
-    print(f"{'RUN':<24} {'STATUS':<12} {'ATTEMPT':>7}  {'CHECKPOINTS':>11}  JOB")
-    for r in runs:
-        tasks, task_warnings = store.read_tasks(r.job_key, r.run_id)
-        for w in task_warnings:
-            print(f"warning: {w}", file=sys.stderr)
-        ck = sum(1 for t in tasks if t.checkpoint is not None)
-        print(f"{r.run_id:<24} {r.status.value:<12} {r.attempt:>7}  {ck:>11}  {r.job_name}")
-    return 0
-
-
 def _cmd_show(args: argparse.Namespace) -> int:
     store = _store_from(args)
     run = store.find_run(args.run_id)
@@ -358,6 +340,7 @@ def _cmd_stop(args: argparse.Namespace) -> int:
 
 
 def _cmd_runs(args: argparse.Namespace) -> int:
+    """``runs`` and ``checkpoints list``: every stored run, its state and its checkpoints."""
     store = _store_from(args)
     runs, warnings = store.list_runs()
     for w in warnings:
@@ -365,12 +348,20 @@ def _cmd_runs(args: argparse.Namespace) -> int:
     if not runs:
         print(f"no stored runs in {store.location}")
         return 0
-    print(f"{'RUN':<24} {'STATUS':<12} {'REASON':<20} {'ATTEMPT':>7}  JOB")
+    print(f"{'RUN':<24} {'STATUS':<12} {'REASON':<20} {'ATTEMPT':>7} {'CHECKPOINTS':>11}  JOB")
     for r in runs:
         status = r.status.value
         if status == "running" and not store.lease_held(r):
             status = "running?"  # its runner died: resumable
-        print(f"{r.run_id:<24} {status:<12} {r.condition.reason:<20} {r.attempt:>7}  {r.job_name}")
+        tasks, task_warnings = store.read_tasks(r.job_key, r.run_id)
+        for w in task_warnings:
+            print(f"warning: {w}", file=sys.stderr)
+        ck = sum(1 for t in tasks if t.checkpoint is not None)
+        params = " ".join(f"{k}={v}" for k, v in r.parameters.items())
+        print(
+            f"{r.run_id:<24} {status:<12} {r.condition.reason:<20} {r.attempt:>7} {ck:>11}  "
+            f"{r.job_name}" + (f" ({params})" if params else "")
+        )
     return 0
 
 
@@ -585,7 +576,7 @@ def build_parser() -> argparse.ArgumentParser:
     ck.add_argument("--store", help="checkpoint store")
     cks = ck.add_subparsers(dest="action", required=True)
     ls = cks.add_parser("list", help="list stored runs")
-    ls.set_defaults(func=_cmd_list)
+    ls.set_defaults(func=_cmd_runs)
     show = cks.add_parser("show", help="show a run's tasks and checkpoints as JSON")
     show.add_argument("run_id")
     show.set_defaults(func=_cmd_show)
