@@ -156,7 +156,10 @@ def check_run(
         if notes is not None:
             notes.append(f"warning: {w}; that task runs from the top")
     useful = [
-        r for r in records if r.checkpoint or r.completed_frames or r.status.value == "succeeded"
+        r
+        for r in records
+        if not job.template.is_finally(r.step)  # finally steps run again on every attempt
+        and (r.checkpoint or r.completed_frames or r.status.value == "succeeded")
     ]
     if not useful:
         raise ResumeRefusedError(

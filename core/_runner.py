@@ -85,12 +85,15 @@ class TerminationMode(str, Enum):
     the run stays resumable."""
 
 
-_RANK = {
-    TerminationMode.STOPPED_RUN_FINALLY: 1,
-    TerminationMode.CANCELLED_RUN_FINALLY: 2,
-    TerminationMode.SUSPENDED: 2,
-    TerminationMode.CANCELLED: 3,
+_UPGRADES = {
+    TerminationMode.CANCELLED: {
+        TerminationMode.STOPPED_RUN_FINALLY,
+        TerminationMode.CANCELLED_RUN_FINALLY,
+        TerminationMode.SUSPENDED,
+    },
+    TerminationMode.CANCELLED_RUN_FINALLY: {TerminationMode.STOPPED_RUN_FINALLY},
 }
+"""Which modes a later request may replace: a stop may only become more forceful."""
 
 
 @dataclass
@@ -215,10 +218,10 @@ class JobRunner:
                 self.note(f"run {self.run_id}: {mode.value} while finally steps run: no change")
                 return
             current = self._mode
-            if current is not None and mode != current and _RANK[mode] <= _RANK[current]:
-                raise RunError(f"run {self.run_id} is already stopping ({current.value})")
-            if current is None or _RANK[mode] > _RANK[current]:
-                self._mode = mode
+            if current is not None and mode != current:
+                if current not in _UPGRADES.get(mode, set()):
+                    raise RunError(f"run {self.run_id} is already stopping ({current.value})")
+            self._mode = mode
             self._force = self._force or force
             mode_now = self._mode
             active = list(self._active.items())
@@ -352,6 +355,8 @@ class JobRunner:
         clean_stale_sessions(self._working_root)
         records: dict[tuple[str, str], TaskRecord] = {}
         for t in plan.records:
+            if self.job.template.is_finally(t.step) and t.status.value == "succeeded":
+                continue  # finally steps run again at the end of every attempt
             records[(t.step, t.task_key)] = t
             if t.process is not None and kill_recorded_process(t.process):
                 self.note(
@@ -426,12 +431,14 @@ class JobRunner:
                 ):
                     fok[step_name] = False
                     result.skipped.extend(self._describe_plan(step_name, records))
-                    if not blocked or self._finally_timed_out:
+                    if self._finally_timed_out:
                         finally_failed.append(step_name)
                     continue
+                before = len(result.results)
                 ok = self._run_step(step_name, records, run, result, fdeadline, True, job_status)
                 fok[step_name] = ok
-                if not ok:
+                outcomes = {res.outcome for _spec, res in result.results[before:]}
+                if TaskOutcome.FAILED in outcomes or (self._finally_timed_out and not ok):
                     finally_failed.append(step_name)
         elif self.job.template.finally_steps:
             for step_name in self.job.template.finally_steps:

@@ -175,6 +175,11 @@ def _cmd_resume(args: argparse.Namespace) -> int:
         environments=[Path(e) for e in run.environments],
         path_mapping_rules=load_path_mapping_rules(run.path_mapping_rules),
     )
+    steps = job.template.regular_steps + job.template.finally_steps
+    if args.from_step is not None and args.from_step not in steps:
+        raise TemplateError(
+            [f"--from {args.from_step!r}: the job has no such step (steps: {', '.join(steps)})"]
+        )
     args.template = template
     return _execute(
         args,
@@ -205,6 +210,8 @@ def _execute(args: argparse.Namespace, job: Any, *, how: ResumeHow, **resume: An
     signals_seen: list[int] = []
 
     def on_signal(signum: int, _frame: Any) -> None:
+        if not worker.is_alive() and "result" in outcome:
+            return  # the run has ended: a late Ctrl-C changes nothing
         signals_seen.append(signum)
         if len(signals_seen) == 1:
             display.note(
@@ -216,9 +223,6 @@ def _execute(args: argparse.Namespace, job: Any, *, how: ResumeHow, **resume: An
             display.note("cancelling the run: killing its tasks")
             runner.stop(StopIntent.CANCEL, force=True)
 
-    # Installed for the rest of the process: a late Ctrl-C must not become a traceback.
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, on_signal)
     outcome: dict[str, Any] = {}
 
     def target() -> None:
@@ -228,6 +232,9 @@ def _execute(args: argparse.Namespace, job: Any, *, how: ResumeHow, **resume: An
             outcome["error"] = exc
 
     worker = threading.Thread(target=target, name="openjd-run")
+    # Installed for the rest of the process: a late Ctrl-C must not become a traceback.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
     worker.start()
     while worker.is_alive():
         worker.join(0.2)
@@ -259,12 +266,27 @@ def _report(args: argparse.Namespace, result: RunResult, store: CheckpointStore)
             say(f"  failed: {spec.describe()}: {res.message}{code}\n")
     if result.skipped:
         say(f"  skipped: {', '.join(result.skipped)}\n")
-    if result.status.value != "succeeded":
+    if result.status.value != "succeeded" and not _resumable(store, result.run_id):
+        say("  nothing was stored to resume from: running it again starts from the top\n")
+    elif result.status.value != "succeeded":
         cmd = [_program(), "resume", result.run_id]
         if args.store:
             cmd += ["--store", str(args.store)]
         say(f"  checkpoints kept in {store.location}\n")
         say(f"  to resume: {shlex.join(cmd)}  (or run the same 'run' command again)\n")
+
+
+def _resumable(store: CheckpointStore, run_id: str) -> bool:
+    """True if the run stored a checkpoint or a finished task of a regular step."""
+    run = store.find_run(run_id)
+    if run is None:
+        return False
+    tasks, _ = store.read_tasks(run.job_key, run.run_id)
+    return any(
+        t.step not in run.finally_steps
+        and (t.checkpoint or t.completed_frames or t.status.value == "succeeded")
+        for t in tasks
+    )
 
 
 def _program() -> str:
@@ -538,7 +560,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_options(resume)
     resume.set_defaults(func=_cmd_resume)
 
-    stop = sub.add_parser("stop", help="ask a running run (in any process) to end early")
+    stop = sub.add_parser(
+        "stop",
+        help="ask a running run (in any process) to end early",
+        epilog="exit codes: 0 asked (and, with --wait, ended); 1 --wait ran out; 2 no such run; "
+        "4 refused: the run has ended",
+    )
     stop.add_argument("run_id")
     stop.add_argument(
         "--mode",

@@ -184,3 +184,45 @@ def test_suspended_then_run_again_completes_with_no_task_run_twice(store: Path) 
     assert "CLEANUP-START status=Succeeded" in second
     rec = record(store, run_id)
     assert rec.status.value == "succeeded" and rec.attempt == 2
+
+
+def test_resumed_stopped_run_runs_its_finally_step_again(store: Path) -> None:
+    cli = start(store, "LongSeconds=2")
+    cli.wait_for("LONG-START")
+    run_id = run_id_of(store)
+    assert stop(store, run_id, "StoppedRunFinally").returncode == 0
+    assert cli.wait(60) == 130
+    assert "CLEANUP-START status=Stopped" in cli.stdout
+    resumed = subprocess.run(
+        cli_cmd("resume", run_id, "--store", str(store), "-q"),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert "LATER-RAN" in resumed.stdout and "LONG-START" not in resumed.stdout
+    assert "CLEANUP-START status=Succeeded" in resumed.stdout
+
+
+def test_a_stop_may_only_become_more_forceful(store: Path) -> None:
+    cli = start(store, "LongSeconds=3")
+    cli.wait_for("LONG-START")
+    run_id = run_id_of(store)
+    assert stop(store, run_id, "StoppedRunFinally").returncode == 0
+    cli.wait_for("StoppedRunFinally requested", stream="err")
+    assert stop(store, run_id, "Suspended").returncode == 0  # delivered, then refused
+    cli.wait_for("already stopping (StoppedRunFinally)", stream="err")
+    assert cli.wait(60) == 130
+    assert "LONG-DONE" in cli.stdout and "CLEANUP-START status=Stopped" in cli.stdout
+    assert record(store, run_id).condition.reason == "StoppedRunFinally"
+
+
+def test_cancelled_during_finally_is_not_reported_as_a_finally_failure(store: Path) -> None:
+    cli = start(store, "LongSeconds=0.2", "FinallySeconds=60")
+    cli.wait_for("CLEANUP-START")
+    run_id = run_id_of(store)
+    assert stop(store, run_id, "Cancelled").returncode == 0
+    assert cli.wait(60) == 130
+    rec = record(store, run_id)
+    assert rec.condition.reason == "Cancelled" and "finally failed" not in rec.condition.message
