@@ -302,11 +302,27 @@ def _store_from(args: argparse.Namespace) -> CheckpointStore:
     return CheckpointStore(args.store, create=False)
 
 
-def _cmd_show(args: argparse.Namespace) -> int:
+def _store_runs(args: argparse.Namespace) -> tuple[CheckpointStore, list[Any]]:
+    """The store and its readable runs; unreadable ones are reported on stderr."""
+    store = _store_from(args)
+    runs, warnings = store.list_runs()
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    return store, runs
+
+
+def _store_run(args: argparse.Namespace) -> tuple[CheckpointStore, Any]:
+    """The store and the run ``args.run_id`` names, or None (reported on stderr)."""
     store = _store_from(args)
     run = store.find_run(args.run_id)
     if run is None:
         print(f"openjd-checkpoint: no run {args.run_id!r} in {store.location}", file=sys.stderr)
+    return store, run
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    store, run = _store_run(args)
+    if run is None:
         return 2
     tasks, warnings = store.read_tasks(run.job_key, run.run_id)
     data: dict[str, Any] = run.model_dump(mode="json")
@@ -321,10 +337,8 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
 
 def _cmd_delete(args: argparse.Namespace) -> int:
-    store = _store_from(args)
-    run = store.find_run(args.run_id)
+    store, run = _store_run(args)
     if run is None:
-        print(f"openjd-checkpoint: no run {args.run_id!r} in {store.location}", file=sys.stderr)
         return 2
     if store.lease_held(run):
         raise RunError(f"run {run.run_id} is running; stop it first")
@@ -334,10 +348,8 @@ def _cmd_delete(args: argparse.Namespace) -> int:
 
 
 def _cmd_stop(args: argparse.Namespace) -> int:
-    store = _store_from(args)
-    run = store.find_run(args.run_id)
+    store, run = _store_run(args)
     if run is None:
-        print(f"openjd-checkpoint: no run {args.run_id!r} in {store.location}", file=sys.stderr)
         return 2
     if run.status != RunStatus.RUNNING or not store.lease_held(run):
         print(
@@ -363,10 +375,7 @@ def _cmd_stop(args: argparse.Namespace) -> int:
 
 def _cmd_runs(args: argparse.Namespace) -> int:
     """``runs`` and ``checkpoints list``: every stored run, its state and its checkpoints."""
-    store = _store_from(args)
-    runs, warnings = store.list_runs()
-    for w in warnings:
-        print(f"warning: {w}", file=sys.stderr)
+    store, runs = _store_runs(args)
     if not runs:
         print(f"no stored runs in {store.location}")
         return 0
@@ -388,10 +397,7 @@ def _cmd_runs(args: argparse.Namespace) -> int:
 
 
 def _cmd_gc(args: argparse.Namespace) -> int:
-    store = _store_from(args)
-    runs, warnings = store.list_runs()
-    for w in warnings:
-        print(f"warning: {w}", file=sys.stderr)
+    store, runs = _store_runs(args)
     cutoff = time.time() - args.retention_days * 86400
     removed = 0
     for r in runs:
