@@ -58,7 +58,7 @@ def test_not_failed_and_already_resumed(store: Path, template: Path) -> None:
     (first,) = CheckpointStore(store).list_runs()[0]
     refused(cli("resume", first.run_id, "--store", str(store)), "not-failed")
 
-    run_id = suspended_run(store, template, "LongSeconds=2")
+    run_id = suspended_run(store, template, "LongSeconds=4")
     resumed = cli("resume", run_id, "--store", str(store), "-q")
     assert resumed.returncode == 0, resumed.stderr
     assert '"RESUMED"' in resumed.stdout
@@ -104,12 +104,12 @@ def test_no_checkpoint_for_a_generation_that_is_not_stored(store: Path, template
 
 
 def test_chain_changed_names_the_step_and_retry_falls_back(store: Path, template: Path) -> None:
-    run_id = suspended_run(store, template, "LongSeconds=2")
+    run_id = suspended_run(store, template, "LongSeconds=4")
     template.write_text(template.read_text().replace("print('LATER-RAN')", "print('LATER-NEW')"))
     result = cli("resume", run_id, "--store", str(store))
     refused(result, "chain-changed")
     assert "Later" in result.stderr and "Long" not in result.stderr.split("chain-changed")[1]
-    retry = cli("run", str(template), "-p", "LongSeconds=2", "--store", str(store), "-q")
+    retry = cli("run", str(template), "-p", "LongSeconds=4", "--store", str(store), "-q")
     assert retry.returncode == 0, retry.stderr
     assert f"not resuming run {run_id}" in retry.stderr and "chain-changed" in retry.stderr
     assert "LONG-START from 0.0" in retry.stdout and "LATER-NEW" in retry.stdout

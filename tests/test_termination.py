@@ -65,7 +65,7 @@ MODES = {
 @pytest.mark.parametrize("mode", list(MODES))
 def test_termination_mode(store: Path, mode: str) -> None:
     long_says, later_runs, finally_status, code, status = MODES[mode]
-    cli = start(store, "LongSeconds=3")
+    cli = start(store, "LongSeconds=5")  # long enough for a second process to ask, under load
     cli.wait_for("LONG-START")
     run_id = run_id_of(store)
     asked = stop(store, run_id, mode)
@@ -100,7 +100,7 @@ def test_termination_mode(store: Path, mode: str) -> None:
 
 
 def test_cancelled_during_stopped_run_finally_stops_the_running_finally_step(store: Path) -> None:
-    cli = start(store, "LongSeconds=3", "FinallySeconds=60")
+    cli = start(store, "LongSeconds=5", "FinallySeconds=60")
     cli.wait_for("LONG-START")
     run_id = run_id_of(store)
     assert stop(store, run_id, "StoppedRunFinally").returncode == 0  # while Long runs
@@ -159,9 +159,9 @@ def test_failed_regular_step_runs_finally_with_failed_status(store: Path, tmp_pa
 
 
 def test_suspended_then_run_again_completes_with_no_task_run_twice(store: Path) -> None:
-    cli = start(store, "LongSeconds=2")
+    cli = start(store, "LongSeconds=6")
     cli.wait_for("LONG-START")
-    time.sleep(0.8)
+    time.sleep(0.5)
     run_id = run_id_of(store)
     assert stop(store, run_id, "Suspended").returncode == 0
     assert cli.wait(60) == 75
@@ -169,7 +169,7 @@ def test_suspended_then_run_again_completes_with_no_task_run_twice(store: Path) 
     assert "LONG-CKPT" in first and "LONG-DONE" not in first
 
     again = subprocess.run(
-        cli_cmd("run", TEMPLATE, "--store", str(store), "-q", "-p", "LongSeconds=2"),
+        cli_cmd("run", TEMPLATE, "--store", str(store), "-q", "-p", "LongSeconds=6"),
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -187,7 +187,7 @@ def test_suspended_then_run_again_completes_with_no_task_run_twice(store: Path) 
 
 
 def test_resumed_stopped_run_runs_its_finally_step_again(store: Path) -> None:
-    cli = start(store, "LongSeconds=2")
+    cli = start(store, "LongSeconds=5")
     cli.wait_for("LONG-START")
     run_id = run_id_of(store)
     assert stop(store, run_id, "StoppedRunFinally").returncode == 0
@@ -206,7 +206,7 @@ def test_resumed_stopped_run_runs_its_finally_step_again(store: Path) -> None:
 
 
 def test_a_stop_may_only_become_more_forceful(store: Path) -> None:
-    cli = start(store, "LongSeconds=3")
+    cli = start(store, "LongSeconds=8")
     cli.wait_for("LONG-START")
     run_id = run_id_of(store)
     assert stop(store, run_id, "StoppedRunFinally").returncode == 0
