@@ -196,8 +196,6 @@ class TaskExecution:
         self._session_dir: str | None = None
         self._dirty = False
         self._pending_save: CheckpointSave | None = None
-        self._saved_this_attempt = False
-        self._resume_reported = False
         self.warnings: list[str] = []
 
     # --- thread-safe public surface -------------------------------------------------------------
@@ -685,7 +683,6 @@ class TaskExecution:
             else:
                 rec.checkpoint = data
             self._dirty = False
-            self._saved_this_attempt = True
         self._emit("checkpoint_saved", gen)
 
     def _persist(self, force: bool = False) -> None:

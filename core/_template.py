@@ -541,9 +541,6 @@ def _swap_checkpoint_refs(value: Any) -> Any:
     return value
 
 
-_ARROW_PATH = re.compile(r"^(\S.*?):\s*$")
-
-
 def _model_problems(text: str) -> list[str]:
     """Turn openjd-model's ``a -> b -> c:\\n\\tmessage`` report into ``a.b.c: message`` lines."""
     lines = text.splitlines()
