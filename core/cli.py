@@ -453,24 +453,24 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _non_negative_float(text: str) -> float:
+def _finite_float(text: str, *, allow_zero: bool) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more, and finite")
+    low_ok = value >= 0 if allow_zero else value > 0
+    if not (low_ok and value < float("inf")):
+        bound = "0 or more" if allow_zero else "more than 0"
+        raise argparse.ArgumentTypeError(f"{text!r} must be {bound}, and finite")
     return value
+
+
+def _non_negative_float(text: str) -> float:
+    return _finite_float(text, allow_zero=True)
 
 
 def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0, and finite")
-    return value
+    return _finite_float(text, allow_zero=False)
 
 
 def _version() -> str:
