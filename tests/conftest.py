@@ -79,6 +79,24 @@ class CliProcess:
         return code
 
 
+def one_step_template(path: Path, name: str, python_code: str) -> Path:
+    """Write a job template with one step whose onRun runs ``python3 -c python_code``."""
+    import json
+
+    path.write_text(
+        "specificationVersion: jobtemplate-2023-09\n"
+        f"name: {name}\n"
+        "steps:\n"
+        "- name: S\n"
+        "  script:\n"
+        "    actions:\n"
+        "      onRun:\n"
+        "        command: python3\n"
+        f"        args: [-c, {json.dumps(python_code)}]\n"
+    )
+    return path
+
+
 @pytest.fixture
 def store(tmp_path: Path) -> Path:
     path = tmp_path / "store"

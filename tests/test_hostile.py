@@ -6,14 +6,13 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
 
 import psutil
 import pytest
-from conftest import ROOT, CliProcess, cli_cmd
+from conftest import ROOT, CliProcess, cli_cmd, one_step_template
 from test_task_execution import Runner, gone, make_job
 
 from core import CheckpointStore, StopIntent, TaskOutcome, parse_line
@@ -149,21 +148,8 @@ def test_failing_output_consumer_does_not_stop_reading(tmp_path: Path) -> None:
 
 
 def test_cli_piped_into_head_does_not_hang(tmp_path: Path) -> None:
-    template = tmp_path / "chatty.yaml"
-    template.write_text(
-        textwrap.dedent(
-            """
-            specificationVersion: jobtemplate-2023-09
-            name: chatty
-            steps:
-            - name: S
-              script:
-                actions:
-                  onRun:
-                    command: python3
-                    args: [-c, "for i in range(200000): print('line', i)"]
-            """
-        )
+    template = one_step_template(
+        tmp_path / "chatty.yaml", "chatty", "for i in range(200000): print('line', i)"
     )
     cmd = " ".join(cli_cmd("run", str(template), "--store", str(tmp_path / "s")))
     r = subprocess.run(
@@ -173,21 +159,8 @@ def test_cli_piped_into_head_does_not_hang(tmp_path: Path) -> None:
 
 
 def test_two_fresh_starts_at_once_run_the_job_once(tmp_path: Path) -> None:
-    template = tmp_path / "slow.yaml"
-    template.write_text(
-        textwrap.dedent(
-            """
-            specificationVersion: jobtemplate-2023-09
-            name: slow
-            steps:
-            - name: S
-              script:
-                actions:
-                  onRun:
-                    command: python3
-                    args: [-c, "import time; print('STARTED', flush=True); time.sleep(3)"]
-            """
-        )
+    template = one_step_template(
+        tmp_path / "slow.yaml", "slow", "import time; print('STARTED', flush=True); time.sleep(3)"
     )
     store = tmp_path / "store"
     for _ in range(3):

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import DATA, ROOT, CliProcess, cli_cmd
+from conftest import DATA, ROOT, CliProcess, cli_cmd, one_step_template
 
 from core import CheckpointStore
 
@@ -77,21 +77,10 @@ def test_different_input(store: Path, template: Path) -> None:
 
 
 def test_no_checkpoint(store: Path, tmp_path: Path) -> None:
-    template = tmp_path / "plain.yaml"
-    template.write_text(
-        textwrap.dedent(
-            """
-            specificationVersion: jobtemplate-2023-09
-            name: plain
-            steps:
-            - name: S
-              script:
-                actions:
-                  onRun:
-                    command: python3
-                    args: [-c, "import time; print('LONG-START', flush=True); time.sleep(30)"]
-            """
-        )
+    template = one_step_template(
+        tmp_path / "plain.yaml",
+        "plain",
+        "import time; print('LONG-START', flush=True); time.sleep(30)",
     )
     run_id = suspended_run(store, template)
     refused(cli("resume", run_id, "--store", str(store)), "no-checkpoint")
