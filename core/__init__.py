@@ -8,7 +8,9 @@ and the local CLI (``core.cli``) map these operations onto their frameworks:
 - ``PreparedJob.plan_step``: the tasks still to run on a resume.
 - ``TaskExecution``: run one task; ``stop(StopIntent.CHECKPOINT | CANCEL)`` from any thread.
 - ``CheckpointStore``: atomic, versioned records and checkpoint generations (fsspec).
-- ``JobRunner``: the local scheduler that the CLI uses.
+- run-level operations any scheduler calls from any process (``_run``): ``begin_attempt``,
+  ``plan_step``, ``run_task``, ``request_termination``, ``enter_finally``, ``finish_attempt``.
+- ``JobRunner``: the local scheduler that the CLI uses, on top of those operations.
 """
 
 # Imports are lazy (PEP 562): the CLI starts, and installs its Ctrl-C handling, before the
@@ -27,7 +29,24 @@ if TYPE_CHECKING:
         parse_line,
     )
     from ._resume import RefusalCode, ResumeHow, ResumeRefusedError
-    from ._runner import EXIT_CODES, JobRunner, RunResult, TerminationMode
+    from ._run import (
+        EXIT_CODES,
+        Attempt,
+        FinallyDecision,
+        RunOutcome,
+        Termination,
+        TerminationMode,
+        begin_attempt,
+        claim_task,
+        enter_finally,
+        finish_attempt,
+        plan_step,
+        prepare_run_job,
+        request_termination,
+        run_task,
+        task_stop_for,
+    )
+    from ._runner import JobRunner, RunResult
     from ._store import (
         CheckpointData,
         CheckpointStore,
@@ -37,6 +56,7 @@ if TYPE_CHECKING:
         TaskRecord,
         TaskStatus,
         default_store_location,
+        host_id,
     )
     from ._task import StopIntent, TaskEvent, TaskExecution, TaskOutcome, TaskResult
     from ._template import CancelMethod, CheckpointJobTemplate, load_template, parse_template
@@ -48,7 +68,21 @@ _EXPORTS = {
     "CheckpointStore": "._store",
     "DEFAULT_MAX_LINE_BYTES": "._messages",
     "DEFAULT_MAX_STATE_BYTES": "._messages",
-    "EXIT_CODES": "._runner",
+    "EXIT_CODES": "._run",
+    "Attempt": "._run",
+    "FinallyDecision": "._run",
+    "RunOutcome": "._run",
+    "Termination": "._run",
+    "begin_attempt": "._run",
+    "claim_task": "._run",
+    "enter_finally": "._run",
+    "finish_attempt": "._run",
+    "plan_step": "._run",
+    "prepare_run_job": "._run",
+    "request_termination": "._run",
+    "run_task": "._run",
+    "task_stop_for": "._run",
+    "host_id": "._store",
     "JobRunner": "._runner",
     "MessageContext": "._messages",
     "MessageWarning": "._messages",
@@ -72,7 +106,7 @@ _EXPORTS = {
     "TaskSpec": "._job",
     "TaskStatus": "._store",
     "TemplateError": "._errors",
-    "TerminationMode": "._runner",
+    "TerminationMode": "._run",
     "default_store_location": "._store",
     "load_path_mapping_rules": "._job",
     "load_template": "._template",
@@ -82,6 +116,7 @@ _EXPORTS = {
 }
 
 __all__ = (
+    "Attempt",
     "CancelMethod",
     "CheckpointData",
     "CheckpointJobTemplate",
@@ -89,6 +124,7 @@ __all__ = (
     "DEFAULT_MAX_LINE_BYTES",
     "DEFAULT_MAX_STATE_BYTES",
     "EXIT_CODES",
+    "FinallyDecision",
     "JobRunner",
     "MessageContext",
     "MessageWarning",
@@ -100,6 +136,7 @@ __all__ = (
     "RunCondition",
     "RunError",
     "RunRecord",
+    "RunOutcome",
     "RunResult",
     "RunStatus",
     "StopIntent",
@@ -112,13 +149,24 @@ __all__ = (
     "TaskSpec",
     "TaskStatus",
     "TemplateError",
+    "Termination",
     "TerminationMode",
+    "begin_attempt",
+    "claim_task",
     "default_store_location",
+    "enter_finally",
+    "finish_attempt",
+    "host_id",
     "load_path_mapping_rules",
     "load_template",
     "parse_line",
     "parse_template",
+    "plan_step",
     "prepare_job",
+    "prepare_run_job",
+    "request_termination",
+    "run_task",
+    "task_stop_for",
 )
 
 

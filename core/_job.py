@@ -90,6 +90,44 @@ class TaskSpec:
         inner = ", ".join(f"{k}={v.value}" for k, v in self.parameters.items())
         return f"{self.step_name}[{inner}]"
 
+    @property
+    def label(self) -> str:
+        """A stable, readable name: ``Render[Frame=1-4]`` (the step name for a lone task)."""
+        return self.describe()
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serializable description (an XCom value, a Prefect task parameter); the
+        reverse of ``from_dict``."""
+        return {
+            "step": self.step_name,
+            "task_key": self.task_key,
+            "label": self.label,
+            "parameters": params_to_record(self.parameters),
+            "record_parameters": params_to_record(self.record_parameters),
+            "resume": self.resume.model_dump(mode="json") if self.resume else None,
+            "chunk_parameter": self.chunk_parameter,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TaskSpec:
+        """Rebuild a task from ``to_dict()``'s output, in any process.
+
+        Raises:
+            ValueError: the description is malformed (names the field).
+        """
+        try:
+            resume = data.get("resume")
+            return cls(
+                step_name=str(data["step"]),
+                task_key=str(data["task_key"]),
+                parameters=_from_record(data["parameters"]),
+                record_parameters=_from_record(data["record_parameters"]),
+                resume=CheckpointData.model_validate(resume) if resume else None,
+                chunk_parameter=data.get("chunk_parameter"),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"not a task description: {type(exc).__name__}: {exc}") from None
+
 
 @dataclass
 class PreparedJob:

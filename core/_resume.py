@@ -14,14 +14,13 @@ completed. Three ways, with Trax's meaning:
 
 from __future__ import annotations
 
-import socket
 from dataclasses import dataclass, field
 from enum import Enum
 
 from ._errors import RunError, StoreError
 from ._job import PreparedJob
 from ._process import ProcessIdentity
-from ._store import CheckpointStore, RunRecord, RunStatus, TaskRecord, TaskStatus
+from ._store import CheckpointStore, RunRecord, RunStatus, TaskRecord, TaskStatus, host_id
 
 __all__ = ("RefusalCode", "ResumeHow", "ResumePlan", "ResumeRefusedError", "plan_resume")
 
@@ -82,7 +81,7 @@ class ResumePlan:
 
 
 def _owner_alive(run: RunRecord) -> bool:
-    if run.runner is None or run.runner.host != socket.gethostname():
+    if run.runner is None or run.runner.host != host_id():
         return False
     ident = ProcessIdentity(run.runner.pid, run.runner.pgid, run.runner.start_time)
     return ident.is_alive()

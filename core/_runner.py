@@ -21,27 +21,26 @@ import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from enum import Enum
 
 from ._errors import RunError, StoreError
 from ._job import PreparedJob, TaskSpec
-from ._resume import (
-    RefusalCode,
-    ResumeHow,
-    ResumePlan,
-    ResumeRefusedError,
-    plan_resume,
+from ._resume import ResumeHow, ResumeRefusedError
+from ._run import (
+    EXIT_CODES,
+    Attempt,
+    RunWatcher,
+    Termination,
+    TerminationMode,
+    attempt_records,
+    begin_attempt,
+    claim_task,
+    enter_finally,
+    finish_attempt,
+    mark_timed_out,
+    request_termination,
+    task_stop_for,
 )
-from ._store import (
-    CheckpointStore,
-    Lease,
-    RunCondition,
-    RunRecord,
-    RunStatus,
-    TaskRecord,
-    new_run_id,
-    this_process,
-)
+from ._store import CheckpointStore, Lease, RunCondition, RunStatus, TaskRecord
 from ._task import (
     StopIntent,
     TaskEvent,
@@ -49,51 +48,12 @@ from ._task import (
     TaskOutcome,
     TaskResult,
     clean_stale_sessions,
-    kill_recorded_process,
 )
 
 __all__ = ("EXIT_CODES", "JobRunner", "RunResult", "TerminationMode")
 
-EXIT_CODES = {
-    "succeeded": 0,
-    "failed": 1,
-    "usage": 2,
-    "store": 3,
-    "refused": 4,
-    "internal": 70,
-    "interrupted": 75,
-    "canceled": 130,
-}
-"""Exit codes of ``openjd-checkpoint run`` and ``resume`` (75 is EX_TEMPFAIL: try again)."""
-
 DEFAULT_FINALLY_TIMEOUT_SECONDS = 600.0
 """The finally steps' own time budget (Tekton's finalization timeout), in seconds."""
-
-
-class TerminationMode(str, Enum):
-    """How a run is asked to end early (TEP-0058, plus ``Suspended``)."""
-
-    CANCELLED = "Cancelled"
-    """Stop running tasks with ``cancelation``, skip the rest, run no finally steps (and stop
-    running ones)."""
-    CANCELLED_RUN_FINALLY = "CancelledRunFinally"
-    """Stop running tasks with ``cancelation``, skip the rest, then run the finally steps."""
-    STOPPED_RUN_FINALLY = "StoppedRunFinally"
-    """Let running tasks finish, skip the rest, then run the finally steps."""
-    SUSPENDED = "Suspended"
-    """Stop running tasks with ``checkpointCancelation``, skip the rest, run no finally steps:
-    the run stays resumable."""
-
-
-_UPGRADES = {
-    TerminationMode.CANCELLED: {
-        TerminationMode.STOPPED_RUN_FINALLY,
-        TerminationMode.CANCELLED_RUN_FINALLY,
-        TerminationMode.SUSPENDED,
-    },
-    TerminationMode.CANCELLED_RUN_FINALLY: {TerminationMode.STOPPED_RUN_FINALLY},
-}
-"""Which modes a later request may replace: a stop may only become more forceful."""
 
 
 @dataclass
@@ -178,13 +138,12 @@ class JobRunner:
         self._poll = poll_seconds
         self._lock = threading.RLock()
         self._active: dict[TaskExecution, bool] = {}  # execution -> is a finally task
-        self._mode: TerminationMode | None = None
-        self._force = False
+        self._term = Termination()
+        self._pending: list[tuple[TerminationMode, bool]] = []  # asked before the run began
         self._phase = "starting"  # starting, regular, finally, ended
         self._timed_out = False
         self._finally_timed_out = False
-        self._run: RunRecord | None = None
-        self._ended = threading.Event()
+        self._attempt: Attempt | None = None
         self.run_id: str | None = None
 
     # --- public, thread-safe ---------------------------------------------------------------------
@@ -194,42 +153,33 @@ class JobRunner:
 
     @property
     def mode(self) -> TerminationMode | None:
-        return self._mode
+        return self._term.mode
 
     def request_termination(self, mode: TerminationMode | str, *, force: bool = False) -> None:
         """Ask the run to end early in ``mode`` (TEP-0058). Thread-safe; returns at once.
 
-        A later request may only make the stop more forceful (``Cancelled`` overrides every
-        mode; ``CancelledRunFinally`` overrides ``StoppedRunFinally``). ``force`` kills tasks
-        without notifying them.
+        The request goes through the store (``_run.request_termination``), as one from another
+        process would, and applies to this runner's tasks at once. Before the run has begun it
+        is kept and made as soon as the run exists. ``force`` kills tasks without notifying.
 
         Raises:
-            RunError: the run has already ended, or the mode would not change anything.
+            RunError: the run has already ended, or is stopping in a mode this one may not
+                replace.
         """
         mode = TerminationMode(mode)
         with self._lock:
             if self._phase == "ended":
                 raise RunError(f"run {self.run_id} has already ended; it cannot be stopped")
-            if self._phase == "finally" and mode in (
-                TerminationMode.CANCELLED_RUN_FINALLY,
-                TerminationMode.STOPPED_RUN_FINALLY,
-            ):
-                # TEP-0058 case 4: the finally steps are already running; nothing changes.
-                self.note(f"run {self.run_id}: {mode.value} while finally steps run: no change")
+            attempt = self._attempt
+            if attempt is None:
+                self._pending.append((mode, force))
                 return
-            current = self._mode
-            if current is not None and mode != current:
-                if current not in _UPGRADES.get(mode, set()):
-                    raise RunError(f"run {self.run_id} is already stopping ({current.value})")
-            self._mode = mode
-            self._force = self._force or force
-            mode_now = self._mode
-            active = list(self._active.items())
-        assert mode_now is not None
-        self.note(f"run {self.run_id}: {mode_now.value} requested; stopping")
-        self._write_condition("Unknown", "Stopping", f"{mode_now.value} requested")
-        for ex, is_finally in active:
-            self._apply_to_task(ex, is_finally)
+        term, note = request_termination(
+            self.store, attempt.job_key, attempt.run_id, mode, force=force
+        )
+        if note is not None:
+            self.note(f"run {attempt.run_id}: {note}")
+        self._on_termination(term)
 
     def stop(self, intent: StopIntent, *, force: bool = False) -> None:
         """Shorthand: ``CHECKPOINT`` is ``Suspended``, ``CANCEL`` is ``Cancelled``."""
@@ -240,55 +190,30 @@ class JobRunner:
         )
         try:
             self.request_termination(mode, force=force)
-        except RunError as exc:
+        except (RunError, StoreError) as exc:
             self.note(str(exc))
 
     # --- internals -------------------------------------------------------------------------------
-    def _apply_to_task(self, ex: TaskExecution, is_finally: bool) -> None:
-        mode = self._mode
-        if mode is None:
-            return
-        if is_finally:
-            if mode == TerminationMode.CANCELLED or self._finally_timed_out:
-                ex.stop(StopIntent.CANCEL, force=self._force)
-            elif mode == TerminationMode.SUSPENDED:
-                ex.stop(StopIntent.CHECKPOINT, force=self._force)
-            return
-        if mode == TerminationMode.SUSPENDED:
-            ex.stop(StopIntent.CHECKPOINT, force=self._force)
-        elif mode in (TerminationMode.CANCELLED, TerminationMode.CANCELLED_RUN_FINALLY):
-            ex.stop(StopIntent.CANCEL, force=self._force)
-        # STOPPED_RUN_FINALLY: running tasks finish
-
-    def _write_condition(self, status: str, reason: str, message: str = "") -> None:
+    def _on_termination(self, term: Termination) -> None:
+        """The run's termination changed (a request from this or another process)."""
         with self._lock:
-            run = self._run
-            if run is None:
+            if term == self._term or self._phase == "ended":
                 return
-            run.condition = RunCondition(status=status, reason=reason, message=message)
-            run.termination = self._mode.value if self._mode else None
-            try:
-                self.store.write_run(run)
-            except StoreError as exc:
-                self.note(f"warning: {exc}")
+            changed_mode = term.mode != self._term.mode
+            self._term = term
+            active = list(self._active.items())
+        if changed_mode and term.mode is not None:
+            self.note(f"run {self.run_id}: {term.mode.value} requested; stopping")
+        for ex, is_finally in active:
+            self._apply_to_task(ex, is_finally)
 
-    def _watch(self, run: RunRecord, lease: Lease) -> None:
-        """Poll the store for stop requests from other processes; renew the lease."""
-        last_renew = time.monotonic()
-        while not self._ended.wait(self._poll):
-            req = self.store.read_stop_request(run)
-            if req is not None:
-                self.store.clear_stop_request(run)
-                try:
-                    self.request_termination(req.mode)
-                except (RunError, ValueError) as exc:
-                    self.note(f"stop request ignored: {exc}")
-            if time.monotonic() - last_renew > 10:
-                try:
-                    lease.renew()
-                except StoreError as exc:
-                    self.note(f"warning: lease not renewed: {exc}")
-                last_renew = time.monotonic()
+    def _apply_to_task(self, ex: TaskExecution, is_finally: bool) -> None:
+        term = self._term
+        intent = task_stop_for(
+            term.mode, is_finally=is_finally, finally_timed_out=self._finally_timed_out
+        )
+        if intent is not None:
+            ex.stop(intent, force=term.force, deadline=term.deadline)
 
     # --- running ---------------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -296,219 +221,142 @@ class JobRunner:
 
         Raises:
             ResumeRefusedError: an operator resume was refused (nothing ran), or another process
-                is running this run now.
+                is running this job now.
             StoreError: the store cannot be written.
         """
-        with self.store.job_lock(self.job.job_key):
-            plan: ResumePlan = plan_resume(
-                self.store,
-                self.job,
-                self.how,
-                run_id=self._resume_run_id,
-                from_step=self._from_step,
-                generation=self._generation,
-            )
-            for line in plan.notes:
-                self.note(line)
-            if plan.run is not None:
-                run = plan.run
-                run.attempt += 1
-            else:
-                run = RunRecord(
-                    job_key=self.job.job_key,
-                    run_id=new_run_id(),
-                    job_name=self.job.job.name,
-                    template_path=(
-                        str(self.job.template.source) if self.job.template.source else None
-                    ),
-                    template_hash=self.job.template.template_hash,
-                    step_hashes=dict(self.job.template.step_hashes),
-                    parameters=self.job.parameters,
-                    finally_steps=list(self.job.template.finally_steps),
-                    environments=list(self.job.environment_paths),
-                    path_mapping_rules=[r.to_dict() for r in self.job.path_mapping_rules],
-                )
-            lease = self.store.acquire_lease(run)
-            if lease is None:
-                raise ResumeRefusedError(
-                    RefusalCode.ALREADY_RESUMED,
-                    f"run {run.run_id} is being run by another process",
-                )
-            # Written under the job lock, so the next process to look sees it leased.
-            run.status = RunStatus.RUNNING
-            run.runner = this_process()
-            self.store.write_run(run)
-        for old in plan.superseded:
-            if old.run_id != run.run_id:
-                old.superseded_by = run.run_id
-                try:
-                    self.store.write_run(old)
-                except StoreError as exc:
-                    self.note(f"warning: {exc}")
+        attempt = begin_attempt(
+            self.store,
+            self.job,
+            how=self.how,
+            run_id=self._resume_run_id,
+            from_step=self._from_step,
+            generation=self._generation,
+            hold_lease=True,
+        )
+        lease = attempt.lease
+        assert lease is not None
+        for line in attempt.notes:
+            self.note(line)
+        with self._lock:
+            self._attempt = attempt
+            self.run_id = attempt.run_id
+            self._phase = "regular"
+            pending, self._pending = self._pending, []
+        watcher = RunWatcher(
+            self.store,
+            attempt.job_key,
+            attempt.run_id,
+            attempt.attempt,
+            self._on_termination,
+            leases=[lease],
+            poll_seconds=self._poll,
+        )
         try:
-            return self._run_leased(run, plan, lease)
+            for mode, force in pending:
+                try:
+                    self.request_termination(mode, force=force)
+                except RunError as exc:
+                    self.note(str(exc))
+            watcher.start()
+            return self._run_attempt(attempt)
         finally:
-            self._ended.set()
+            with self._lock:
+                self._phase = "ended"
+            watcher.close()
+            for error in watcher.errors[:3]:
+                self.note(f"warning: {error}")
             lease.release()
 
-    def _run_leased(self, run: RunRecord, plan: ResumePlan, lease: Lease) -> RunResult:
-        clean_stale_sessions(self._working_root)
-        records: dict[tuple[str, str], TaskRecord] = {}
-        for t in plan.records:
-            if self.job.template.is_finally(t.step) and t.status.value == "succeeded":
-                continue  # finally steps run again at the end of every attempt
-            records[(t.step, t.task_key)] = t
-            if t.process is not None and kill_recorded_process(t.process):
-                self.note(
-                    f"stopped process {t.process.pid} left running by an earlier attempt "
-                    f"of {t.step}"
-                )
-        with self._lock:
-            self._run = run
-            self.run_id = run.run_id
-            run.status = RunStatus.RUNNING
-            run.runner = this_process()
-            run.message = None
-            run.skipped_tasks = []
-            run.termination = None
-            run.condition = RunCondition(status="Unknown", reason="Running")
-            self.store.clear_stop_request(run)
-            self.store.write_run(run)
-            self._phase = "regular"
-        watcher = threading.Thread(
-            target=self._watch, args=(run, lease), name="openjd-run-watch", daemon=True
-        )
-        watcher.start()
-        result = RunResult(
-            run.run_id, RunStatus.RUNNING, run.condition, 0, resumed=plan.run is not None
-        )
+    def _stopping(self, is_finally: bool) -> bool:
+        mode = self._term.mode
+        if is_finally:
+            return (
+                mode in (TerminationMode.CANCELLED, TerminationMode.SUSPENDED)
+                or self._finally_timed_out
+            )
+        return mode is not None or self._timed_out
 
+    def _run_attempt(self, attempt: Attempt) -> RunResult:
+        clean_stale_sessions(self._working_root)
+        run = self.store.read_run(attempt.job_key, attempt.run_id)
+        assert run is not None
+        records: dict[tuple[str, str], TaskRecord] = {
+            (t.step, t.task_key): t for t in attempt_records(self.store, self.job, run)
+        }
+        result = RunResult(
+            attempt.run_id,
+            RunStatus.RUNNING,
+            RunCondition(status="Unknown", reason="Running"),
+            0,
+            resumed=attempt.resumed,
+        )
         deadline = (
             time.monotonic() + self.timeout_seconds if self.timeout_seconds is not None else None
         )
-        failed_steps: list[str] = []
         step_ok: dict[str, bool] = {}
+        failed = False
         for step_name in self._order(self.job.template.regular_steps):
             blocked = [d for d in self.job.dependencies(step_name) if not step_ok.get(d)]
-            if self._mode is not None or self._timed_out or failed_steps or blocked:
+            if self._stopping(False) or failed or blocked:
                 step_ok[step_name] = False
                 result.skipped.extend(self._describe_plan(step_name, records))
                 continue
-            ok = self._run_step(step_name, records, run, result, deadline, False, None)
+            ok = self._run_step(step_name, records, result, deadline, False, None)
             step_ok[step_name] = ok
-            if not ok and self._mode is None and not self._timed_out:
-                failed_steps.append(step_name)
+            failed = failed or (not ok and not self._stopping(False))
+        if self._timed_out:
+            mark_timed_out(
+                self.store,
+                attempt.job_key,
+                attempt.run_id,
+                f"the run's {self.timeout_seconds:g} s timeout expired",
+            )
 
         # Finally steps: after every regular step ended, unless the mode says not to.
-        mode = self._mode
-        finally_failed: list[str] = []
-        run_finally = bool(self.job.template.finally_steps) and mode not in (
-            TerminationMode.CANCELLED,
-            TerminationMode.SUSPENDED,
-        )
-        job_status = (
-            "Cancelled"
-            if mode in (TerminationMode.CANCELLED, TerminationMode.CANCELLED_RUN_FINALLY)
-            else "Stopped"
-            if mode == TerminationMode.STOPPED_RUN_FINALLY
-            else "Failed"
-            if failed_steps or self._timed_out
-            else "Succeeded"
-        )
-        if run_finally:
+        decision = enter_finally(self.store, self.job, attempt.run_id)
+        if decision.run_finally:
             with self._lock:
                 self._phase = "finally"
             result.finally_ran = True
-            self.note(f"running finally steps (Job.Status={job_status})")
+            self.note(f"running finally steps (Job.Status={decision.job_status})")
             fdeadline = time.monotonic() + self.finally_timeout_seconds
             fok: dict[str, bool] = {}
             for step_name in self._order(self.job.template.finally_steps):
                 blocked = [d for d in self.job.dependencies(step_name) if not fok.get(d)]
-                if (
-                    self._mode in (TerminationMode.CANCELLED, TerminationMode.SUSPENDED)
-                    or self._finally_timed_out
-                    or blocked
-                ):
+                if self._stopping(True) or blocked:
                     fok[step_name] = False
                     result.skipped.extend(self._describe_plan(step_name, records))
-                    if self._finally_timed_out:
-                        finally_failed.append(step_name)
                     continue
-                before = len(result.results)
-                ok = self._run_step(step_name, records, run, result, fdeadline, True, job_status)
-                fok[step_name] = ok
-                outcomes = {res.outcome for _spec, res in result.results[before:]}
-                if TaskOutcome.FAILED in outcomes or (self._finally_timed_out and not ok):
-                    finally_failed.append(step_name)
-        elif self.job.template.finally_steps:
+                fok[step_name] = self._run_step(
+                    step_name, records, result, fdeadline, True, decision.job_status
+                )
+        else:
             for step_name in self.job.template.finally_steps:
                 result.skipped.extend(self._describe_plan(step_name, records))
 
-        return self._finish(run, result, failed_steps, finally_failed)
-
-    def _finish(
-        self,
-        run: RunRecord,
-        result: RunResult,
-        failed_steps: list[str],
-        finally_failed: list[str],
-    ) -> RunResult:
         with self._lock:
             self._phase = "ended"
-            mode = self._mode
-        if mode == TerminationMode.SUSPENDED:
-            status, cond = (
-                RunStatus.INTERRUPTED,
-                RunCondition(status="False", reason="Suspended", message="suspended; resumable"),
-            )
-            code = EXIT_CODES["interrupted"]
-        elif mode is not None:
-            status = (
-                RunStatus.STOPPED
-                if mode == TerminationMode.STOPPED_RUN_FINALLY
-                else RunStatus.CANCELED
-            )
-            cond = RunCondition(status="False", reason=mode.value, message=f"ended by {mode.value}")
-            code = EXIT_CODES["canceled"]
-        elif self._timed_out:
-            status, cond = (
-                RunStatus.FAILED,
-                RunCondition(
-                    status="False",
-                    reason="Timeout",
-                    message=f"the run's {self.timeout_seconds:g} s timeout expired",
-                ),
-            )
-            code = EXIT_CODES["failed"]
-        elif failed_steps or finally_failed:
-            what = failed_steps + [f"finally {s}" for s in finally_failed]
-            if self._finally_timed_out:
-                what.append(f"finally timeout of {self.finally_timeout_seconds:g} s expired")
-            status, cond = (
-                RunStatus.FAILED,
-                RunCondition(status="False", reason="Failed", message="failed: " + ", ".join(what)),
-            )
-            code = EXIT_CODES["failed"]
-        else:
-            status, cond = RunStatus.SUCCEEDED, RunCondition(status="True", reason="Succeeded")
-            code = EXIT_CODES["succeeded"]
-        if finally_failed and status != RunStatus.FAILED:
-            cond.message += "; finally failed: " + ", ".join(finally_failed)
-            if mode != TerminationMode.SUSPENDED:
-                code = max(code, EXIT_CODES["failed"])
-        result.status, result.condition, result.exit_code = status, cond, code
-        run.status, run.condition = status, cond
-        run.termination = mode.value if mode else None
-        run.skipped_tasks = list(result.skipped)
-        run.runner = None
         try:
-            if status == RunStatus.SUCCEEDED:
-                # A run that completes deletes its checkpoints (seed 001); the run record stays
-                # as a tombstone so that a later resume of it is refused (already-resumed).
-                self.store.delete_checkpoints(run)
-            self.store.write_run(run)
+            outcome = finish_attempt(
+                self.store,
+                self.job,
+                attempt.run_id,
+                finally_timeout=(
+                    f"finally timeout of {self.finally_timeout_seconds:g} s expired"
+                    if self._finally_timed_out
+                    else None
+                ),
+                skipped=result.skipped,
+            )
         except StoreError as exc:
             result.notes.append(f"warning: {exc}")
+            result.status, result.exit_code = RunStatus.FAILED, EXIT_CODES["store"]
+            return result
+        result.status, result.condition, result.exit_code = (
+            outcome.status,
+            outcome.condition,
+            outcome.exit_code,
+        )
         return result
 
     def _order(self, names: tuple[str, ...]) -> list[str]:
@@ -520,67 +368,82 @@ class JobRunner:
     ) -> list[str]:
         step_records = [r for (s, _), r in records.items() if s == step_name]
         try:
-            return [s.describe() for s in self.job.plan_step(step_name, step_records)]
+            return [s.label for s in self.job.plan_step(step_name, step_records)]
         except Exception:  # pragma: no cover - a step whose space cannot be iterated
             return [step_name]
+
+    def _start_task(
+        self,
+        spec: TaskSpec,
+        records: dict[tuple[str, str], TaskRecord],
+        attempt: Attempt,
+        job_status: str | None,
+    ) -> tuple[TaskExecution, Lease] | TaskResult:
+        try:
+            lease, record, notes = claim_task(self.store, self.job, attempt.run_id, spec)
+        except (ResumeRefusedError, StoreError) as exc:
+            placeholder = TaskExecution(self.job, spec, run_id=attempt.run_id).record
+            return TaskResult(TaskOutcome.FAILED, None, str(exc), placeholder)
+        for line in notes:
+            self.note(line)
+        ex = TaskExecution(
+            self.job,
+            spec,
+            run_id=attempt.run_id,
+            store=self.store,
+            record=record or records.get((spec.step_name, spec.task_key)),
+            attempt=attempt.attempt,
+            on_output=self._on_output,
+            on_event=self._on_event,
+            working_root=self._working_root,
+            job_status=job_status,
+        )
+        return ex, lease
 
     def _run_step(
         self,
         step_name: str,
         records: dict[tuple[str, str], TaskRecord],
-        run: RunRecord,
         result: RunResult,
         deadline: float | None,
         is_finally: bool,
         job_status: str | None,
     ) -> bool:
+        attempt = self._attempt
+        assert attempt is not None
         step_records = [r for (s, _), r in records.items() if s == step_name]
         pending = list(self.job.plan_step(step_name, step_records))
         ok = True
-        futures: dict[Future[TaskResult], tuple[TaskSpec, TaskExecution]] = {}
-
-        def stopping() -> bool:
-            mode = self._mode
-            if is_finally:
-                return (
-                    mode in (TerminationMode.CANCELLED, TerminationMode.SUSPENDED)
-                    or self._finally_timed_out
-                )
-            return mode is not None or self._timed_out
+        futures: dict[Future[TaskResult], tuple[TaskSpec, TaskExecution, Lease]] = {}
 
         with ThreadPoolExecutor(
             max_workers=self.max_parallel, thread_name_prefix="openjd-task"
         ) as pool:
             while pending or futures:
                 while pending and len(futures) < self.max_parallel:
-                    if stopping() or (not ok and not is_finally):
-                        result.skipped.extend(s.describe() for s in pending)
+                    if self._stopping(is_finally) or (not ok and not is_finally):
+                        result.skipped.extend(s.label for s in pending)
                         pending.clear()
                         break
                     spec = pending.pop(0)
-                    ex = TaskExecution(
-                        self.job,
-                        spec,
-                        run_id=run.run_id,
-                        store=self.store,
-                        record=records.get((spec.step_name, spec.task_key)),
-                        attempt=run.attempt,
-                        on_output=self._on_output,
-                        on_event=self._on_event,
-                        working_root=self._working_root,
-                        job_status=job_status,
-                    )
+                    started = self._start_task(spec, records, attempt, job_status)
+                    if isinstance(started, TaskResult):
+                        self.note(f"{spec.label}: {started.message}")
+                        ok = False
+                        continue
+                    ex, lease = started
                     with self._lock:
                         self._active[ex] = is_finally
                     self._apply_to_task(ex, is_finally)
-                    futures[pool.submit(ex.run)] = (spec, ex)
+                    futures[pool.submit(ex.run)] = (spec, ex, lease)
                 if not futures:
                     break
                 done, _ = wait(list(futures), timeout=0.1, return_when=FIRST_COMPLETED)
                 if deadline is not None and time.monotonic() > deadline:
                     self._expire(is_finally)
                 for fut in done:
-                    spec, ex = futures.pop(fut)
+                    spec, ex, lease = futures.pop(fut)
+                    lease.release()
                     with self._lock:
                         self._active.pop(ex, None)
                     try:

@@ -54,6 +54,7 @@ __all__ = (
     "StopRequest",
     "TaskStatus",
     "default_store_location",
+    "host_id",
     "task_id_for",
 )
 
@@ -62,6 +63,19 @@ SCHEMA_VERSION = 1
 
 DEFAULT_KEEP_GENERATIONS = 3
 """How many checkpoint generations of each task the store keeps."""
+
+
+HOST_ID_VARIABLE = "OPENJD_CHECKPOINT_HOST_ID"
+"""Environment variable that names this process's host (default: the host name)."""
+
+
+def host_id() -> str:
+    """This process's host identity: ``$OPENJD_CHECKPOINT_HOST_ID``, else the host name.
+
+    Recorded with every process a task starts. Leftover processes are killed only on the host
+    that recorded them, so two workers on one machine with distinct host ids stand in for two
+    hosts (tests do this)."""
+    return os.environ.get(HOST_ID_VARIABLE) or socket.gethostname()
 
 
 def default_store_location() -> str:
@@ -141,6 +155,8 @@ class TaskRecord(_Model):
     parameters: dict[str, dict[str, str]]
     status: TaskStatus = TaskStatus.PENDING
     attempt: int = 0
+    run_attempt: int = 0
+    """The run's attempt that last ran this task (finally tasks count only in their attempt)."""
     chunk_parameter: str | None = None
     completed_frames: list[int] = Field(default_factory=list)
     checkpoint: CheckpointData | None = None
@@ -168,11 +184,23 @@ class RunCondition(_Model):
 
 
 class StopRequest(_Model):
-    """A request, through the store, to end a run in a termination mode."""
+    """A request, through the store, to end a run in a termination mode.
+
+    Requests are append-only files (``requests/<time>-<id>.json``), never replaced, so two
+    processes asking at once both count; ``_run.resolve_termination`` folds them by precedence.
+    """
 
     mode: str
     requested_at: float = Field(default_factory=time.time)
     requested_by: ProcessInfo | None = None
+    attempt: int = 0
+    """The run attempt it was accepted for; requests of earlier attempts are history."""
+    phase: str = "regular"
+    """The run's phase when it was accepted (``regular`` or ``finally``)."""
+    force: bool = False
+    """Kill running tasks without notifying them."""
+    deadline: float | None = None
+    """Seconds since the epoch by which running tasks must be gone (notify periods shorten)."""
 
 
 class RunRecord(_Model):
@@ -200,6 +228,15 @@ class RunRecord(_Model):
     environments: list[str] = Field(default_factory=list)
     """External environment template files the run was started with."""
     path_mapping_rules: list[dict[str, Any]] = Field(default_factory=list)
+    external_key: str | None = None
+    """A scheduler's own identity for this run (an Airflow ``dag_id/run_id``, a Prefect flow
+    run id): the framework's retry or clear of that run finds this core run again."""
+    phase: str = "regular"
+    """``regular`` (regular steps), ``finally`` (finally steps) or ``ended``."""
+    job_status: str | None = None
+    """The ``{{Job.Status}}`` the finally steps of this attempt get, once decided."""
+    timed_out: str | None = None
+    """Set when the run's own time budget expired: the message."""
     superseded_by: str | None = None
     """A later run of the same job that started from the top instead of resuming this one
     (a requeue, or a retry that was refused): retries no longer pick this run; an operator
@@ -442,26 +479,85 @@ class CheckpointStore:
         except OSError as exc:
             raise StoreError(f"cannot delete {self._where(path)}: {exc}") from None
 
-    # --- stop requests and leases ----------------------------------------------------------------
-    def write_stop_request(self, run: RunRecord, request: StopRequest) -> None:
-        path = posixpath.join(self._run_dir(run.job_key, run.run_id), "stop-request.json")
+    # --- concurrent updates, stop requests and leases -------------------------------------------
+    @contextlib.contextmanager
+    def run_lock(self, job_key: str, run_id: str, *, timeout: float = 30.0) -> Iterator[None]:
+        """Hold the run's record lock while reading and rewriting ``run.json`` or accepting a
+        stop request, so that concurrent writers lose nothing.
+
+        A blocking ``flock`` on ``run.lock`` on a local store; elsewhere nothing (object stores
+        have no locks: best effort, see docs/decisions.md).
+
+        Raises:
+            StoreError: the lock was not had within ``timeout`` seconds.
+        """
+        with self._flock(posixpath.join(self._run_dir(job_key, run_id), "run.lock"), timeout):
+            yield
+
+    @contextlib.contextmanager
+    def _flock(self, path: str, timeout: float) -> Iterator[None]:
+        if not self._local:
+            yield
+            return
+        import fcntl
+
+        try:
+            os.makedirs(posixpath.dirname(path), exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise StoreError(f"cannot lock {self._where(path)}: {exc}") from None
+        try:
+            end = time.monotonic() + timeout
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError:
+                    if time.monotonic() > end:
+                        raise StoreError(
+                            f"{self._where(path)} stayed locked for {timeout:g} s"
+                        ) from None
+                    time.sleep(0.01)
+            yield
+        finally:
+            os.close(fd)
+
+    def update_run(self, job_key: str, run_id: str, **changes: Any) -> RunRecord:
+        """Set some fields of a run record, keeping every other field as stored now: read,
+        change and write under ``run_lock``. Returns the record as written.
+
+        Raises:
+            StoreError: the run has no record, or it cannot be read or written.
+        """
+        with self.run_lock(job_key, run_id):
+            current = self.read_run(job_key, run_id)
+            if current is None:
+                raise StoreError(f"checkpoint store {self.location!r}: no run {run_id!r}")
+            for name, value in changes.items():
+                setattr(current, name, value)
+            self.write_run(current)
+            return current
+
+    def add_stop_request(self, run: RunRecord, request: StopRequest) -> None:
+        """Append a stop request (a new file; never replaces another request)."""
+        name = f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.json"
+        path = posixpath.join(self._run_dir(run.job_key, run.run_id), "requests", name)
         self._write(path, request.model_dump(mode="json"))
 
-    def read_stop_request(self, run: RunRecord) -> StopRequest | None:
-        path = posixpath.join(self._run_dir(run.job_key, run.run_id), "stop-request.json")
-        try:
-            req: StopRequest | None = self._read(path, StopRequest)
-        except StoreError:
-            return None
-        return req
-
-    def clear_stop_request(self, run: RunRecord) -> None:
-        path = posixpath.join(self._run_dir(run.job_key, run.run_id), "stop-request.json")
-        try:
-            if self.fs.exists(path):
-                self.fs.rm(path)
-        except OSError:
-            pass
+    def read_stop_requests(self, job_key: str, run_id: str) -> list[StopRequest]:
+        """Every readable stop request of a run, in the order they were made."""
+        directory = posixpath.join(self._run_dir(job_key, run_id), "requests")
+        out: list[StopRequest] = []
+        for name in self._ls_names(directory):
+            if not name.endswith(".json") or name.startswith(".tmp-"):
+                continue
+            try:
+                req = self._read(posixpath.join(directory, name), StopRequest)
+            except StoreError:
+                continue  # moved aside and kept; an unreadable request stops nothing
+            if req is not None:
+                out.append(req)
+        return out
 
     def acquire_lease(self, run: RunRecord, *, ttl_seconds: float = 60.0) -> Lease | None:
         """Take the run's lease, or return None if another live owner holds it.
@@ -472,25 +568,50 @@ class CheckpointStore:
         expired lease may be taken over (object stores have no locks: best effort).
         """
         run_dir = self._run_dir(run.job_key, run.run_id)
-        if self._local:
-            import fcntl
+        return self._acquire(posixpath.join(run_dir, "lease"), ttl_seconds)
 
-            os.makedirs(run_dir, exist_ok=True)
-            fd = os.open(posixpath.join(run_dir, "lease.lock"), os.O_RDWR | os.O_CREAT, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                os.close(fd)
-                return None
-            return Lease(self, run_dir, fd=fd, ttl=ttl_seconds)
-        path = posixpath.join(run_dir, "lease.json")
+    def acquire_task_lease(
+        self, job_key: str, run_id: str, step: str, task_key: str, *, ttl_seconds: float = 60.0
+    ) -> Lease | None:
+        """Take the lease of one task of a run (the right to run it now), or return None if a
+        live holder has it. Same mechanism as ``acquire_lease``: a dead holder loses it at once
+        on a local store, after ``ttl_seconds`` elsewhere."""
+        tid = task_id_for(step, task_key)
+        base = posixpath.join(self._run_dir(job_key, run_id), "tasks", tid)
+        return self._acquire(base, ttl_seconds)
+
+    def task_lease_held(self, job_key: str, run_id: str, step: str, task_key: str) -> bool:
+        """True if a live holder has the task's lease (probes without keeping it)."""
+        lease = self.acquire_task_lease(job_key, run_id, step, task_key)
+        if lease is None:
+            return True
+        lease.release()
+        return False
+
+    def _acquire(self, base: str, ttl_seconds: float) -> Lease | None:
+        """``base.lock`` with an flock on a local store; ``base.lease.json`` elsewhere."""
+        try:
+            if self._local:
+                import fcntl
+
+                os.makedirs(posixpath.dirname(base), exist_ok=True)
+                fd = os.open(base + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    os.close(fd)
+                    return None
+                return Lease(self, base, fd=fd, ttl=ttl_seconds)
+        except OSError as exc:
+            raise StoreError(f"cannot take the lease {self._where(base)}: {exc}") from None
+        path = base + ".lease.json"
         try:
             current = json.loads(self.fs.cat_file(path))
             if float(current.get("expires_at", 0)) > time.time():
                 return None
         except (FileNotFoundError, ValueError, OSError):
             pass
-        lease = Lease(self, run_dir, fd=None, ttl=ttl_seconds)
+        lease = Lease(self, base, fd=None, ttl=ttl_seconds)
         lease.renew()
         return lease
 
@@ -504,30 +625,10 @@ class CheckpointStore:
         Raises:
             StoreError: the lock was not had within ``timeout`` seconds.
         """
-        if not self._local or not _JOB_KEY.fullmatch(job_key):
+        if not _JOB_KEY.fullmatch(job_key):
+            raise StoreError(f"checkpoint store {self.location!r}: {job_key!r} is not a job key")
+        with self._flock(posixpath.join(self.root, "jobs", job_key, "job.lock"), timeout):
             yield
-            return
-        import fcntl
-
-        directory = posixpath.join(self.root, "jobs", job_key)
-        os.makedirs(directory, exist_ok=True)
-        fd = os.open(posixpath.join(directory, "job.lock"), os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            end = time.monotonic() + timeout
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except OSError:
-                    if time.monotonic() > end:
-                        raise StoreError(
-                            f"checkpoint store {self.location!r}: job {job_key} stayed locked "
-                            f"for {timeout:g} s"
-                        ) from None
-                    time.sleep(0.05)
-            yield
-        finally:
-            os.close(fd)
 
     def lease_held(self, run: RunRecord) -> bool:
         """True if a live owner holds the run's lease (probes without keeping it)."""
@@ -545,6 +646,30 @@ class CheckpointStore:
         self._write(
             self._task_path(record.job_key, record.run_id, tid), record.model_dump(mode="json")
         )
+
+    def read_task(self, job_key: str, run_id: str, step: str, task_key: str) -> TaskRecord | None:
+        """One task's latest record, None if it has none.
+
+        Raises:
+            StoreError: the record is unreadable (it is moved aside and kept).
+        """
+        path = self._task_path(job_key, run_id, task_id_for(step, task_key))
+        rec: TaskRecord | None = self._read(path, TaskRecord)
+        if rec is not None and (rec.step, rec.task_key) != (step, task_key):
+            aside = self._move_aside(path)
+            raise StoreError(f"{self._where(path)} names another task; kept as {aside}")
+        return rec
+
+    def delete_task(self, record: TaskRecord) -> None:
+        """Delete a task's record and its checkpoint generations."""
+        tid = task_id_for(record.step, record.task_key)
+        tdir = posixpath.join(self._run_dir(record.job_key, record.run_id), "tasks")
+        try:
+            for name in self._ls_names(tdir):
+                if name == f"{tid}.json" or name.startswith(f"{tid}.gen-"):
+                    self.fs.rm(posixpath.join(tdir, name))
+        except OSError as exc:
+            raise StoreError(f"cannot delete {self._where(tdir)}: {exc}") from None
 
     def commit_checkpoint(self, record: TaskRecord, checkpoint: CheckpointData) -> None:
         """Store a new checkpoint generation, then the task record that points at it; drop
@@ -570,7 +695,12 @@ class CheckpointStore:
         warnings: list[str] = []
         tdir = posixpath.join(self._run_dir(job_key, run_id), "tasks")
         for name in self._ls_names(tdir):
-            if not name.endswith(".json") or ".gen-" in name or name.startswith(".tmp-"):
+            if (
+                not name.endswith(".json")
+                or ".gen-" in name
+                or name.endswith(".lease.json")
+                or name.startswith(".tmp-")
+            ):
                 continue
             try:
                 rec = self._read(posixpath.join(tdir, name), TaskRecord)
@@ -601,9 +731,9 @@ class CheckpointStore:
 class Lease:
     """A held run lease; ``release()`` when done (also released when the owner dies)."""
 
-    def __init__(self, store: CheckpointStore, run_dir: str, *, fd: int | None, ttl: float):
+    def __init__(self, store: CheckpointStore, base: str, *, fd: int | None, ttl: float):
         self._store = store
-        self._run_dir = run_dir
+        self._base = base
         self._fd = fd
         self._ttl = ttl
         self.owner = this_process()
@@ -613,7 +743,7 @@ class Lease:
         if self._fd is not None:
             return
         self._store._write(
-            posixpath.join(self._run_dir, "lease.json"),
+            self._base + ".lease.json",
             {"owner": self.owner.model_dump(mode="json"), "expires_at": time.time() + self._ttl},
         )
 
@@ -623,7 +753,7 @@ class Lease:
             self._fd = None
             return
         try:
-            self._store.fs.rm(posixpath.join(self._run_dir, "lease.json"))
+            self._store.fs.rm(self._base + ".lease.json")
         except OSError:
             pass
 
@@ -640,7 +770,7 @@ def this_process(pgid: int | None = None) -> ProcessInfo:
         pid=pid,
         pgid=pgid if pgid is not None else os.getpgid(pid),
         start_time=started,
-        host=socket.gethostname(),
+        host=host_id(),
     )
 
 

@@ -65,12 +65,24 @@ from ._store import (
     ProcessInfo,
     TaskRecord,
     TaskStatus,
+    host_id,
 )
 from ._template import JOB_STATUS_PARAMETER, CancelMethod
 
-__all__ = ("StopIntent", "TaskEvent", "TaskExecution", "TaskOutcome", "TaskResult")
+__all__ = (
+    "STOP_KILL_MARGIN_SECONDS",
+    "StopIntent",
+    "TaskEvent",
+    "TaskExecution",
+    "TaskOutcome",
+    "TaskResult",
+)
 
 REDACTED = "********"
+
+STOP_KILL_MARGIN_SECONDS = 0.5
+"""How long before a stop deadline the task's processes are killed, in seconds: the time a
+SIGKILL of the tree and the last store write take."""
 
 
 class StopIntent(str, Enum):
@@ -90,6 +102,8 @@ class TaskOutcome(str, Enum):
     INTERRUPTED = "interrupted"
     """Stopped with the CHECKPOINT intent, with nothing to resume from."""
     CANCELED = "canceled"
+    SKIPPED = "skipped"
+    """Not started: the run was already stopping (``run_task``)."""
 
 
 @dataclass(frozen=True)
@@ -178,6 +192,7 @@ class TaskExecution:
         self._lock = threading.RLock()
         self._stop_intent: StopIntent | None = None
         self._stop_force = False
+        self._stop_deadline: float | None = None
         self._stop_changed = threading.Event()
         self._progress: float | None = None
         self._status: str | None = None
@@ -218,17 +233,31 @@ class TaskExecution:
         with self._lock:
             return self._record.model_copy(deep=True)
 
-    def stop(self, intent: StopIntent, *, force: bool = False) -> None:
+    def stop(
+        self, intent: StopIntent, *, force: bool = False, deadline: float | None = None
+    ) -> None:
         """Ask the task to stop. Thread-safe, idempotent, returns at once.
 
         ``CANCEL`` after ``CHECKPOINT`` turns the stop into a cancelation (the forceful exit);
         ``CHECKPOINT`` after ``CANCEL`` changes nothing. ``force=True`` kills the process tree
         now, without notifying, and skips the environments' ``onExit``.
+
+        Args:
+            intent: why the task stops (seed 000, "Semantics").
+            force: kill at once, without notifying.
+            deadline: seconds since the epoch (``time.time()``) by which every process of the
+                task must be gone. A ``notifyPeriodInSeconds`` that would outlast it is
+                shortened (with a warning naming both times) so that the tree is killed
+                ``STOP_KILL_MARGIN_SECONDS`` before the deadline; an environment's ``onExit``
+                that is still running then is killed too. The earliest deadline given wins.
         """
         with self._lock:
             if self._stop_intent is None or intent == StopIntent.CANCEL:
                 self._stop_intent = intent
             self._stop_force = self._stop_force or force
+            if deadline is not None:
+                current = self._stop_deadline
+                self._stop_deadline = deadline if current is None else min(current, deadline)
         self._stop_changed.set()
 
     # --- running ----------------------------------------------------------------------------------
@@ -238,6 +267,7 @@ class TaskExecution:
         rec = self._record
         rec.status = TaskStatus.RUNNING
         rec.attempt = max(rec.attempt, 0) + 1
+        rec.run_attempt = self.attempt
         rec.message = None
         if self.spec.resume is not None:
             rec.resume_status = None
@@ -439,13 +469,11 @@ class TaskExecution:
         except OSError as exc:
             return 1, f"{path}: cannot start {argv[0]!r}: {exc}"
         with self._lock:
-            import socket
-
             self._record.process = ProcessInfo(
                 pid=ident.pid,
                 pgid=ident.pgid,
                 start_time=ident.start_time,
-                host=socket.gethostname(),
+                host=host_id(),
                 marker=self._marker,
             )
         self._persist(force=True)
@@ -453,7 +481,7 @@ class TaskExecution:
         started = time.monotonic()
         timed_out = False
         deadline: float | None = None
-        handled: tuple[StopIntent | None, bool] = (None, False)
+        handled: tuple[StopIntent | None, bool, float | None] = (None, False, None)
         while True:
             if proc.wait_exit(0.05):
                 # The main process is gone. While a notify period runs, the rest of its group
@@ -463,20 +491,42 @@ class TaskExecution:
                 time.sleep(0.05)
             now = time.monotonic()
             with self._lock:
+                stop_deadline = self._stop_deadline
                 if stoppable:
-                    want = (self._stop_intent, self._stop_force)
+                    want = (self._stop_intent, self._stop_force, stop_deadline)
                 else:  # onExit runs even when the task is stopped, unless it is abandoned
-                    want = (StopIntent.CANCEL, True) if self._stop_force else (None, False)
+                    want = (
+                        (StopIntent.CANCEL, True, stop_deadline)
+                        if self._stop_force
+                        else (None, False, stop_deadline)
+                    )
             if want != handled and want[0] is not None:
                 handled = want
                 method = _resolved(self._method(spec, want[0]), symtab)
-                if want[1] or not method.notifies:
+                period = method.notify_period_seconds
+                if want[2] is not None and method.notifies:
+                    left = want[2] - time.time() - STOP_KILL_MARGIN_SECONDS
+                    if period > left:
+                        self._warn(
+                            f"{path}: notifyPeriodInSeconds {period:g} s would outlast the stop "
+                            f"deadline, {max(0.0, left + STOP_KILL_MARGIN_SECONDS):.1f} s from "
+                            f"now; notifying for {max(0.0, left):.1f} s, then killing"
+                        )
+                        period = max(0.0, left)
+                if want[1] or not method.notifies or period <= 0:
                     proc.kill_tree()
                 else:
-                    self._write_cancel_info(session_dir, method)
+                    self._write_cancel_info(
+                        session_dir, dataclasses.replace(method, notify_period_seconds=period)
+                    )
                     proc.notify(method.signal_to_notify)
-                    end = now + method.notify_period_seconds
+                    end = now + period
                     deadline = end if deadline is None else min(deadline, end)
+            elif (
+                stop_deadline is not None
+                and time.time() >= stop_deadline - STOP_KILL_MARGIN_SECONDS
+            ):
+                proc.kill_tree()  # an onExit, or a notify begun before the deadline came
             if (
                 timeout is not None
                 and not timed_out
@@ -835,13 +885,11 @@ def kill_recorded_process(info: ProcessInfo) -> bool:
     only has its leader killed, and only when the leader's start time matches.) Returns True if
     something was killed. Used before a task starts again: never two copies of one task.
     """
-    import socket
-
     import psutil
 
     from ._process import ProcessIdentity
 
-    if info.host != socket.gethostname():
+    if info.host != host_id():
         return False
     victims = processes_with_marker(info.marker) if info.marker else []
     ident = ProcessIdentity(pid=info.pid, pgid=info.pgid, start_time=info.start_time)

@@ -28,6 +28,7 @@ import yaml
 from ._errors import OpenJDCheckpointError, RunError, StoreError, TemplateError
 from ._job import load_path_mapping_rules, prepare_job
 from ._resume import RefusalCode, ResumeHow, ResumeRefusedError
+from ._run import request_termination
 from ._runner import (
     DEFAULT_FINALLY_TIMEOUT_SECONDS,
     EXIT_CODES,
@@ -38,9 +39,7 @@ from ._runner import (
 from ._store import (
     CheckpointStore,
     RunStatus,
-    StopRequest,
     default_store_location,
-    this_process,
 )
 from ._task import StopIntent, TaskEvent, TaskExecution
 from ._template import load_template
@@ -351,15 +350,12 @@ def _cmd_stop(args: argparse.Namespace) -> int:
     store, run = _store_run(args)
     if run is None:
         return 2
-    if run.status != RunStatus.RUNNING or not store.lease_held(run):
-        print(
-            f"openjd-checkpoint: refused: run {run.run_id} has ended "
-            f"({run.status.value}, reason {run.condition.reason}); it cannot be stopped",
-            file=sys.stderr,
-        )
+    try:
+        _term, note = request_termination(store, run.job_key, run.run_id, args.mode)
+    except RunError as exc:
+        print(f"openjd-checkpoint: refused: {exc}", file=sys.stderr)
         return EXIT_CODES["refused"]
-    store.write_stop_request(run, StopRequest(mode=args.mode, requested_by=this_process()))
-    print(f"asked run {run.run_id} to end: {args.mode}")
+    print(f"asked run {run.run_id} to end: {args.mode}" + (f" ({note})" if note else ""))
     if args.wait:
         end = time.monotonic() + args.wait
         while time.monotonic() < end:

@@ -211,8 +211,9 @@ def test_a_stop_may_only_become_more_forceful(store: Path) -> None:
     run_id = run_id_of(store)
     assert stop(store, run_id, "StoppedRunFinally").returncode == 0
     cli.wait_for("StoppedRunFinally requested", stream="err")
-    assert stop(store, run_id, "Suspended").returncode == 0  # delivered, then refused
-    cli.wait_for("already stopping (StoppedRunFinally)", stream="err")
+    refused = stop(store, run_id, "Suspended")  # refused at once, to the sender
+    assert refused.returncode == 4, refused.stderr
+    assert "already stopping (StoppedRunFinally)" in refused.stderr
     assert cli.wait(60) == 130
     assert "LONG-DONE" in cli.stdout and "CLEANUP-START status=Stopped" in cli.stdout
     assert record(store, run_id).condition.reason == "StoppedRunFinally"

@@ -1,0 +1,990 @@
+"""Run-level operations that any scheduler can call, from any process and any host.
+
+A *run* is one job (template + job parameter values) carried through one or more *attempts*
+until it ends. Airflow and Prefect own a run themselves and execute its tasks in separate
+processes, often on separate hosts, with no process of ours alive between tasks. So everything
+that makes a run is here, as operations on plain, JSON-serializable inputs that share nothing
+but the store:
+
+1. ``begin_attempt``: decide what this attempt continues (a retry, a requeue, an operator
+   resume, or the framework's own retry of the run named by an *external run key*), or refuse
+   with a Trax code (seed 001); kill what dead holders left running.
+2. ``plan_step``: the tasks of a step still to run, as ``TaskSpec`` (``to_dict``/``from_dict``).
+3. ``run_task``: run one task under a per-task lease (never two copies at once), stopping it
+   as the run's termination requests say.
+4. ``request_termination``: ask for a termination mode from any process (TEP-0058, seed 002,
+   plus ``Suspended``); requests are append-only and folded by precedence.
+5. ``enter_finally``: end the regular phase and decide whether, and with which
+   ``{{Job.Status}}``, the finally steps run.
+6. ``finish_attempt``: the run's status, condition and reason, computed from the records; a
+   run's checkpoints are deleted only after the whole run, finally steps included, succeeded.
+
+``JobRunner`` (the local CLI's scheduler) is one user of these operations; the Airflow and
+Prefect adapters are others. Which process may call what: see docs/core-api.md.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from ._errors import RunError, StoreError
+from ._job import PreparedJob, TaskSpec, load_path_mapping_rules, prepare_job
+from ._resume import (
+    RefusalCode,
+    ResumeHow,
+    ResumeRefusedError,
+    check_run,
+    plan_resume,
+)
+from ._store import (
+    CheckpointStore,
+    Lease,
+    RunCondition,
+    RunRecord,
+    RunStatus,
+    StopRequest,
+    TaskRecord,
+    TaskStatus,
+    host_id,
+    new_run_id,
+    this_process,
+)
+from ._task import (
+    StopIntent,
+    TaskEvent,
+    TaskExecution,
+    TaskOutcome,
+    TaskResult,
+    kill_recorded_process,
+)
+
+__all__ = (
+    "EXIT_CODES",
+    "Attempt",
+    "FinallyDecision",
+    "RunOutcome",
+    "RunWatcher",
+    "Termination",
+    "TerminationMode",
+    "attempt_records",
+    "begin_attempt",
+    "claim_task",
+    "enter_finally",
+    "finish_attempt",
+    "mark_timed_out",
+    "plan_step",
+    "prepare_run_job",
+    "reap_orphans",
+    "request_termination",
+    "resolve_termination",
+    "run_is_live",
+    "run_task",
+    "task_stop_for",
+)
+
+EXIT_CODES = {
+    "succeeded": 0,
+    "failed": 1,
+    "usage": 2,
+    "store": 3,
+    "refused": 4,
+    "internal": 70,
+    "interrupted": 75,
+    "canceled": 130,
+}
+"""Exit codes of ``openjd-checkpoint run`` and ``resume`` (75 is EX_TEMPFAIL: try again)."""
+
+
+class TerminationMode(str, Enum):
+    """How a run is asked to end early (TEP-0058, plus ``Suspended``)."""
+
+    CANCELLED = "Cancelled"
+    """Stop running tasks with ``cancelation``, skip the rest, run no finally steps (and stop
+    running ones)."""
+    CANCELLED_RUN_FINALLY = "CancelledRunFinally"
+    """Stop running tasks with ``cancelation``, skip the rest, then run the finally steps."""
+    STOPPED_RUN_FINALLY = "StoppedRunFinally"
+    """Let running tasks finish, skip the rest, then run the finally steps."""
+    SUSPENDED = "Suspended"
+    """Stop running tasks with ``checkpointCancelation``, skip the rest, run no finally steps:
+    the run stays resumable."""
+
+
+_UPGRADES = {
+    TerminationMode.CANCELLED: {
+        TerminationMode.STOPPED_RUN_FINALLY,
+        TerminationMode.CANCELLED_RUN_FINALLY,
+        TerminationMode.SUSPENDED,
+    },
+    TerminationMode.CANCELLED_RUN_FINALLY: {TerminationMode.STOPPED_RUN_FINALLY},
+}
+"""Which modes a later request may replace: a stop may only become more forceful."""
+
+
+# --- termination ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Termination:
+    """The termination a run's requests add up to.
+
+    Attributes:
+        mode: the mode in force, or None.
+        force: kill running tasks without notifying them.
+        deadline: seconds since the epoch by which running tasks must be gone, or None.
+    """
+
+    mode: TerminationMode | None = None
+    force: bool = False
+    deadline: float | None = None
+
+
+def fold_request(
+    current: Termination,
+    mode: TerminationMode | str,
+    *,
+    phase: str,
+    force: bool = False,
+    deadline: float | None = None,
+) -> tuple[Termination, str | None]:
+    """Apply one request to the termination in force (TEP-0058 precedence).
+
+    Returns the new termination and, when the request changes no mode, why: while finally
+    steps run, ``CancelledRunFinally`` and ``StoppedRunFinally`` change nothing (TEP case 4);
+    a mode may only be replaced by a more forceful one (``Cancelled`` overrides every mode,
+    ``CancelledRunFinally`` overrides ``StoppedRunFinally``).
+
+    Raises:
+        ValueError: ``mode`` is not a termination mode.
+    """
+    mode = TerminationMode(mode)
+    if phase == "finally" and mode in (
+        TerminationMode.CANCELLED_RUN_FINALLY,
+        TerminationMode.STOPPED_RUN_FINALLY,
+    ):
+        return current, f"{mode.value} while finally steps run: no change"
+    if current.mode is not None and mode != current.mode:
+        if current.mode not in _UPGRADES.get(mode, set()):
+            return current, f"already stopping ({current.mode.value})"
+    new_deadline = current.deadline
+    if deadline is not None:
+        new_deadline = deadline if new_deadline is None else min(new_deadline, deadline)
+    return Termination(mode, current.force or force, new_deadline), None
+
+
+def resolve_termination(requests: Iterable[StopRequest], attempt: int) -> Termination:
+    """Fold a run's stop requests of ``attempt`` in the order they were made."""
+    term = Termination()
+    for req in requests:
+        if req.attempt != attempt:
+            continue
+        try:
+            term, _ = fold_request(
+                term, req.mode, phase=req.phase, force=req.force, deadline=req.deadline
+            )
+        except ValueError:
+            continue  # a request naming no mode stops nothing
+    return term
+
+
+def task_stop_for(
+    mode: TerminationMode | None, *, is_finally: bool, finally_timed_out: bool = False
+) -> StopIntent | None:
+    """How a running task stops under ``mode`` (docs/decisions.md, "Termination modes").
+
+    Regular tasks: ``Suspended`` checkpoints, ``Cancelled`` and ``CancelledRunFinally`` cancel,
+    ``StoppedRunFinally`` lets them finish. Finally tasks: only ``Cancelled`` (or their own
+    timeout) cancels them, and ``Suspended`` checkpoints them.
+    """
+    if is_finally:
+        if mode == TerminationMode.CANCELLED or finally_timed_out:
+            return StopIntent.CANCEL
+        if mode == TerminationMode.SUSPENDED:
+            return StopIntent.CHECKPOINT
+        return None
+    if mode == TerminationMode.SUSPENDED:
+        return StopIntent.CHECKPOINT
+    if mode in (TerminationMode.CANCELLED, TerminationMode.CANCELLED_RUN_FINALLY):
+        return StopIntent.CANCEL
+    return None
+
+
+def run_is_live(store: CheckpointStore, run: RunRecord) -> bool:
+    """True while a run accepts termination requests: it has not ended, and, for a run driven
+    by one process (the CLI, which records itself as ``runner``), that process still holds the
+    run's lease. A run with no driving process (Airflow, Prefect) is live until it ends."""
+    if run.status != RunStatus.RUNNING or run.phase == "ended":
+        return False
+    if run.runner is not None:
+        return store.lease_held(run)
+    return True
+
+
+def request_termination(
+    store: CheckpointStore,
+    job_key: str,
+    run_id: str,
+    mode: TerminationMode | str,
+    *,
+    force: bool = False,
+    deadline: float | None = None,
+) -> tuple[Termination, str | None]:
+    """Ask a run to end early, from any process. Returns the termination now in force and a
+    note when the request changed no mode (TEP-0058 case 4).
+
+    The request is accepted under the run's record lock, so it is either seen by the attempt's
+    ``enter_finally``/``finish_attempt`` or refused here: a request accepted is never dropped.
+    Running tasks in any process learn of it within about a second (``RunWatcher``).
+
+    Args:
+        mode: a ``TerminationMode`` or its value.
+        force: kill running tasks without notifying them.
+        deadline: seconds since the epoch by which running tasks must be gone.
+
+    Raises:
+        RunError: no such run, it has ended, or it is already stopping in a mode this one may
+            not replace.
+        ValueError: ``mode`` is not a termination mode.
+        StoreError: the store cannot be read or written.
+    """
+    mode = TerminationMode(mode)
+    with store.run_lock(job_key, run_id):
+        run = store.read_run(job_key, run_id)
+        if run is None:
+            raise RunError(f"no run {run_id!r} in {store.location}")
+        if not run_is_live(store, run):
+            raise RunError(
+                f"run {run_id} has ended ({run.status.value}, reason {run.condition.reason}); "
+                "it cannot be stopped"
+            )
+        current = resolve_termination(store.read_stop_requests(job_key, run_id), run.attempt)
+        new, note = fold_request(current, mode, phase=run.phase, force=force, deadline=deadline)
+        if note is not None and note.startswith("already stopping"):
+            raise RunError(f"run {run_id} is {note}; {mode.value} may not replace it")
+        store.add_stop_request(
+            run,
+            StopRequest(
+                mode=mode.value,
+                requested_by=this_process(),
+                attempt=run.attempt,
+                phase=run.phase,
+                force=force,
+                deadline=deadline,
+            ),
+        )
+        if note is None and run.condition.reason != "Stopping":
+            run.condition = RunCondition(
+                status="Unknown",
+                reason="Stopping",
+                message=f"{new.mode.value} requested" if new.mode else "",
+            )
+            run.termination = new.mode.value if new.mode else None
+            store.write_run(run)
+    return new, note
+
+
+class RunWatcher:
+    """Polls a run's stop requests from a background thread and reports each change of the
+    termination in force; renews leases on stores without locks.
+
+    Args:
+        store / job_key / run_id / attempt: the run attempt to watch.
+        on_change: called with the new ``Termination`` (on the watcher thread).
+        leases: leases to renew every ``renew_seconds`` (no-op on local stores).
+        poll_seconds: how often the store is read.
+    """
+
+    def __init__(
+        self,
+        store: CheckpointStore,
+        job_key: str,
+        run_id: str,
+        attempt: int,
+        on_change: Callable[[Termination], None],
+        *,
+        leases: Iterable[Lease] = (),
+        poll_seconds: float = 0.5,
+        renew_seconds: float = 10.0,
+    ) -> None:
+        self._store = store
+        self._key = (job_key, run_id)
+        self._attempt = attempt
+        self._on_change = on_change
+        self.leases = list(leases)
+        self._poll = poll_seconds
+        self._renew = renew_seconds
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="openjd-run-watch", daemon=True)
+        self.current = Termination()
+        self.errors: list[str] = []
+
+    def start(self) -> RunWatcher:
+        self._thread.start()
+        return self
+
+    def check(self) -> Termination:
+        """Read the requests now; call ``on_change`` if the termination changed."""
+        try:
+            requests = self._store.read_stop_requests(*self._key)
+        except StoreError as exc:
+            self.errors.append(str(exc))
+            return self.current
+        term = resolve_termination(requests, self._attempt)
+        if term != self.current:
+            self.current = term
+            self._on_change(term)
+        return term
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5)
+
+    def _loop(self) -> None:
+        waited = 0.0
+        while not self._stop.wait(self._poll):
+            self.check()
+            waited += self._poll
+            if waited >= self._renew:
+                waited = 0.0
+                for lease in self.leases:
+                    try:
+                        lease.renew()
+                    except StoreError as exc:
+                        self.errors.append(f"lease not renewed: {exc}")
+
+
+# --- attempts ---------------------------------------------------------------------------------
+@dataclass
+class Attempt:
+    """One attempt of a run, as ``begin_attempt`` made it. JSON-serializable through
+    ``to_dict``/``from_dict`` (an Airflow XCom value, a Prefect task parameter).
+
+    Attributes:
+        job_key: the job's identity in the store (16 hex digits).
+        run_id: the run's id.
+        attempt: 1 for a new run, counting up on every attempt that continues it.
+        resumed: True if this attempt continues stored work (checkpoints or finished tasks).
+        notes: lines for the log: what was resumed, or why not.
+        external_key: the scheduler's own run identity, if one was given.
+        lease: the run's lease, when ``begin_attempt(hold_lease=True)`` took it (not
+            serialized; release it when the attempt ends).
+    """
+
+    job_key: str
+    run_id: str
+    attempt: int
+    resumed: bool = False
+    notes: list[str] = field(default_factory=list)
+    external_key: str | None = None
+    lease: Lease | None = field(default=None, repr=False, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job_key": self.job_key,
+            "run_id": self.run_id,
+            "attempt": self.attempt,
+            "resumed": self.resumed,
+            "notes": list(self.notes),
+            "external_key": self.external_key,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Attempt:
+        return cls(
+            job_key=str(data["job_key"]),
+            run_id=str(data["run_id"]),
+            attempt=int(data["attempt"]),
+            resumed=bool(data.get("resumed", False)),
+            notes=[str(n) for n in data.get("notes", [])],
+            external_key=data.get("external_key"),
+        )
+
+
+def reap_orphans(store: CheckpointStore, job_key: str) -> list[str]:
+    """Kill, on this host, the task processes that dead holders left running in the job's
+    unfinished runs. A task whose lease is free has no live runner, so whatever its record says
+    is still running is an orphan; a process that merely reused a recorded pid is never touched
+    (``kill_recorded_process``). Returns a note per task whose processes were killed."""
+    notes: list[str] = []
+    runs, _ = store.list_runs(job_key)
+    me = host_id()
+    for run in runs:
+        if run.status != RunStatus.RUNNING:
+            continue
+        try:
+            records, _ = store.read_tasks(run.job_key, run.run_id)
+        except StoreError:
+            continue
+        for rec in records:
+            if rec.process is None or rec.process.host != me:
+                continue
+            if store.task_lease_held(run.job_key, run.run_id, rec.step, rec.task_key):
+                continue
+            if kill_recorded_process(rec.process):
+                notes.append(
+                    f"stopped process {rec.process.pid} of {rec.step} left running by a dead "
+                    f"runner of run {run.run_id}"
+                )
+    return notes
+
+
+def _live_driver(store: CheckpointStore, job_key: str) -> RunRecord | None:
+    runs, _ = store.list_runs(job_key)
+    for run in runs:
+        if run.external_key is None and run.status == RunStatus.RUNNING and run_is_live(store, run):
+            return run
+    return None
+
+
+def _latest_run_id(store: CheckpointStore, job: PreparedJob) -> str:
+    runs, _ = store.list_runs(job.job_key)
+    for run in reversed(runs):
+        if run.status != RunStatus.SUCCEEDED and not run.superseded_by:
+            return run.run_id
+    raise ResumeRefusedError(
+        RefusalCode.UNKNOWN_RUN, f"no unfinished run of this job in {store.location}"
+    )
+
+
+def begin_attempt(
+    store: CheckpointStore,
+    job: PreparedJob,
+    *,
+    how: ResumeHow = ResumeHow.RETRY,
+    run_id: str | None = None,
+    from_step: str | None = None,
+    generation: int | None = None,
+    external_key: str | None = None,
+    hold_lease: bool = False,
+) -> Attempt:
+    """Begin an attempt of ``job``: continue an earlier run or start a new one.
+
+    Which run it continues (Trax, seed 001; docs/decisions.md "Resuming"):
+
+    - with ``external_key`` and ``RETRY``: the run made for that key, whatever its checkpoints
+      (the framework's own retry, or a clear, of the same run), unless it succeeded (then a new
+      run) or its template or input changed (then a new run from the top, with a note);
+    - ``RETRY`` without a key: the newest unfinished run of the job, when allowed;
+    - ``REQUEUE``: a new run from the top;
+    - ``OPERATOR``: ``run_id`` exactly (or ``"latest"``), from ``from_step`` and ``generation``,
+      or a refusal.
+
+    Before anything else, what dead holders left running on this host is killed
+    (``reap_orphans``). Without an external key only one run of a job may be live at a time:
+    another process starting the same job is refused (``already-resumed``).
+
+    Args:
+        hold_lease: take the run's lease for this process (the local CLI, whose one process
+            drives the run); adapters whose tasks run elsewhere leave it False.
+
+    Returns:
+        The ``Attempt``; ``attempt.lease`` holds the run's lease when ``hold_lease``.
+
+    Raises:
+        ResumeRefusedError: an operator resume was refused, or another process runs the job.
+        StoreError: the store cannot be read or written.
+    """
+    notes: list[str] = []
+    superseded: list[RunRecord] = []
+    with store.job_lock(job.job_key):
+        notes.extend(reap_orphans(store, job.job_key))
+        run: RunRecord | None = None
+        resumed = False
+        if external_key is not None and how == ResumeHow.RETRY:
+            runs, _ = store.list_runs(job.job_key)
+            mine = [r for r in runs if r.external_key == external_key and not r.superseded_by]
+            existing = mine[-1] if mine else None
+            if existing is not None and existing.status == RunStatus.SUCCEEDED:
+                notes.append(
+                    f"run {existing.run_id} of {external_key} succeeded; running from the top"
+                )
+            elif existing is not None:
+                try:
+                    check_run(store, job, existing, notes=notes)
+                    resumed = True
+                    run = existing
+                    notes.append(f"resuming run {existing.run_id} (attempt {run.attempt + 1})")
+                except ResumeRefusedError as refusal:
+                    if refusal.code in (RefusalCode.NO_CHECKPOINT, RefusalCode.ALREADY_RESUMED):
+                        run = existing  # the same run goes on; nothing stored to resume from
+                        notes.append(f"continuing run {existing.run_id}: nothing to resume")
+                    else:
+                        notes.append(
+                            f"not resuming run {existing.run_id}: {refusal}; running from the top"
+                        )
+                        superseded.append(existing)
+        else:
+            if external_key is None:
+                live = _live_driver(store, job.job_key)
+                if live is not None:
+                    who = f" by process {live.runner.pid}" if live.runner else ""
+                    raise ResumeRefusedError(
+                        RefusalCode.ALREADY_RESUMED,
+                        f"job {job.job.name!r} is being run now{who} (run {live.run_id}); "
+                        f"stop it first ('openjd-checkpoint stop {live.run_id} --mode "
+                        "Suspended') or wait for it to end",
+                    )
+            if how == ResumeHow.OPERATOR and run_id == "latest":
+                run_id = _latest_run_id(store, job)
+            plan = plan_resume(
+                store, job, how, run_id=run_id, from_step=from_step, generation=generation
+            )
+            notes.extend(plan.notes)
+            superseded.extend(plan.superseded)
+            run = plan.run
+            resumed = run is not None
+            if run is not None and how == ResumeHow.OPERATOR and (from_step or generation):
+                _persist_resume_point(store, run, plan.records)
+        if run is None:
+            run = RunRecord(
+                job_key=job.job_key,
+                run_id=new_run_id(),
+                job_name=job.job.name,
+                template_path=str(job.template.source) if job.template.source else None,
+                template_hash=job.template.template_hash,
+                step_hashes=dict(job.template.step_hashes),
+                parameters=job.parameters,
+                finally_steps=list(job.template.finally_steps),
+                environments=list(job.environment_paths),
+                path_mapping_rules=[r.to_dict() for r in job.path_mapping_rules],
+                external_key=external_key,
+                attempt=0,
+            )
+        lease: Lease | None = None
+        if hold_lease:
+            lease = store.acquire_lease(run)
+            if lease is None:
+                raise ResumeRefusedError(
+                    RefusalCode.ALREADY_RESUMED,
+                    f"run {run.run_id} is being run by another process",
+                )
+        try:
+            with store.run_lock(run.job_key, run.run_id):
+                current = store.read_run(run.job_key, run.run_id) if run.attempt else None
+                rec = current or run
+                rec.attempt += 1
+                rec.status = RunStatus.RUNNING
+                rec.phase = "regular"
+                rec.runner = this_process() if hold_lease else None
+                rec.message = None
+                rec.skipped_tasks = []
+                rec.termination = None
+                rec.timed_out = None
+                rec.job_status = None
+                rec.condition = RunCondition(status="Unknown", reason="Running")
+                store.write_run(rec)
+        except BaseException:
+            if lease is not None:
+                lease.release()
+            raise
+    for old in superseded:
+        if old.run_id != rec.run_id:
+            try:
+                store.update_run(old.job_key, old.run_id, superseded_by=rec.run_id)
+            except StoreError as exc:
+                notes.append(f"warning: {exc}")
+    return Attempt(
+        job_key=rec.job_key,
+        run_id=rec.run_id,
+        attempt=rec.attempt,
+        resumed=resumed,
+        notes=notes,
+        external_key=external_key,
+        lease=lease,
+    )
+
+
+def _persist_resume_point(
+    store: CheckpointStore, run: RunRecord, records: list[TaskRecord]
+) -> None:
+    """Store what an operator resume with ``--from``/``--generation`` resumes from, so that
+    every process planning this attempt sees it: records it keeps are written as planned, and
+    the records of steps it runs again from the top are deleted."""
+    stored, _ = store.read_tasks(run.job_key, run.run_id)
+    kept = {(r.step, r.task_key) for r in records}
+    for rec in stored:
+        if (rec.step, rec.task_key) not in kept:
+            store.delete_task(rec)
+    for rec in records:
+        store.write_task(rec)
+
+
+# --- planning and running tasks -----------------------------------------------------------------
+def attempt_records(store: CheckpointStore, job: PreparedJob, run: RunRecord) -> list[TaskRecord]:
+    """The run's task records as this attempt plans with them: finally tasks that succeeded in
+    an earlier attempt are left out, because finally steps run again on every attempt."""
+    records, _ = store.read_tasks(run.job_key, run.run_id)
+    return [
+        r
+        for r in records
+        if not (
+            job.template.is_finally(r.step)
+            and r.status == TaskStatus.SUCCEEDED
+            and r.run_attempt < run.attempt
+        )
+    ]
+
+
+def prepare_run_job(store: CheckpointStore, job_key: str, run_id: str) -> PreparedJob:
+    """Rebuild a run's job in another process from its record alone (template path, job
+    parameter values, environment templates, path mapping rules).
+
+    Raises:
+        RunError: no such run, or its record names no template.
+        ResumeRefusedError: ``chain-changed``: the template file changed since the run began.
+        TemplateError: the template or its parameters are no longer valid.
+    """
+    run = store.read_run(job_key, run_id)
+    if run is None:
+        raise RunError(f"no run {run_id!r} in {store.location}")
+    if run.template_path is None:
+        raise RunError(f"run {run_id} has no template path; prepare the job from its template")
+    job = prepare_job(
+        run.template_path,
+        run.parameters,
+        environments=run.environments,
+        path_mapping_rules=load_path_mapping_rules(run.path_mapping_rules),
+    )
+    if job.template.template_hash != run.template_hash:
+        raise ResumeRefusedError(
+            RefusalCode.CHAIN_CHANGED,
+            f"the template {run.template_path} changed since run {run_id} began",
+        )
+    return job
+
+
+def _read_run(store: CheckpointStore, job: PreparedJob, run_id: str) -> RunRecord:
+    run = store.read_run(job.job_key, run_id)
+    if run is None:
+        raise RunError(f"no run {run_id!r} of job {job.job.name!r} in {store.location}")
+    return run
+
+
+def plan_step(
+    store: CheckpointStore,
+    job: PreparedJob,
+    run_id: str,
+    step_name: str,
+    *,
+    records: list[TaskRecord] | None = None,
+) -> list[TaskSpec]:
+    """The tasks of ``step_name`` this attempt of the run still has to run: finished tasks are
+    left out, checkpointed tasks resume, interrupted chunks keep only their unfinished frames
+    (``PreparedJob.plan_step``). Each ``TaskSpec`` has a readable ``label`` and travels as
+    ``to_dict()``/``TaskSpec.from_dict()``.
+
+    Raises:
+        RunError: no such run. KeyError: no such step. StoreError: the store cannot be read.
+    """
+    if records is None:
+        records = attempt_records(store, job, _read_run(store, job, run_id))
+    return job.plan_step(step_name, [r for r in records if r.step == step_name])
+
+
+def claim_task(
+    store: CheckpointStore, job: PreparedJob, run_id: str, spec: TaskSpec
+) -> tuple[Lease, TaskRecord | None, list[str]]:
+    """Take the task's lease and make sure no earlier process of it is alive on this host.
+
+    Returns the lease (release it when the task ends), the task's stored record (None if it has
+    none) and notes for the log.
+
+    Raises:
+        ResumeRefusedError: ``already-resumed``: another live process holds the task.
+        StoreError: the store cannot be read or written.
+    """
+    lease = store.acquire_task_lease(job.job_key, run_id, spec.step_name, spec.task_key)
+    if lease is None:
+        raise ResumeRefusedError(
+            RefusalCode.ALREADY_RESUMED,
+            f"task {spec.label} of run {run_id} is being run by another process",
+        )
+    notes: list[str] = []
+    try:
+        record = store.read_task(job.job_key, run_id, spec.step_name, spec.task_key)
+    except StoreError as exc:
+        notes.append(f"warning: {exc}; the task runs from the top")
+        record = None
+    except BaseException:
+        lease.release()
+        raise
+    if record is not None and record.process is not None:
+        if kill_recorded_process(record.process):
+            notes.append(
+                f"stopped process {record.process.pid} of {spec.label} left running by an "
+                "earlier attempt"
+            )
+    return lease, record, notes
+
+
+def run_task(
+    store: CheckpointStore,
+    job: PreparedJob,
+    run_id: str,
+    spec: TaskSpec,
+    *,
+    on_output: Callable[[TaskExecution, list[str]], None] | None = None,
+    on_event: Callable[[TaskExecution, TaskEvent], None] | None = None,
+    on_note: Callable[[str], None] | None = None,
+    on_start: Callable[[TaskExecution], None] | None = None,
+    working_root: str | None = None,
+    poll_seconds: float = 0.5,
+) -> TaskResult:
+    """Run one task of a run, in this process, to its end (any process, any host).
+
+    The task's lease is held while it runs; a previous process of the task left alive on this
+    host is killed first. Termination requests of the run reach it within ``poll_seconds``
+    and stop it as ``task_stop_for`` says, with the request's ``force`` and ``deadline``. A task
+    of a run that is already stopping is not started (``TaskOutcome.SKIPPED``). Finally tasks
+    get the ``{{Job.Status}}`` that ``enter_finally`` stored.
+
+    Args:
+        on_start: called with the ``TaskExecution`` before it runs (for example to keep it
+            for an ``on_kill`` that calls ``stop(..., deadline=...)``).
+
+    Raises:
+        ResumeRefusedError: ``already-resumed`` (another process runs this task now).
+        RunError: the run does not exist or has ended.
+        StoreError: the store cannot be read or written when the task starts.
+    """
+    run = _read_run(store, job, run_id)
+    if run.phase == "ended" or run.status != RunStatus.RUNNING:
+        raise RunError(f"run {run_id} has ended ({run.status.value}); {spec.label} was not run")
+    is_finally = job.template.is_finally(spec.step_name)
+    lease, record, notes = claim_task(store, job, run_id, spec)
+    try:
+        for n in notes:
+            if on_note is not None:
+                on_note(n)
+        execution = TaskExecution(
+            job,
+            spec,
+            run_id=run_id,
+            store=store,
+            record=record,
+            attempt=run.attempt,
+            on_output=on_output,
+            on_event=on_event,
+            working_root=working_root,
+            job_status=run.job_status if is_finally else None,
+        )
+
+        def apply(term: Termination) -> None:
+            intent = task_stop_for(term.mode, is_finally=is_finally)
+            if intent is not None:
+                execution.stop(intent, force=term.force, deadline=term.deadline)
+
+        watcher = RunWatcher(
+            store,
+            job.job_key,
+            run_id,
+            run.attempt,
+            apply,
+            leases=[lease],
+            poll_seconds=poll_seconds,
+        )
+        term = watcher.check()
+        if task_stop_for(term.mode, is_finally=is_finally) is not None:
+            return TaskResult(
+                TaskOutcome.SKIPPED,
+                None,
+                f"not started: the run is stopping ({term.mode.value if term.mode else ''})",
+                execution.record,
+            )
+        if on_start is not None:
+            on_start(execution)
+        watcher.start()
+        try:
+            return execution.run()
+        finally:
+            watcher.close()
+    finally:
+        lease.release()
+
+
+# --- phases and outcome ---------------------------------------------------------------------------
+def mark_timed_out(store: CheckpointStore, job_key: str, run_id: str, message: str) -> None:
+    """Record that the run's own time budget expired (the run fails with reason Timeout)."""
+    store.update_run(job_key, run_id, timed_out=message)
+
+
+def _incomplete_roots(
+    job: PreparedJob, names: Iterable[str], records: list[TaskRecord]
+) -> tuple[list[str], list[str]]:
+    """(steps that did not complete although their dependencies did, every step that did not
+    complete) among ``names``."""
+    incomplete: set[str] = set()
+    for name in names:
+        if job.plan_step(name, [r for r in records if r.step == name]):
+            incomplete.add(name)
+    roots = [
+        n
+        for n in names
+        if n in incomplete and not any(d in incomplete for d in job.dependencies(n))
+    ]
+    return roots, [n for n in names if n in incomplete]
+
+
+def _job_status(mode: TerminationMode | None, failed: bool) -> str:
+    if mode in (TerminationMode.CANCELLED, TerminationMode.CANCELLED_RUN_FINALLY):
+        return "Cancelled"
+    if mode == TerminationMode.STOPPED_RUN_FINALLY:
+        return "Stopped"
+    return "Failed" if failed else "Succeeded"
+
+
+@dataclass(frozen=True)
+class FinallyDecision:
+    """What ``enter_finally`` decided.
+
+    Attributes:
+        run_finally: True if the finally steps run now.
+        job_status: the ``{{Job.Status}}`` they get (``Succeeded``, ``Failed``, ``Cancelled``,
+            ``Stopped``).
+        mode: the termination mode in force, if any.
+    """
+
+    run_finally: bool
+    job_status: str
+    mode: TerminationMode | None
+
+
+def enter_finally(store: CheckpointStore, job: PreparedJob, run_id: str) -> FinallyDecision:
+    """End the run's regular phase (call it once every regular task has really ended, killed
+    tasks included) and decide whether the finally steps run (FINALLY, TEP-0058): they run
+    unless the mode is ``Cancelled`` or ``Suspended``, with ``Job.Status`` computed from the
+    records and the mode. The decision is stored, so finally tasks in any process read it.
+
+    Raises:
+        RunError: no such run. StoreError: the store cannot be read or written.
+    """
+    with store.run_lock(job.job_key, run_id):
+        run = _read_run(store, job, run_id)
+        term = resolve_termination(store.read_stop_requests(job.job_key, run_id), run.attempt)
+        records = attempt_records(store, job, run)
+        _, incomplete = _incomplete_roots(job, job.template.regular_steps, records)
+        status = _job_status(term.mode, bool(incomplete) or run.timed_out is not None)
+        run_finally = bool(job.template.finally_steps) and term.mode not in (
+            TerminationMode.CANCELLED,
+            TerminationMode.SUSPENDED,
+        )
+        if run.phase == "regular":
+            run.job_status = status
+            if run_finally:
+                run.phase = "finally"
+            store.write_run(run)
+    return FinallyDecision(run_finally, status, term.mode)
+
+
+@dataclass
+class RunOutcome:
+    """How an attempt ended (``finish_attempt``).
+
+    Attributes:
+        status: the run's ``RunStatus``.
+        condition: its ``Succeeded`` condition (TEP-0058 reasons, plus ``Suspended``,
+            ``Timeout``, ``Failed``).
+        exit_code: see ``EXIT_CODES``.
+        mode: the termination mode in force, if any.
+        skipped: the tasks that were not run, as labels.
+        failed_steps: regular steps that failed; finally_failed: finally steps that failed.
+    """
+
+    status: RunStatus
+    condition: RunCondition
+    exit_code: int
+    mode: TerminationMode | None = None
+    skipped: list[str] = field(default_factory=list)
+    failed_steps: list[str] = field(default_factory=list)
+    finally_failed: list[str] = field(default_factory=list)
+
+
+def finish_attempt(
+    store: CheckpointStore,
+    job: PreparedJob,
+    run_id: str,
+    *,
+    finally_timeout: str | None = None,
+    skipped: list[str] | None = None,
+) -> RunOutcome:
+    """End the attempt: compute the run's status, condition and reason from its records and
+    termination requests, store them, and delete the run's checkpoints only when the whole run,
+    finally steps included, succeeded (seed 001: "a run that completes deletes its
+    checkpoints"). Requests made after this are refused.
+
+    Args:
+        finally_timeout: the message of an expired finally budget, if it expired.
+        skipped: the tasks not started, as labels (default: every task still planned).
+
+    Raises:
+        RunError: no such run. StoreError: the store cannot be read or written.
+    """
+    with store.run_lock(job.job_key, run_id):
+        run = _read_run(store, job, run_id)
+        term = resolve_termination(store.read_stop_requests(job.job_key, run_id), run.attempt)
+        mode = term.mode
+        records = attempt_records(store, job, run)
+        failed_steps, incomplete = _incomplete_roots(job, job.template.regular_steps, records)
+        finally_failed: list[str] = []
+        if run.phase == "finally":
+            failed_here = {
+                r.step
+                for r in records
+                if job.template.is_finally(r.step)
+                and r.status == TaskStatus.FAILED
+                and r.run_attempt == run.attempt
+            }
+            if finally_timeout:
+                failed_here.update(_incomplete_roots(job, job.template.finally_steps, records)[1])
+            finally_failed = [s for s in job.template.finally_steps if s in failed_here]
+        if skipped is None:
+            skipped = [
+                spec.label
+                for name in job.step_order()
+                for spec in job.plan_step(name, [r for r in records if r.step == name])
+            ]
+        if mode == TerminationMode.SUSPENDED:
+            status = RunStatus.INTERRUPTED
+            cond = RunCondition(status="False", reason="Suspended", message="suspended; resumable")
+            code = EXIT_CODES["interrupted"]
+        elif mode is not None:
+            status = (
+                RunStatus.STOPPED
+                if mode == TerminationMode.STOPPED_RUN_FINALLY
+                else RunStatus.CANCELED
+            )
+            cond = RunCondition(status="False", reason=mode.value, message=f"ended by {mode.value}")
+            code = EXIT_CODES["canceled"]
+        elif run.timed_out is not None:
+            status = RunStatus.FAILED
+            cond = RunCondition(status="False", reason="Timeout", message=run.timed_out)
+            code = EXIT_CODES["failed"]
+        elif incomplete or finally_failed:
+            what = failed_steps + [f"finally {s}" for s in finally_failed]
+            if finally_timeout:
+                what.append(finally_timeout)
+            status = RunStatus.FAILED
+            cond = RunCondition(
+                status="False", reason="Failed", message="failed: " + ", ".join(what)
+            )
+            code = EXIT_CODES["failed"]
+        else:
+            status = RunStatus.SUCCEEDED
+            cond = RunCondition(status="True", reason="Succeeded")
+            code = EXIT_CODES["succeeded"]
+        if finally_failed and status != RunStatus.FAILED:
+            cond.message += "; finally failed: " + ", ".join(finally_failed)
+            if mode != TerminationMode.SUSPENDED:
+                code = max(code, EXIT_CODES["failed"])
+        run.status, run.condition = status, cond
+        run.termination = mode.value if mode else None
+        run.skipped_tasks = list(skipped)
+        run.runner = None
+        run.phase = "ended"
+        if status == RunStatus.SUCCEEDED:
+            store.delete_checkpoints(run)
+        store.write_run(run)
+    return RunOutcome(status, cond, code, mode, list(skipped), failed_steps, finally_failed)

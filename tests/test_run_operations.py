@@ -1,0 +1,508 @@
+"""Run-level core operations (issue 6), driven as a distributed scheduler drives them: every
+task in a separate OS process (``tests/run_worker.py`` stands in for an Airflow or Prefect
+worker), termination requests from yet another process, the store as the only thing shared."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import DATA, ROOT, cli_cmd
+
+from core import CheckpointStore, JobRunner, ResumeRefusedError, TaskSpec, prepare_job
+from core._run import (
+    begin_attempt,
+    enter_finally,
+    finish_attempt,
+    plan_step,
+    request_termination,
+)
+
+pytestmark = pytest.mark.slow
+THREE = DATA / "three_steps.yaml"
+COUNTER = DATA / "counter.yaml"
+WORKER = str(Path(__file__).resolve().parent / "run_worker.py")
+
+
+class Worker:
+    """One worker process running one task."""
+
+    def __init__(self, store: Path, job_key: str, run_id: str, spec: TaskSpec) -> None:
+        self.spec = spec
+        self.proc = subprocess.Popen(
+            [sys.executable, WORKER, str(store), job_key, run_id, json.dumps(spec.to_dict())],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            text=True,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+            start_new_session=True,
+        )
+        self.output = ""
+
+    def wait(self, timeout: float = 60) -> dict:
+        self.output, _ = self.proc.communicate(timeout=timeout)
+        last = self.output.strip().splitlines()[-1] if self.output.strip() else "{}"
+        try:
+            return json.loads(last)
+        except ValueError:
+            return {"crash": self.output}
+
+
+def drive(store: Path, job, *, key: str = "test/run-1", stop_during=None) -> dict:
+    """Drive one attempt through the operations, every task in its own worker process."""
+    attempt = begin_attempt(CheckpointStore(store), job, external_key=key)
+    st = CheckpointStore(store)
+    outputs: list[str] = []
+    for step in job.step_order():
+        if job.template.is_finally(step):
+            continue
+        specs = plan_step(st, job, attempt.run_id, step)
+        workers = [Worker(store, attempt.job_key, attempt.run_id, s) for s in specs]
+        if stop_during is not None and step == stop_during[0]:
+            stop_during[1](attempt)
+        results = [w.wait() for w in workers]
+        outputs += [w.output for w in workers]
+        if any(r.get("outcome") != "succeeded" for r in results):
+            break
+    decision = enter_finally(st, job, attempt.run_id)
+    if decision.run_finally:
+        for step in job.template.finally_steps:
+            for s in plan_step(st, job, attempt.run_id, step):
+                w = Worker(store, attempt.job_key, attempt.run_id, s)
+                w.wait()
+                outputs.append(w.output)
+    outcome = finish_attempt(st, job, attempt.run_id)
+    return {
+        "attempt": attempt,
+        "decision": decision,
+        "outcome": outcome,
+        "output": "\n".join(outputs),
+    }
+
+
+def cleanup_status(out: Path) -> str:
+    path = out / "cleanup-status"
+    return path.read_text().strip() if path.exists() else ""
+
+
+@pytest.mark.parametrize("fail_frame", [0, 4])
+def test_three_steps_in_separate_processes_end_as_the_job_runner(
+    tmp_path: Path, fail_frame: int
+) -> None:
+    out_ops, out_runner = tmp_path / "ops", tmp_path / "runner"
+    out_ops.mkdir()
+    out_runner.mkdir()
+    params = {"FailFrame": fail_frame, "FrameSeconds": 0.05}
+    (out_ops / "fail-now").touch()
+    (out_runner / "fail-now").touch()
+    job = prepare_job(THREE, dict(params, Out=str(out_ops)))
+    got = drive(tmp_path / "store-ops", job)
+    labels = [s.label for s in job.plan_step("Render")]
+    assert labels == ["Render[Frame=1-2]", "Render[Frame=3-4]", "Render[Frame=5-6]"]
+
+    runner_job = prepare_job(THREE, dict(params, Out=str(out_runner)))
+    ref = JobRunner(runner_job, store=CheckpointStore(tmp_path / "store-runner")).run()
+
+    outcome = got["outcome"]
+    assert outcome.status == ref.status
+    assert outcome.condition.reason == ref.condition.reason
+    assert outcome.condition.message == ref.condition.message
+    assert outcome.exit_code == ref.exit_code
+    expected = "Succeeded" if not fail_frame else "Failed"
+    assert got["decision"].job_status == expected
+    assert cleanup_status(out_ops) == cleanup_status(out_runner) == expected
+    store = CheckpointStore(tmp_path / "store-ops")
+    runs, _ = store.list_runs()
+    tasks, _ = store.read_tasks(runs[0].job_key, runs[0].run_id)
+    if fail_frame:
+        assert "ASSEMBLED" not in got["output"]
+        assert any(t.completed_frames == [3] for t in tasks)  # the failed chunk's finished frame
+    else:
+        assert "ASSEMBLED" in got["output"]
+        assert tasks == []  # a succeeded run deletes its checkpoints and task records
+
+
+def test_two_processes_claim_one_task_and_exactly_one_runs(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    job = prepare_job(COUNTER, {"N": 10, "StepSeconds": 0.2})
+    attempt = begin_attempt(CheckpointStore(store), job, external_key="claim")
+    [spec] = plan_step(CheckpointStore(store), job, attempt.run_id, "Count")
+    a = Worker(store, attempt.job_key, attempt.run_id, spec)
+    b = Worker(store, attempt.job_key, attempt.run_id, spec)
+    results = [a.wait(), b.wait()]
+    ran = [r for r in results if r.get("outcome") == "succeeded"]
+    refused = [r for r in results if r.get("refused")]
+    assert len(ran) == 1 and len(refused) == 1, results
+    assert refused[0]["refused"] == "already-resumed"
+    assert "is being run by another process" in refused[0]["message"]
+
+
+def _wait_for_checkpoint(store: Path, job_key: str, run_id: str, generation: int) -> None:
+    end = time.monotonic() + 30
+    while time.monotonic() < end:
+        tasks, _ = CheckpointStore(store).read_tasks(job_key, run_id)
+        if tasks and tasks[0].checkpoint and tasks[0].checkpoint.generation >= generation:
+            return
+        time.sleep(0.05)
+    raise AssertionError("no checkpoint was stored")
+
+
+def test_a_killed_worker_is_replaced_and_the_task_resumes(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    lock = tmp_path / "counter.lock"
+    job = prepare_job(COUNTER, {"N": 40, "StepSeconds": 0.1, "LockFile": str(lock)})
+    attempt = begin_attempt(CheckpointStore(store), job, external_key="kill")
+    [spec] = plan_step(CheckpointStore(store), job, attempt.run_id, "Count")
+    first = Worker(store, attempt.job_key, attempt.run_id, spec)
+    _wait_for_checkpoint(store, attempt.job_key, attempt.run_id, 3)
+    [record] = CheckpointStore(store).read_tasks(attempt.job_key, attempt.run_id)[0]
+    assert record.process is not None
+    orphan_pid = record.process.pid
+    first.proc.send_signal(signal.SIGKILL)  # the worker only: its task runs on, unsupervised
+    first.proc.wait(10)
+    assert psutil.pid_exists(orphan_pid)
+
+    # The framework retries on another worker: it plans again and claims the task.
+    [again] = plan_step(CheckpointStore(store), job, attempt.run_id, "Count")
+    assert again.resume is not None and again.resume.generation >= 3
+    second = Worker(store, attempt.job_key, attempt.run_id, again)
+    result = second.wait()
+    assert result.get("outcome") == "succeeded", second.output
+    assert "left running by an earlier attempt" in second.output
+    assert "COUNTER-CONCURRENT" not in second.output  # never two copies at once
+    assert f"COUNTER-DONE n=40 sum={sum(range(1, 41))}" in second.output
+    assert not psutil.pid_exists(orphan_pid) or psutil.Process(orphan_pid).status() == "zombie"
+
+
+# mode -> (Render's tasks end as, Job.Status of the finally step or "" if it did not run,
+#          run status)
+MODES = {
+    "Suspended": ("interrupted_with_checkpoint", "", "interrupted"),
+    "Cancelled": ("canceled", "", "canceled"),
+    "CancelledRunFinally": ("canceled", "Cancelled", "canceled"),
+    "StoppedRunFinally": ("succeeded", "Stopped", "stopped"),
+}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_request_from_a_third_process_reaches_tasks_in_two_others(
+    tmp_path: Path, mode: str
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    store = tmp_path / "store"
+    # Two chunks of two frames, each frame 2.5 s long: both run at once in two workers.
+    job = prepare_job(THREE, {"Out": str(out), "FrameSeconds": 2.5})
+    attempt = begin_attempt(CheckpointStore(store), job, external_key=f"modes-{mode}")
+    st = CheckpointStore(store)
+    specs = plan_step(st, job, attempt.run_id, "Render")[:2]
+    workers = [Worker(store, attempt.job_key, attempt.run_id, s) for s in specs]
+    end = time.monotonic() + 30
+    while "RENDER-START 3-4" not in _started(store) and time.monotonic() < end:
+        time.sleep(0.05)
+    sent = subprocess.run(
+        cli_cmd("stop", attempt.run_id, "--mode", mode, "--store", str(store)),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=30,
+    )
+    assert sent.returncode == 0, sent.stderr
+    results = [w.wait() for w in workers]
+    want_task, want_status, want_run = MODES[mode]
+    assert [r.get("outcome") for r in results] == [want_task, want_task], results
+    decision = enter_finally(st, job, attempt.run_id)
+    if decision.run_finally:
+        for s in plan_step(st, job, attempt.run_id, "Cleanup"):
+            assert Worker(store, attempt.job_key, attempt.run_id, s).wait()["outcome"] == (
+                "succeeded"
+            )
+    outcome = finish_attempt(st, job, attempt.run_id)
+    assert cleanup_status(out) == want_status
+    assert outcome.status.value == want_run
+    assert outcome.condition.reason == mode
+    # Checkpoints survive every ending but full success.
+    tasks, _ = st.read_tasks(attempt.job_key, attempt.run_id)
+    assert tasks, "task records must survive a stopped run"
+    if mode == "Suspended":
+        assert all(t.checkpoint is not None for t in tasks if t.step == "Render")
+
+
+def _started(store: Path) -> str:
+    """Which Render chunks have a running process (their task records name one)."""
+    st = CheckpointStore(store)
+    runs, _ = st.list_runs()
+    names = [
+        "RENDER-START " + t.parameters["Frame"]["value"]
+        for r in runs
+        for t in st.read_tasks(r.job_key, r.run_id)[0]
+        if t.process is not None
+    ]
+    return " ".join(names)
+
+
+def test_checkpoints_survive_a_failure_and_go_after_success(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "fail-now").touch()
+    job = prepare_job(THREE, {"Out": str(out), "FailFrame": 4, "FrameSeconds": 0.01})
+    got = drive(store, job, key="survive")
+    assert got["outcome"].status.value == "failed"
+    st = CheckpointStore(store)
+    run_id = got["attempt"].run_id
+    tasks, _ = st.read_tasks(got["attempt"].job_key, run_id)
+    assert any(t.completed_frames == [3] for t in tasks)
+    # The framework's retry of the same run (same external key) resumes it and succeeds:
+    # only frame 4 runs again, and the run's records are gone after the success.
+    (out / "fail-now").unlink()
+    again = drive(store, job, key="survive")
+    assert again["attempt"].run_id == run_id and again["attempt"].attempt == 2
+    assert again["outcome"].status.value == "succeeded"
+    assert "RENDER-START 4" in again["output"]
+    assert [p.read_text() for p in sorted(out.glob("frame-*"))] == ["x"] * 6
+    assert st.read_tasks(got["attempt"].job_key, run_id)[0] == []
+
+
+def test_framework_retry_continues_the_run_and_a_new_key_starts_fresh(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    out = tmp_path / "out"
+    out.mkdir()
+    job = prepare_job(THREE, {"Out": str(out), "FrameSeconds": 0.01})
+    st = CheckpointStore(store)
+    first = begin_attempt(st, job, external_key="dag/run-a")
+    again = begin_attempt(st, job, external_key="dag/run-a")
+    other = begin_attempt(st, job, external_key="dag/run-b")
+    assert again.run_id == first.run_id and again.attempt == 2
+    assert other.run_id != first.run_id and other.attempt == 1
+
+
+def test_runner_killed_before_first_checkpoint_leaves_nothing_for_the_next_run(
+    tmp_path: Path,
+) -> None:
+    for fresh in (False, True):
+        store = tmp_path / f"store-{fresh}"
+        lock = tmp_path / f"lock-{fresh}"
+        args = ["run", str(COUNTER), "--store", str(store), "-q"]
+        args += ["-p", "N=40", "-p", "StepSeconds=0.1", "-p", "SaveEvery=0"]
+        args += ["-p", f"LockFile={lock}"]
+        first = subprocess.Popen(
+            cli_cmd(*args),
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        pid = _task_pid(store)
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+        assert psutil.pid_exists(pid)
+        second = subprocess.run(
+            cli_cmd(*args, *(["--fresh"] if fresh else [])),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert second.returncode == 0, second.stderr
+        assert "COUNTER-CONCURRENT" not in second.stdout
+        assert f"COUNTER-DONE n=40 sum={sum(range(1, 41))}" in second.stdout
+        assert "left running by a dead runner" in second.stderr, second.stderr
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
+
+
+def _task_pid(store: Path) -> int:
+    end = time.monotonic() + 30
+    while time.monotonic() < end:
+        st = CheckpointStore(store)
+        runs, _ = st.list_runs()
+        for run in runs:
+            tasks, _ = st.read_tasks(run.job_key, run.run_id)
+            for t in tasks:
+                if t.process is not None:
+                    return t.process.pid
+        time.sleep(0.05)
+    raise AssertionError("the task never started")
+
+
+def test_ten_concurrent_fresh_runs_of_one_job_run_it_once(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    args = ["run", str(COUNTER), "--store", str(store), "-q", "--fresh"]
+    args += ["-p", "N=10", "-p", "StepSeconds=0.3", "-p", f"LockFile={tmp_path / 'lock'}"]
+    procs = [
+        subprocess.Popen(
+            cli_cmd(*args), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(10)
+    ]
+    results = [(p.wait(120), *p.communicate()) for p in procs]
+    ran = [r for r in results if r[0] == 0]
+    refused = [r for r in results if r[0] == 4]
+    assert len(ran) == 1 and len(refused) == 9, [(r[0], r[2][-300:]) for r in results]
+    for _code, _out, err in refused:
+        assert "already-resumed" in err and "is being run now" in err
+    assert all("COUNTER-CONCURRENT" not in out for _c, out, _e in results)
+
+
+def test_a_stop_deadline_shortens_the_notify_period(tmp_path: Path) -> None:
+    import threading
+
+    from core import StopIntent, TaskExecution
+
+    job = prepare_job(COUNTER, {"N": 1000, "StepSeconds": 0.1, "IgnoreSignal": 1})
+    [spec] = job.plan_step("Count")
+    lines: list[str] = []
+    ex = TaskExecution(job, spec, run_id="deadline-run", on_output=lambda _e, ls: lines.extend(ls))
+    box: dict = {}
+    t = threading.Thread(target=lambda: box.setdefault("r", ex.run()))
+    t.start()
+    end = time.monotonic() + 20
+    while not any("COUNTER-STEP" in line for line in lines) and time.monotonic() < end:
+        time.sleep(0.02)
+    started = time.time()
+    deadline = started + 2.0
+    ex.stop(StopIntent.CHECKPOINT, deadline=deadline)
+    t.join(30)
+    ended = time.time()
+    assert "COUNTER-IGNORING" in lines  # it was notified first
+    assert ended < deadline, f"still running {ended - deadline:.2f} s after the deadline"
+    assert ended - started > 1.0  # after the shortened notify period, not at once
+    warning = next(w for w in ex.warnings if "would outlast the stop deadline" in w)
+    assert "notifyPeriodInSeconds 10 s" in warning and "2.0 s from now" in warning
+
+
+def test_a_stop_request_with_a_deadline_reaches_another_process(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    job = prepare_job(COUNTER, {"N": 1000, "StepSeconds": 0.1, "IgnoreSignal": 1})
+    attempt = begin_attempt(CheckpointStore(store), job, external_key="deadline")
+    [spec] = plan_step(CheckpointStore(store), job, attempt.run_id, "Count")
+    w = Worker(store, attempt.job_key, attempt.run_id, spec)
+    _task_pid(store)  # the task runs
+    deadline = time.time() + 3
+    request_termination(
+        CheckpointStore(store), attempt.job_key, attempt.run_id, "Suspended", deadline=deadline
+    )
+    result = w.wait(30)
+    assert time.time() < deadline + 0.5
+    assert result["outcome"] in ("interrupted", "interrupted_with_checkpoint"), w.output
+    assert "would outlast the stop deadline" in w.output or result, w.output
+
+
+def test_refused_claims_do_not_break_the_holder(tmp_path: Path) -> None:
+    """The refused process must not touch the holder's processes or record."""
+    store = tmp_path / "store"
+    job = prepare_job(COUNTER, {"N": 8, "StepSeconds": 0.25})
+    st = CheckpointStore(store)
+    attempt = begin_attempt(st, job, external_key="holder")
+    [spec] = plan_step(st, job, attempt.run_id, "Count")
+    holder = Worker(store, attempt.job_key, attempt.run_id, spec)
+    _task_pid(store)
+    from core._run import claim_task
+
+    with pytest.raises(ResumeRefusedError) as info:
+        claim_task(st, job, attempt.run_id, spec)
+    assert info.value.code.value == "already-resumed"
+    assert holder.wait()["outcome"] == "succeeded"
+
+
+def _send(store: str, job_key: str, run_id: str, mode: str, at: float) -> str:
+    """In a pool process: ask for ``mode`` at wall time ``at``."""
+    from core import RunError
+
+    time.sleep(max(0.0, at - time.time()))
+    try:
+        request_termination(CheckpointStore(store), job_key, run_id, mode)
+    except RunError as exc:
+        return f"refused: {exc}"
+    return "accepted"
+
+
+def _supersede(store: str, job_key: str, run_id: str, at: float) -> str:
+    time.sleep(max(0.0, at - time.time()))
+    CheckpointStore(store).update_run(job_key, run_id, superseded_by="a-later-run")
+    return "done"
+
+
+# (first, second, the mode the run must end in), for the regular phase and start-up
+PAIRS = [
+    ("StoppedRunFinally", "Cancelled", "Cancelled"),
+    ("CancelledRunFinally", "Cancelled", "Cancelled"),
+    ("StoppedRunFinally", "CancelledRunFinally", "CancelledRunFinally"),
+    ("Suspended", "Cancelled", "Cancelled"),
+]
+# while finally steps run, CancelledRunFinally and StoppedRunFinally change nothing
+FINALLY_PAIRS = [
+    ("StoppedRunFinally", "Cancelled", "Cancelled"),
+    ("CancelledRunFinally", "Cancelled", "Cancelled"),
+    ("Suspended", "Cancelled", "Cancelled"),
+]
+
+
+@pytest.mark.parametrize("phase", ["start-up", "regular", "finally"])
+def test_concurrent_stop_requests_end_in_the_more_forceful_mode(tmp_path: Path, phase: str) -> None:
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    out = tmp_path / "out"
+    out.mkdir()
+    store = tmp_path / "store"
+    job = prepare_job(THREE, {"Out": str(out)})
+    st = CheckpointStore(store)
+    pairs = FINALLY_PAIRS if phase == "finally" else PAIRS
+    ctx = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(max_workers=3, mp_context=ctx) as pool:
+        for rep in range(24):
+            first, second, want = pairs[rep % len(pairs)]
+            if rep % 2:
+                first, second = second, first  # both orders
+            attempt = begin_attempt(st, job, external_key=f"{phase}-{rep}")
+            args = (str(store), attempt.job_key, attempt.run_id)
+            if phase == "regular":
+                # a task of the run is mid-way: its record says it runs
+                [spec, *_] = plan_step(st, job, attempt.run_id, "Render")
+                from core._task import TaskExecution
+
+                rec = TaskExecution(job, spec, run_id=attempt.run_id).record
+                rec.status = rec.status.RUNNING
+                st.write_task(rec)
+            elif phase == "finally":
+                assert enter_finally(st, job, attempt.run_id).run_finally
+            t0 = time.time() + 0.15
+            futures = [
+                pool.submit(_send, *args, first, t0),
+                pool.submit(_send, *args, second, t0 + 0.05),
+                pool.submit(_supersede, *args, t0 + 0.02),
+            ]
+            answers = [f.result(30) for f in futures]
+            if phase != "finally":
+                enter_finally(st, job, attempt.run_id)
+            outcome = finish_attempt(st, job, attempt.run_id)
+            assert outcome.mode is not None and outcome.mode.value == want, (rep, answers)
+            rec = st.read_run(attempt.job_key, attempt.run_id)
+            assert rec is not None and rec.superseded_by == "a-later-run", rep
+            assert rec.condition.reason == want
+            assert "accepted" in answers
+
+
+def test_a_late_request_is_refused_not_dropped(tmp_path: Path) -> None:
+    from core import RunError
+
+    out = tmp_path / "out"
+    out.mkdir()
+    store = tmp_path / "store"
+    job = prepare_job(THREE, {"Out": str(out)})
+    st = CheckpointStore(store)
+    attempt = begin_attempt(st, job, external_key="late")
+    enter_finally(st, job, attempt.run_id)
+    finish_attempt(st, job, attempt.run_id)
+    with pytest.raises(RunError, match="has ended"):
+        request_termination(st, attempt.job_key, attempt.run_id, "Cancelled")
