@@ -25,10 +25,8 @@ Prefect adapters are others. Which process may call what: see docs/core-api.md.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 from ._errors import RunError, StoreError
@@ -46,7 +44,6 @@ from ._store import (
     RunCondition,
     RunRecord,
     RunStatus,
-    StopRequest,
     TaskRecord,
     TaskStatus,
     host_id,
@@ -54,12 +51,20 @@ from ._store import (
     this_process,
 )
 from ._task import (
-    StopIntent,
     TaskEvent,
     TaskExecution,
     TaskOutcome,
     TaskResult,
     kill_recorded_process,
+)
+from ._termination import (
+    RunWatcher,
+    Termination,
+    TerminationMode,
+    request_termination,
+    resolve_termination,
+    run_is_live,
+    task_stop_for,
 )
 
 __all__ = (
@@ -97,263 +102,6 @@ EXIT_CODES = {
     "canceled": 130,
 }
 """Exit codes of ``openjd-checkpoint run`` and ``resume`` (75 is EX_TEMPFAIL: try again)."""
-
-
-class TerminationMode(str, Enum):
-    """How a run is asked to end early (TEP-0058, plus ``Suspended``)."""
-
-    CANCELLED = "Cancelled"
-    """Stop running tasks with ``cancelation``, skip the rest, run no finally steps (and stop
-    running ones)."""
-    CANCELLED_RUN_FINALLY = "CancelledRunFinally"
-    """Stop running tasks with ``cancelation``, skip the rest, then run the finally steps."""
-    STOPPED_RUN_FINALLY = "StoppedRunFinally"
-    """Let running tasks finish, skip the rest, then run the finally steps."""
-    SUSPENDED = "Suspended"
-    """Stop running tasks with ``checkpointCancelation``, skip the rest, run no finally steps:
-    the run stays resumable."""
-
-
-_UPGRADES = {
-    TerminationMode.CANCELLED: {
-        TerminationMode.STOPPED_RUN_FINALLY,
-        TerminationMode.CANCELLED_RUN_FINALLY,
-        TerminationMode.SUSPENDED,
-    },
-    TerminationMode.CANCELLED_RUN_FINALLY: {TerminationMode.STOPPED_RUN_FINALLY},
-}
-"""Which modes a later request may replace: a stop may only become more forceful."""
-
-
-# --- termination ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Termination:
-    """The termination a run's requests add up to.
-
-    Attributes:
-        mode: the mode in force, or None.
-        force: kill running tasks without notifying them.
-        deadline: seconds since the epoch by which running tasks must be gone, or None.
-    """
-
-    mode: TerminationMode | None = None
-    force: bool = False
-    deadline: float | None = None
-
-
-def fold_request(
-    current: Termination,
-    mode: TerminationMode | str,
-    *,
-    phase: str,
-    force: bool = False,
-    deadline: float | None = None,
-) -> tuple[Termination, str | None]:
-    """Apply one request to the termination in force (TEP-0058 precedence).
-
-    Returns the new termination and, when the request changes no mode, why: while finally
-    steps run, ``CancelledRunFinally`` and ``StoppedRunFinally`` change nothing (TEP case 4);
-    a mode may only be replaced by a more forceful one (``Cancelled`` overrides every mode,
-    ``CancelledRunFinally`` overrides ``StoppedRunFinally``).
-
-    Raises:
-        ValueError: ``mode`` is not a termination mode.
-    """
-    mode = TerminationMode(mode)
-    if phase == "finally" and mode in (
-        TerminationMode.CANCELLED_RUN_FINALLY,
-        TerminationMode.STOPPED_RUN_FINALLY,
-    ):
-        return current, f"{mode.value} while finally steps run: no change"
-    if current.mode is not None and mode != current.mode:
-        if current.mode not in _UPGRADES.get(mode, set()):
-            return current, f"already stopping ({current.mode.value})"
-    new_deadline = current.deadline
-    if deadline is not None:
-        new_deadline = deadline if new_deadline is None else min(new_deadline, deadline)
-    return Termination(mode, current.force or force, new_deadline), None
-
-
-def resolve_termination(requests: Iterable[StopRequest], attempt: int) -> Termination:
-    """Fold a run's stop requests of ``attempt`` in the order they were made."""
-    term = Termination()
-    for req in requests:
-        if req.attempt != attempt:
-            continue
-        try:
-            term, _ = fold_request(
-                term, req.mode, phase=req.phase, force=req.force, deadline=req.deadline
-            )
-        except ValueError:
-            continue  # a request naming no mode stops nothing
-    return term
-
-
-def task_stop_for(
-    mode: TerminationMode | None, *, is_finally: bool, finally_timed_out: bool = False
-) -> StopIntent | None:
-    """How a running task stops under ``mode`` (docs/decisions.md, "Termination modes").
-
-    Regular tasks: ``Suspended`` checkpoints, ``Cancelled`` and ``CancelledRunFinally`` cancel,
-    ``StoppedRunFinally`` lets them finish. Finally tasks: only ``Cancelled`` (or their own
-    timeout) cancels them, and ``Suspended`` checkpoints them.
-    """
-    if is_finally:
-        if mode == TerminationMode.CANCELLED or finally_timed_out:
-            return StopIntent.CANCEL
-        if mode == TerminationMode.SUSPENDED:
-            return StopIntent.CHECKPOINT
-        return None
-    if mode == TerminationMode.SUSPENDED:
-        return StopIntent.CHECKPOINT
-    if mode in (TerminationMode.CANCELLED, TerminationMode.CANCELLED_RUN_FINALLY):
-        return StopIntent.CANCEL
-    return None
-
-
-def run_is_live(store: CheckpointStore, run: RunRecord) -> bool:
-    """True while a run accepts termination requests: it has not ended, and, for a run driven
-    by one process (the CLI, which records itself as ``runner``), that process still holds the
-    run's lease. A run with no driving process (Airflow, Prefect) is live until it ends."""
-    if run.status != RunStatus.RUNNING or run.phase == "ended":
-        return False
-    if run.runner is not None:
-        return store.lease_held(run)
-    return True
-
-
-def request_termination(
-    store: CheckpointStore,
-    job_key: str,
-    run_id: str,
-    mode: TerminationMode | str,
-    *,
-    force: bool = False,
-    deadline: float | None = None,
-) -> tuple[Termination, str | None]:
-    """Ask a run to end early, from any process. Returns the termination now in force and a
-    note when the request changed no mode (TEP-0058 case 4).
-
-    The request is accepted under the run's record lock, so it is either seen by the attempt's
-    ``enter_finally``/``finish_attempt`` or refused here: a request accepted is never dropped.
-    Running tasks in any process learn of it within about a second (``RunWatcher``).
-
-    Args:
-        mode: a ``TerminationMode`` or its value.
-        force: kill running tasks without notifying them.
-        deadline: seconds since the epoch by which running tasks must be gone.
-
-    Raises:
-        RunError: no such run, it has ended, or it is already stopping in a mode this one may
-            not replace.
-        ValueError: ``mode`` is not a termination mode.
-        StoreError: the store cannot be read or written.
-    """
-    mode = TerminationMode(mode)
-    with store.run_lock(job_key, run_id):
-        run = store.read_run(job_key, run_id)
-        if run is None:
-            raise RunError(f"no run {run_id!r} in {store.location}")
-        if not run_is_live(store, run):
-            raise RunError(
-                f"run {run_id} has ended ({run.status.value}, reason {run.condition.reason}); "
-                "it cannot be stopped"
-            )
-        current = resolve_termination(store.read_stop_requests(job_key, run_id), run.attempt)
-        new, note = fold_request(current, mode, phase=run.phase, force=force, deadline=deadline)
-        if note is not None and note.startswith("already stopping"):
-            raise RunError(f"run {run_id} is {note}; {mode.value} may not replace it")
-        store.add_stop_request(
-            run,
-            StopRequest(
-                mode=mode.value,
-                requested_by=this_process(),
-                attempt=run.attempt,
-                phase=run.phase,
-                force=force,
-                deadline=deadline,
-            ),
-        )
-        if note is None and run.condition.reason != "Stopping":
-            run.condition = RunCondition(
-                status="Unknown",
-                reason="Stopping",
-                message=f"{new.mode.value} requested" if new.mode else "",
-            )
-            run.termination = new.mode.value if new.mode else None
-            store.write_run(run)
-    return new, note
-
-
-class RunWatcher:
-    """Polls a run's stop requests from a background thread and reports each change of the
-    termination in force; renews leases on stores without locks.
-
-    Args:
-        store / job_key / run_id / attempt: the run attempt to watch.
-        on_change: called with the new ``Termination`` (on the watcher thread).
-        leases: leases to renew every ``renew_seconds`` (no-op on local stores).
-        poll_seconds: how often the store is read.
-    """
-
-    def __init__(
-        self,
-        store: CheckpointStore,
-        job_key: str,
-        run_id: str,
-        attempt: int,
-        on_change: Callable[[Termination], None],
-        *,
-        leases: Iterable[Lease] = (),
-        poll_seconds: float = 0.5,
-        renew_seconds: float = 10.0,
-    ) -> None:
-        self._store = store
-        self._key = (job_key, run_id)
-        self._attempt = attempt
-        self._on_change = on_change
-        self.leases = list(leases)
-        self._poll = poll_seconds
-        self._renew = renew_seconds
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="openjd-run-watch", daemon=True)
-        self.current = Termination()
-        self.errors: list[str] = []
-
-    def start(self) -> RunWatcher:
-        self._thread.start()
-        return self
-
-    def check(self) -> Termination:
-        """Read the requests now; call ``on_change`` if the termination changed."""
-        try:
-            requests = self._store.read_stop_requests(*self._key)
-        except StoreError as exc:
-            self.errors.append(str(exc))
-            return self.current
-        term = resolve_termination(requests, self._attempt)
-        if term != self.current:
-            self.current = term
-            self._on_change(term)
-        return term
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(5)
-
-    def _loop(self) -> None:
-        waited = 0.0
-        while not self._stop.wait(self._poll):
-            self.check()
-            waited += self._poll
-            if waited >= self._renew:
-                waited = 0.0
-                for lease in self.leases:
-                    try:
-                        lease.renew()
-                    except StoreError as exc:
-                        self.errors.append(f"lease not renewed: {exc}")
 
 
 # --- attempts ---------------------------------------------------------------------------------
