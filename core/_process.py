@@ -1,11 +1,19 @@
 """One action's process: start it in its own session, read its output, signal and kill its tree.
 
-openjd-sessions' ``LoggingSubprocess`` is the behavioural reference (own process session, output
-read on a thread, SIGKILL of the whole group to terminate). What it lacks, and this adds: a chosen
-notify signal sent to the whole process group (a worker behind ``bash -c`` gets it), output read as
-bytes at pipe speed and split into whole lines only (stdout and stderr on separate pipes, so
-interleaved writes never make a fragment), a line cap with an explicit refusal instead of
-splitting, and a kill that also reaches descendants that left the process group.
+openjd-sessions' ``LoggingSubprocess`` is the behavioural reference (own process session, stderr
+merged into stdout on one pipe, output read on a thread, SIGKILL of the whole group to terminate).
+What it lacks, and this adds: a chosen notify signal sent to the whole process group (a worker
+behind ``bash -c`` gets it), output read as bytes at pipe speed and split into whole lines only, a
+line cap with an explicit refusal instead of splitting, and a kill that also reaches descendants
+that left the process group.
+
+stdout and stderr share one pipe, as in openjd-sessions, so the output reads in the order the
+process wrote it (a ``set -x`` trace before the command's output, a traceback after the prints
+before it). The kernel keeps each ``write()`` to a pipe whole (at least up to ``PIPE_BUF``, 4096
+bytes, when several processes write at once), so a message line written in one write is never
+split or mixed with other output. What one pipe cannot tell apart is a line written in pieces: a
+partial line on one stream followed by a write on the other makes one line of the two (see
+docs/decisions.md, "stdout and stderr share one pipe").
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ import os
 import selectors
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -33,6 +42,8 @@ __all__ = (
 )
 
 _READ_SIZE = 256 * 1024
+_STREAM = "stdout"
+"""The ``stream`` of every line: stderr is merged into stdout."""
 
 
 @dataclass(slots=True)
@@ -40,8 +51,9 @@ class OutputLine:
     """One whole line of an action's output.
 
     Attributes:
-        number: 1-based, counted over stdout and stderr together in the order read.
-        stream: ``"stdout"`` or ``"stderr"``.
+        number: 1-based, counted over the action's output in the order written.
+        stream: always ``"stdout"``: stderr is merged into stdout on one pipe, so the two cannot
+            be told apart (kept so that consumers of the two-pipe reader still work).
         data: the line's bytes without the newline (and without a trailing carriage return);
             empty when ``oversized``.
         oversized: the line was longer than the cap; its bytes were dropped.
@@ -110,7 +122,10 @@ class ActionProcess:
         self._exited = threading.Event()
         self._returncode: int | None = None
         self._line_no = 0
+        self._buf = bytearray()
+        self._dropping = -1  # bytes of an oversized line dropped so far, or -1
         self._consumer_failed = False
+        self._stop_reading = threading.Event()
         self.identity: ProcessIdentity | None = None
 
     def start(self) -> ProcessIdentity:
@@ -120,7 +135,7 @@ class ActionProcess:
             env=self._env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
             restore_signals=True,
             close_fds=True,
@@ -149,18 +164,22 @@ class ActionProcess:
         """Wait up to ``timeout`` seconds for the main process to exit; True if it has."""
         return self._exited.wait(timeout)
 
-    def finish(self, reader_grace: float = 2.0) -> int:
+    def finish(self, reader_grace: float = 2.0, *, kill_leftovers: bool = True) -> int:
         """After the main process exited: kill what is left of its tree, drain the output.
 
         Returns the main process's exit code (negative: killed by that signal).
+        ``kill_leftovers=False`` leaves what the action started running (an environment's
+        ``onEnter`` that starts a daemon); its output is then read only as long as it writes
+        to the action's pipe within ``reader_grace``.
         """
         self._exited.wait()
-        self.kill_tree()
+        if kill_leftovers:
+            self.kill_tree()
         if self._reader is not None:
             self._reader.join(reader_grace)
             if self._reader.is_alive():
                 # A process outside our reach still holds the pipe: stop reading it.
-                self._close_pipes()
+                self._stop_reading.set()
                 self._reader.join(reader_grace)
         assert self._returncode is not None
         return self._returncode
@@ -206,53 +225,56 @@ class ActionProcess:
         self._returncode = self._popen.wait()
         self._exited.set()
 
-    def _close_pipes(self) -> None:
-        assert self._popen is not None
-        for pipe in (self._popen.stdout, self._popen.stderr):
-            try:
-                if pipe is not None:
-                    pipe.close()
-            except OSError:
-                pass
-
     def _read(self) -> None:
-        assert self._popen is not None and self._popen.stdout and self._popen.stderr
+        """Read the merged output until every writer closed it (or ``_stop_reading`` is set),
+        and hand it on in batches of whole lines."""
+        assert self._popen is not None and self._popen.stdout is not None
+        pipe = self._popen.stdout
+        fd = pipe.fileno()
         sel = selectors.DefaultSelector()
-        buffers: dict[int, bytearray] = {}
-        dropping: dict[int, int] = {}
-        names: dict[int, str] = {}
-        for pipe, name in ((self._popen.stdout, "stdout"), (self._popen.stderr, "stderr")):
-            fd = pipe.fileno()
-            sel.register(fd, selectors.EVENT_READ)
-            buffers[fd] = bytearray()
-            dropping[fd] = -1
-            names[fd] = name
-        open_fds = set(buffers)
+        sel.register(fd, selectors.EVENT_READ)
+        read = os.read
         try:
-            while open_fds:
+            while not self._stop_reading.is_set():
                 try:
-                    ready = sel.select(timeout=0.5)
+                    ready = sel.select(timeout=0.25)
                 except (OSError, ValueError):
                     break
-                for key, _ in ready:
-                    fd = int(key.fd)
+                if not ready:
+                    continue
+                try:
+                    chunk = read(fd, _READ_SIZE)
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    break
+                batch = self._split(chunk)
+                if batch:
+                    self._deliver(batch)
+            else:
+                # Asked to stop while something still holds the pipe: take what is already in
+                # it (without waiting for more), then the last line even without its newline.
+                for _ in range(64):
+                    if not sel.select(timeout=0):
+                        break
                     try:
-                        chunk = os.read(fd, _READ_SIZE)
+                        chunk = read(fd, _READ_SIZE)
                     except OSError:
-                        chunk = b""
+                        break
                     if not chunk:
-                        sel.unregister(fd)
-                        open_fds.discard(fd)
-                        batch: list[OutputLine] = []
-                        self._flush_tail(fd, names[fd], buffers, dropping, batch)
-                        if batch:
-                            self._deliver(batch)
-                        continue
-                    batch = self._split(fd, names[fd], chunk, buffers, dropping)
+                        break
+                    batch = self._split(chunk)
                     if batch:
                         self._deliver(batch)
+            tail = self._flush_tail()
+            if tail:
+                self._deliver(tail)
         finally:
             sel.close()
+            try:
+                pipe.close()
+            except OSError:
+                pass
 
     def _deliver(self, batch: list[OutputLine]) -> None:
         """Hand lines on; a failing consumer (a closed stdout, say) must not stop the reading,
@@ -262,8 +284,6 @@ class ActionProcess:
         except Exception as exc:  # reported once, then reading goes on
             if not self._consumer_failed:
                 self._consumer_failed = True
-                import sys
-
                 err = sys.__stderr__
                 try:
                     if err is not None:
@@ -271,67 +291,69 @@ class ActionProcess:
                 except (OSError, ValueError):
                     pass
 
-    def _next(self) -> int:
-        self._line_no += 1
-        return self._line_no
-
-    def _split(
-        self,
-        fd: int,
-        name: str,
-        chunk: bytes,
-        buffers: dict[int, bytearray],
-        dropping: dict[int, int],
-    ) -> list[OutputLine]:
+    def _split(self, chunk: bytes) -> list[OutputLine]:
+        """The whole lines that ``chunk`` completes; a trailing partial line waits in the buffer
+        (or, past the cap, is counted and dropped)."""
         parts = chunk.split(b"\n")
         rest = parts.pop()
         out: list[OutputLine] = []
         if parts:
             first = parts[0]
-            buf = buffers[fd]
-            if dropping[fd] >= 0:
-                out.append(OutputLine(self._next(), name, b"", True, dropping[fd] + len(first)))
-                dropping[fd] = -1
-            elif buf:
-                buf += first
-                out.append(self._make(name, bytes(buf)))
-                buf.clear()
+            if self._dropping >= 0:
+                self._line_no += 1
+                out.append(
+                    OutputLine(self._line_no, _STREAM, b"", True, self._dropping + len(first))
+                )
+                self._dropping = -1
+            elif self._buf:
+                self._buf += first
+                out.append(self._make(bytes(self._buf)))
+                self._buf.clear()
             else:
-                out.append(self._make(name, first))
-            make = self._make
-            out.extend([make(name, piece) for piece in parts[1:]])
+                out.append(self._make(first))
+            if len(parts) > 1:
+                if len(chunk) <= self._max and b"\r" not in chunk:
+                    # The common case: no line can be over the cap, none ends in CR.
+                    n = self._line_no
+                    out.extend(
+                        [
+                            OutputLine(i, _STREAM, piece, False, len(piece))
+                            for i, piece in enumerate(parts[1:], n + 1)
+                        ]
+                    )
+                    self._line_no = n + len(parts) - 1
+                else:
+                    make = self._make
+                    out.extend([make(piece) for piece in parts[1:]])
         if rest:
-            if dropping[fd] >= 0:
-                dropping[fd] += len(rest)
+            if self._dropping >= 0:
+                self._dropping += len(rest)
             else:
-                buf = buffers[fd]
-                buf += rest
-                if len(buf) > self._max:
-                    dropping[fd] = len(buf)
-                    buf.clear()
+                self._buf += rest
+                if len(self._buf) > self._max:
+                    self._dropping = len(self._buf)
+                    self._buf.clear()
         return out
 
-    def _make(self, name: str, line: bytes) -> OutputLine:
+    def _make(self, line: bytes) -> OutputLine:
+        self._line_no += 1
         if len(line) > self._max:
-            return OutputLine(self._next(), name, b"", True, len(line))
+            return OutputLine(self._line_no, _STREAM, b"", True, len(line))
         if line.endswith(b"\r"):
             line = line[:-1]
-        return OutputLine(self._next(), name, line, False, len(line))
+        return OutputLine(self._line_no, _STREAM, line, False, len(line))
 
-    def _flush_tail(
-        self,
-        fd: int,
-        name: str,
-        buffers: dict[int, bytearray],
-        dropping: dict[int, int],
-        out: list[OutputLine],
-    ) -> None:
-        if dropping[fd] >= 0:
-            out.append(OutputLine(self._next(), name, b"", True, dropping[fd]))
-            dropping[fd] = -1
-        elif buffers[fd]:
-            out.append(self._make(name, bytes(buffers[fd])))
-            buffers[fd].clear()
+    def _flush_tail(self) -> list[OutputLine]:
+        """The last line, when the output ended without a newline."""
+        if self._dropping >= 0:
+            self._line_no += 1
+            size, self._dropping = self._dropping, -1
+            return [OutputLine(self._line_no, _STREAM, b"", True, size)]
+        if self._buf:
+            line = self._make(bytes(self._buf))
+            self._buf.clear()
+            return [line]
+        return []
 
 
 MARKER_VARIABLE = "OPENJD_CHECKPOINT_SESSION"

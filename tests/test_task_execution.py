@@ -230,11 +230,16 @@ import json, os, sys, time
 out = sys.stdout.buffer
 def w(b):
     out.write(b); out.flush()
-# a valid save split over two writes, with stderr written in between
+# a valid save split over two writes is read whole
 w(b'openjd_checkpoint_sa')
 time.sleep(0.2)
-sys.stderr.write("stderr in between\n"); sys.stderr.flush()
 w(b've: {"state": "good"}\n')
+# stdout and stderr share one pipe, so stderr written in the middle of a save joins it: the
+# joined line is refused whole (bad JSON) and its tail is plain output; no fragment is stored
+w(b'openjd_checkpoint_save: {"state": "fragm')
+time.sleep(0.2)
+sys.stderr.write("stderr in between\n"); sys.stderr.flush()
+w(b'ent"}\n')
 time.sleep(0.3)
 w(b'openjd_checkpoint_save: {"state": "bad-\xff\xfe"}\n')          # not UTF-8
 w(b'\xff\xfe plain output that is not UTF-8\n')
@@ -267,7 +272,8 @@ def test_malformed_output_warns_task_keeps_running_and_checkpoint_stays(tmp_path
     assert result.outcome == TaskOutcome.INTERRUPTED_WITH_CHECKPOINT
     assert result.record.checkpoint.state == "good"
     assert result.record.checkpoint.generation == 1
-    assert "stderr in between" in r.lines
+    assert 'openjd_checkpoint_save: {"state": "fragmstderr in between' in r.lines
+    assert 'ent"}' in r.lines
     assert any("plain output that is not UTF-8" in line for line in r.lines)
     warnings = "\n".join(r.ex.warnings)
     for expected in (
