@@ -19,6 +19,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ._chunks import AdaptiveChunker
     from ._errors import OpenJDCheckpointError, RunError, StoreError, TemplateError
     from ._job import PreparedJob, TaskSpec, load_path_mapping_rules, prepare_job
     from ._messages import (
@@ -40,13 +41,16 @@ if TYPE_CHECKING:
         claim_task,
         enter_finally,
         finish_attempt,
+        plan_group,
         plan_step,
         prepare_run_job,
         request_termination,
         run_task,
+        run_tasks,
         task_stop_for,
     )
     from ._runner import JobRunner, RunResult
+    from ._session import Session
     from ._store import (
         CheckpointData,
         CheckpointStore,
@@ -77,7 +81,11 @@ _EXPORTS = {
     "claim_task": "._run",
     "enter_finally": "._run",
     "finish_attempt": "._run",
+    "plan_group": "._run",
     "plan_step": "._run",
+    "run_tasks": "._run",
+    "Session": "._session",
+    "AdaptiveChunker": "._chunks",
     "prepare_run_job": "._run",
     "request_termination": "._termination",
     "run_task": "._run",
@@ -116,6 +124,7 @@ _EXPORTS = {
 }
 
 __all__ = (
+    "AdaptiveChunker",
     "Attempt",
     "CancelMethod",
     "CheckpointData",
@@ -139,6 +148,7 @@ __all__ = (
     "RunOutcome",
     "RunResult",
     "RunStatus",
+    "Session",
     "StopIntent",
     "StoreError",
     "TaskEvent",
@@ -161,11 +171,13 @@ __all__ = (
     "load_template",
     "parse_line",
     "parse_template",
+    "plan_group",
     "plan_step",
     "prepare_job",
     "prepare_run_job",
     "request_termination",
     "run_task",
+    "run_tasks",
     "task_stop_for",
 )
 

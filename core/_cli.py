@@ -1,16 +1,10 @@
 """``openjd-checkpoint``: check and run OpenJD job templates locally, interrupt and resume them.
 
 The CLI is the first adapter of the core API: it maps ``JobRunner``/``TaskExecution`` onto a
-terminal (output lines, a progress display, Ctrl-C).
+terminal (output lines, a progress display, Ctrl-C). ``core/cli.py`` is its small entry point.
 """
 
 from __future__ import annotations
-
-import signal as _signal
-import sys as _sys
-
-# Until the run installs its own handling, Ctrl-C ends the program quietly (nothing started).
-_signal.signal(_signal.SIGINT, lambda *_: _sys.exit(130))
 
 import argparse
 import json
@@ -645,7 +639,3 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         print("openjd-checkpoint: internal error (a bug; please report it)", file=sys.stderr)
         return EXIT_CODES["internal"]
-
-
-if __name__ == "__main__":
-    sys.exit(main())

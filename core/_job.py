@@ -291,6 +291,44 @@ class PreparedJob:
                 specs.append(TaskSpec(step_name, f"{key}#{_expr(piece)}", p, p, None, chunk_param))
         return specs
 
+    def adaptive_plan(
+        self, step_name: str, records: Iterable[TaskRecord] = ()
+    ) -> tuple[list[TaskSpec], Any] | None:
+        """For a step whose CHUNK[INT] parameter has ``targetRuntimeSeconds`` (TASK_CHUNKING):
+        the checkpointed chunks that resume (``plan_step``'s rule 2), and an
+        ``AdaptiveChunker`` that hands out every other frame not yet reported, in chunks whose
+        size follows the measured time per frame. None for any other step.
+
+        Frames are counted per frame, so a resume runs exactly the frames not yet reported,
+        whatever the chunk boundaries of earlier attempts were.
+        """
+        from ._chunks import AdaptiveChunker, group_key, is_adaptive
+
+        chunk_param, _contiguous = self.chunk_parameter(step_name)
+        if chunk_param is None or not is_adaptive(self.step(step_name).parameterSpace):
+            return None
+        records = [r for r in records if r.step == step_name]
+        resumed = [s for s in self.plan_step(step_name, records) if s.resume is not None]
+        done: dict[str, set[int]] = {}
+        for rec in records:
+            frames = done.setdefault(group_key(rec.parameters, chunk_param), set())
+            frames.update(rec.completed_frames)
+            if rec.status.value == "succeeded":
+                frames.update(_frames(rec.parameters[chunk_param]["value"]))
+        for spec in resumed:
+            done.setdefault(group_key(spec.parameters, chunk_param), set()).update(
+                spec.chunk_frames
+            )
+        chunker = AdaptiveChunker.for_step(self, step_name, done=done)
+        return resumed, chunker
+
+    def spec_for(self, step_name: str, params: Mapping[str, ParameterValue]) -> TaskSpec:
+        """A fresh task (``onRun``) of ``step_name`` with these task parameter values."""
+        chunk_param, _ = self.chunk_parameter(step_name)
+        return TaskSpec(
+            step_name, task_key_of(params), dict(params), dict(params), None, chunk_param
+        )
+
 
 def task_key_of(params: Mapping[str, ParameterValue]) -> str:
     """A task's identity: canonical JSON of its parameter values (``{}`` for a lone task)."""

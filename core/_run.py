@@ -38,6 +38,7 @@ from ._resume import (
     check_run,
     plan_resume,
 )
+from ._session import Session, kill_marked
 from ._store import (
     CheckpointStore,
     Lease,
@@ -51,6 +52,7 @@ from ._store import (
     this_process,
 )
 from ._task import (
+    StopIntent,
     TaskEvent,
     TaskExecution,
     TaskOutcome,
@@ -83,11 +85,13 @@ __all__ = (
     "mark_timed_out",
     "plan_step",
     "prepare_run_job",
+    "plan_group",
     "reap_orphans",
     "request_termination",
     "resolve_termination",
     "run_is_live",
     "run_task",
+    "run_tasks",
     "task_stop_for",
 )
 
@@ -162,6 +166,18 @@ def reap_orphans(store: CheckpointStore, job_key: str) -> list[str]:
     for run in runs:
         if run.status != RunStatus.RUNNING:
             continue
+        for session in store.list_sessions(run.job_key, run.run_id):
+            if session.host != me or store.session_lease_held(
+                run.job_key, run.run_id, session.session_id
+            ):
+                continue
+            killed = kill_marked(session.markers)
+            store.delete_session(run.job_key, run.run_id, session.session_id)
+            if killed:
+                notes.append(
+                    f"stopped {killed} environment process(es) left running by a dead session "
+                    f"of run {run.run_id}"
+                )
         try:
             records, _ = store.read_tasks(run.job_key, run.run_id)
         except StoreError:
@@ -473,6 +489,25 @@ def run_task(
     job: PreparedJob,
     run_id: str,
     spec: TaskSpec,
+    **options: Any,
+) -> TaskResult:
+    """Run one task of a run, in this process, to its end (any process, any host): a group of
+    one (``run_tasks``), in a session of its own.
+
+    Raises:
+        ResumeRefusedError: ``already-resumed`` (another process runs this task now).
+        RunError: the run does not exist or has ended.
+        StoreError: the store cannot be read or written when the task starts.
+    """
+    [result] = run_tasks(store, job, run_id, [spec], **options)
+    return result
+
+
+def run_tasks(
+    store: CheckpointStore,
+    job: PreparedJob,
+    run_id: str,
+    specs: list[TaskSpec],
     *,
     on_output: Callable[[TaskExecution, list[str]], None] | None = None,
     on_event: Callable[[TaskExecution, TaskEvent], None] | None = None,
@@ -480,77 +515,123 @@ def run_task(
     on_start: Callable[[TaskExecution], None] | None = None,
     working_root: str | None = None,
     poll_seconds: float = 0.5,
-) -> TaskResult:
-    """Run one task of a run, in this process, to its end (any process, any host).
+) -> list[TaskResult]:
+    """Run tasks of a run one after the other in one OpenJD session, in this process (an
+    Airflow task instance or a Prefect task run that runs a group of a step's tasks).
 
-    The task's lease is held while it runs; a previous process of the task left alive on this
-    host is killed first. Termination requests of the run reach it within ``poll_seconds``
-    and stop it as ``task_stop_for`` says, with the request's ``force`` and ``deadline``. A task
-    of a run that is already stopping is not started (``TaskOutcome.SKIPPED``). Finally tasks
-    get the ``{{Job.Status}}`` that ``enter_finally`` stored.
+    Each task's lease is held while it runs; a previous process of it left alive on this host
+    is killed first. Termination requests of the run reach the running task within
+    ``poll_seconds`` and stop it as ``task_stop_for`` says, with the request's ``force`` and
+    ``deadline``; tasks not started by then are not started (``TaskOutcome.SKIPPED``). Finally
+    tasks get the ``{{Job.Status}}`` that ``enter_finally`` stored. The session's environments
+    are entered once, before the first task, and exited after the last.
 
     Args:
-        on_start: called with the ``TaskExecution`` before it runs (for example to keep it
-            for an ``on_kill`` that calls ``stop(..., deadline=...)``).
+        specs: the tasks, all of one step (``plan_step``, or ``TaskSpec.from_dict``).
+        on_start: called with each ``TaskExecution`` before it runs (for example to keep it for
+            an ``on_kill`` that calls ``stop(..., deadline=...)``).
+
+    Returns:
+        One ``TaskResult`` per spec, in order.
 
     Raises:
-        ResumeRefusedError: ``already-resumed`` (another process runs this task now).
+        ResumeRefusedError: ``already-resumed``: another process runs one of these tasks now
+            (tasks before it have run; none after it).
         RunError: the run does not exist or has ended.
-        StoreError: the store cannot be read or written when the task starts.
+        StoreError: the store cannot be read or written when a task starts.
     """
     run = _read_run(store, job, run_id)
     if run.phase == "ended" or run.status != RunStatus.RUNNING:
-        raise RunError(f"run {run_id} has ended ({run.status.value}); {spec.label} was not run")
-    is_finally = job.template.is_finally(spec.step_name)
-    lease, record, notes = claim_task(store, job, run_id, spec)
-    try:
-        for n in notes:
-            if on_note is not None:
-                on_note(n)
-        execution = TaskExecution(
-            job,
-            spec,
-            run_id=run_id,
-            store=store,
-            record=record,
-            attempt=run.attempt,
-            on_output=on_output,
-            on_event=on_event,
-            working_root=working_root,
-            job_status=run.job_status if is_finally else None,
-        )
+        labels = ", ".join(s.label for s in specs)
+        raise RunError(f"run {run_id} has ended ({run.status.value}); {labels} not run")
+    current: list[TaskExecution] = []
+    state = {"term": Termination()}
 
-        def apply(term: Termination) -> None:
-            intent = task_stop_for(term.mode, is_finally=is_finally)
+    def stop_for(is_finally: bool) -> StopIntent | None:
+        return task_stop_for(state["term"].mode, is_finally=is_finally)
+
+    def apply(term: Termination) -> None:
+        state["term"] = term
+        for execution in list(current):
+            intent = task_stop_for(
+                term.mode, is_finally=job.template.is_finally(execution.spec.step_name)
+            )
             if intent is not None:
                 execution.stop(intent, force=term.force, deadline=term.deadline)
 
-        watcher = RunWatcher(
-            store,
-            job.job_key,
-            run_id,
-            run.attempt,
-            apply,
-            leases=[lease],
-            poll_seconds=poll_seconds,
-        )
-        term = watcher.check()
-        if task_stop_for(term.mode, is_finally=is_finally) is not None:
-            return TaskResult(
-                TaskOutcome.SKIPPED,
-                None,
-                f"not started: the run is stopping ({term.mode.value if term.mode else ''})",
-                execution.record,
-            )
-        if on_start is not None:
-            on_start(execution)
-        watcher.start()
-        try:
-            return execution.run()
-        finally:
-            watcher.close()
+    watcher = RunWatcher(store, job.job_key, run_id, run.attempt, apply, poll_seconds=poll_seconds)
+    watcher.check()
+    watcher.start()
+    results: list[TaskResult] = []
+    session = Session(job, run_id=run_id, store=store, working_root=working_root)
+    try:
+        for spec in specs:
+            is_finally = job.template.is_finally(spec.step_name)
+            session.job_status = run.job_status if is_finally else None
+            if stop_for(is_finally) is not None:
+                mode = state["term"].mode
+                results.append(
+                    TaskResult(
+                        TaskOutcome.SKIPPED,
+                        None,
+                        f"not started: the run is stopping ({mode.value if mode else ''})",
+                        TaskExecution(job, spec, run_id=run_id).record,
+                    )
+                )
+                continue
+            lease, record, notes = claim_task(store, job, run_id, spec)
+            watcher.leases.append(lease)
+            try:
+                for n in notes:
+                    if on_note is not None:
+                        on_note(n)
+                execution = TaskExecution(
+                    job,
+                    spec,
+                    run_id=run_id,
+                    store=store,
+                    record=record,
+                    attempt=run.attempt,
+                    on_output=on_output,
+                    on_event=on_event,
+                    working_root=working_root,
+                    job_status=session.job_status,
+                    session=session,
+                )
+                current[:] = [execution]
+                apply(state["term"])
+                if on_start is not None:
+                    on_start(execution)
+                results.append(execution.run())
+            finally:
+                current.clear()
+                watcher.leases.remove(lease)
+                lease.release()
     finally:
-        lease.release()
+        watcher.close()
+        problem = session.close()
+        if problem and on_note is not None:
+            on_note(f"warning: {problem}")
+    return results
+
+
+def plan_group(
+    store: CheckpointStore, job: PreparedJob, run_id: str, originals: list[TaskSpec]
+) -> list[TaskSpec]:
+    """What to run now for some of a step's *original* tasks (``PreparedJob.plan_step`` with no
+    records: the stable list an adapter maps over): each finished task drops out, a
+    checkpointed task resumes, an interrupted chunk keeps only its unfinished frames (possibly
+    as several pieces). So a ``map_index`` keeps naming the same OpenJD tasks on every try.
+
+    Raises:
+        RunError: no such run. StoreError: the store cannot be read.
+    """
+    if not originals:
+        return []
+    step = originals[0].step_name
+    keys = {s.task_key for s in originals}
+    planned = plan_step(store, job, run_id, step)
+    return [s for s in planned if s.task_key.split("#", 1)[0] in keys]
 
 
 # --- phases and outcome ---------------------------------------------------------------------------

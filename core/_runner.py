@@ -22,6 +22,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
+from ._chunks import AdaptiveChunker
 from ._errors import RunError, StoreError
 from ._job import PreparedJob, TaskSpec
 from ._resume import ResumeHow, ResumeRefusedError
@@ -40,6 +41,7 @@ from ._run import (
     request_termination,
     task_stop_for,
 )
+from ._session import Session, clean_stale_sessions
 from ._store import CheckpointStore, Lease, RunCondition, RunStatus, TaskRecord
 from ._task import (
     StopIntent,
@@ -47,7 +49,6 @@ from ._task import (
     TaskExecution,
     TaskOutcome,
     TaskResult,
-    clean_stale_sessions,
 )
 
 __all__ = ("EXIT_CODES", "JobRunner", "RunResult", "TerminationMode")
@@ -144,6 +145,8 @@ class JobRunner:
         self._timed_out = False
         self._finally_timed_out = False
         self._attempt: Attempt | None = None
+        self._sessions: list[Session] = []  # idle sessions, kept for the whole attempt
+        self._all_sessions: list[Session] = []
         self.run_id: str | None = None
 
     # --- public, thread-safe ---------------------------------------------------------------------
@@ -206,6 +209,9 @@ class JobRunner:
             self.note(f"run {self.run_id}: {term.mode.value} requested; stopping")
         for ex, is_finally in active:
             self._apply_to_task(ex, is_finally)
+        if term.force:
+            for session in list(self._all_sessions):
+                session.stop(force=True)  # abandons an onExit still running
 
     def _apply_to_task(self, ex: TaskExecution, is_finally: bool) -> None:
         term = self._term
@@ -260,6 +266,7 @@ class JobRunner:
             watcher.start()
             return self._run_attempt(attempt)
         finally:
+            self._close_sessions()
             with self._lock:
                 self._phase = "ended"
             watcher.close()
@@ -334,6 +341,7 @@ class JobRunner:
             for step_name in self.job.template.finally_steps:
                 result.skipped.extend(self._describe_plan(step_name, records))
 
+        self._close_sessions()
         with self._lock:
             self._phase = "ended"
         try:
@@ -359,6 +367,36 @@ class JobRunner:
         )
         return result
 
+    def _close_sessions(self) -> None:
+        """End every session of the attempt: environments exit (``onExit``) in reverse order,
+        what they left running is killed. A forced stop skips the ``onExit`` actions."""
+        with self._lock:
+            sessions, self._all_sessions, self._sessions = list(self._all_sessions), [], []
+        for session in sessions:
+            problem = session.close()
+            if problem:
+                self.note(f"warning: {problem}")
+
+    def _session(self, job_status: str | None) -> Session:
+        """An idle session (a new one while fewer than ``max_parallel`` exist)."""
+        with self._lock:
+            while self._sessions:
+                session = self._sessions.pop()
+                if session.broken is None:
+                    session.job_status = job_status  # finally steps read {{Job.Status}}
+                    return session
+                self._all_sessions.remove(session)
+                session.close()
+            session = Session(
+                self.job,
+                run_id=self.run_id,
+                store=self.store,
+                working_root=self._working_root,
+                job_status=job_status,
+            )
+            self._all_sessions.append(session)
+            return session
+
     def _order(self, names: tuple[str, ...]) -> list[str]:
         order = self.job.step_order()
         return [n for n in order if n in names]
@@ -378,6 +416,7 @@ class JobRunner:
         records: dict[tuple[str, str], TaskRecord],
         attempt: Attempt,
         job_status: str | None,
+        session: Session,
     ) -> tuple[TaskExecution, Lease] | TaskResult:
         try:
             lease, record, notes = claim_task(self.store, self.job, attempt.run_id, spec)
@@ -397,6 +436,7 @@ class JobRunner:
             on_event=self._on_event,
             working_root=self._working_root,
             job_status=job_status,
+            session=session,
         )
         return ex, lease
 
@@ -412,38 +452,65 @@ class JobRunner:
         attempt = self._attempt
         assert attempt is not None
         step_records = [r for (s, _), r in records.items() if s == step_name]
-        pending = list(self.job.plan_step(step_name, step_records))
+        adaptive = self.job.adaptive_plan(step_name, step_records)
+        chunker: AdaptiveChunker | None = None
+        if adaptive is not None:
+            pending, chunker = adaptive
+            self.note(
+                f"{step_name}: chunks adapt to {chunker.target_runtime_seconds} s "
+                f"(first chunks of {chunker.chunk_size} frames)"
+            )
+        else:
+            pending = list(self.job.plan_step(step_name, step_records))
         ok = True
-        futures: dict[Future[TaskResult], tuple[TaskSpec, TaskExecution, Lease]] = {}
+        started_at: dict[TaskExecution, float] = {}
+        futures: dict[Future[TaskResult], tuple[TaskSpec, TaskExecution, Lease, Session]] = {}
+
+        def refill() -> None:
+            """Adaptive steps: take the next chunk, at the size measured so far."""
+            if chunker is not None and not pending:
+                params = chunker.next_chunk()
+                if params is not None:
+                    pending.append(self.job.spec_for(step_name, params))
 
         with ThreadPoolExecutor(
             max_workers=self.max_parallel, thread_name_prefix="openjd-task"
         ) as pool:
-            while pending or futures:
-                while pending and len(futures) < self.max_parallel:
+            while True:
+                while len(futures) < self.max_parallel:
+                    refill()  # an adaptive step sizes each chunk as it is taken
+                    if not pending:
+                        break
                     if self._stopping(is_finally) or (not ok and not is_finally):
                         result.skipped.extend(s.label for s in pending)
                         pending.clear()
+                        if chunker is not None:
+                            result.skipped.extend(self._describe_rest(chunker, step_name))
                         break
                     spec = pending.pop(0)
-                    started = self._start_task(spec, records, attempt, job_status)
+                    session = self._session(job_status)
+                    started = self._start_task(spec, records, attempt, job_status, session)
                     if isinstance(started, TaskResult):
                         self.note(f"{spec.label}: {started.message}")
+                        self._sessions.append(session)
                         ok = False
                         continue
                     ex, lease = started
                     with self._lock:
                         self._active[ex] = is_finally
                     self._apply_to_task(ex, is_finally)
-                    futures[pool.submit(ex.run)] = (spec, ex, lease)
+                    started_at[ex] = time.monotonic()
+                    futures[pool.submit(ex.run)] = (spec, ex, lease, session)
                 if not futures:
                     break
                 done, _ = wait(list(futures), timeout=0.1, return_when=FIRST_COMPLETED)
                 if deadline is not None and time.monotonic() > deadline:
                     self._expire(is_finally)
                 for fut in done:
-                    spec, ex, lease = futures.pop(fut)
+                    spec, ex, lease, session = futures.pop(fut)
                     lease.release()
+                    with self._lock:
+                        self._sessions.append(session)
                     with self._lock:
                         self._active.pop(ex, None)
                     try:
@@ -454,7 +521,23 @@ class JobRunner:
                     result.results.append((spec, res))
                     if res.outcome != TaskOutcome.SUCCEEDED:
                         ok = False
+                    elif chunker is not None and spec.resume is None:
+                        seconds = time.monotonic() - started_at.pop(ex, time.monotonic())
+                        size = chunker.report(len(spec.chunk_frames), seconds)
+                        self.note(
+                            f"{spec.label}: {len(spec.chunk_frames)} frame(s) in {seconds:.1f} s; "
+                            f"next chunks of {size} frame(s)"
+                        )
         return ok
+
+    @staticmethod
+    def _describe_rest(chunker: AdaptiveChunker, step_name: str) -> list[str]:
+        """The frames an adaptive step did not hand out, as one label per chunk."""
+        rest: list[str] = []
+        while (params := chunker.next_chunk()) is not None:
+            inner = ", ".join(f"{k}={v.value}" for k, v in params.items())
+            rest.append(f"{step_name}[{inner}]")
+        return rest
 
     def _expire(self, is_finally: bool) -> None:
         with self._lock:

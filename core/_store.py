@@ -50,6 +50,7 @@ __all__ = (
     "RunCondition",
     "RunRecord",
     "RunStatus",
+    "SessionRecord",
     "TaskRecord",
     "StopRequest",
     "TaskStatus",
@@ -167,6 +168,21 @@ class TaskRecord(_Model):
     process: ProcessInfo | None = None
     step_hash: str = ""
     message: str | None = None
+    updated_at: float = Field(default_factory=time.time)
+
+
+class SessionRecord(_Model):
+    """An open session of a run: which host and process run it, and the markers of the
+    environments it entered, so that the next attempt can kill what the session left if its
+    process died (its lease is then free)."""
+
+    schema_version: int = SCHEMA_VERSION
+    job_key: str
+    run_id: str
+    session_id: str
+    host: str
+    pid: int
+    markers: list[str] = Field(default_factory=list)
     updated_at: float = Field(default_factory=time.time)
 
 
@@ -583,6 +599,54 @@ class CheckpointStore:
     def task_lease_held(self, job_key: str, run_id: str, step: str, task_key: str) -> bool:
         """True if a live holder has the task's lease (probes without keeping it)."""
         lease = self.acquire_task_lease(job_key, run_id, step, task_key)
+        if lease is None:
+            return True
+        lease.release()
+        return False
+
+    # --- sessions ------------------------------------------------------------------------------
+    def _session_base(self, job_key: str, run_id: str, session_id: str) -> str:
+        if not _RUN_ID.fullmatch(session_id):
+            raise StoreError(f"checkpoint store {self.location!r}: bad session id {session_id!r}")
+        return posixpath.join(self._run_dir(job_key, run_id), "sessions", session_id)
+
+    def acquire_session_lease(
+        self, job_key: str, run_id: str, session_id: str, *, ttl_seconds: float = 60.0
+    ) -> Lease | None:
+        """Take an open session's lease (held by the process that runs the session)."""
+        return self._acquire(self._session_base(job_key, run_id, session_id), ttl_seconds)
+
+    def write_session(self, record: SessionRecord) -> None:
+        record.updated_at = time.time()
+        base = self._session_base(record.job_key, record.run_id, record.session_id)
+        self._write(base + ".json", record.model_dump(mode="json"))
+
+    def delete_session(self, job_key: str, run_id: str, session_id: str) -> None:
+        base = self._session_base(job_key, run_id, session_id)
+        try:
+            for suffix in (".json", ".lock", ".lease.json"):
+                if self.fs.exists(base + suffix):
+                    self.fs.rm(base + suffix)
+        except OSError as exc:
+            raise StoreError(f"cannot delete {self._where(base)}: {exc}") from None
+
+    def list_sessions(self, job_key: str, run_id: str) -> list[SessionRecord]:
+        """The open (or abandoned) sessions of a run; unreadable records are set aside."""
+        directory = posixpath.join(self._run_dir(job_key, run_id), "sessions")
+        out: list[SessionRecord] = []
+        for name in self._ls_names(directory):
+            if not name.endswith(".json") or name.endswith(".lease.json") or name[0] == ".":
+                continue
+            try:
+                rec = self._read(posixpath.join(directory, name), SessionRecord)
+            except StoreError:
+                continue
+            if rec is not None and rec.session_id == name[: -len(".json")]:
+                out.append(rec)
+        return out
+
+    def session_lease_held(self, job_key: str, run_id: str, session_id: str) -> bool:
+        lease = self.acquire_session_lease(job_key, run_id, session_id)
         if lease is None:
             return True
         lease.release()

@@ -19,9 +19,6 @@ import dataclasses
 import datetime as _dt
 import json
 import os
-import shutil
-import stat
-import tempfile
 import threading
 import time
 import uuid
@@ -30,7 +27,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from openjd.model import FormatStringError, ParameterValueType, SymbolTable
+from openjd.model import FormatStringError, SymbolTable
 
 from ._errors import StoreError
 from ._job import PreparedJob, TaskSpec, params_to_record
@@ -59,6 +56,7 @@ from ._process import (
     kill_process_group,
     processes_with_marker,
 )
+from ._session import Session
 from ._store import (
     CheckpointData,
     CheckpointStore,
@@ -67,7 +65,7 @@ from ._store import (
     TaskStatus,
     host_id,
 )
-from ._template import JOB_STATUS_PARAMETER, CancelMethod
+from ._template import CancelMethod
 
 __all__ = (
     "STOP_KILL_MARGIN_SECONDS",
@@ -158,6 +156,8 @@ class TaskExecution:
         max_line_bytes / max_state_bytes: protocol caps in bytes.
         job_status: the run's outcome so far (``Succeeded``, ``Failed``, ``Cancelled``,
             ``Stopped``), the value of ``{{Job.Status}}`` in finally steps.
+        session: the ``Session`` to run in, whose environments stay entered for the tasks
+            after this one (None: a session of its own, entered and exited around this task).
     """
 
     def __init__(
@@ -176,9 +176,11 @@ class TaskExecution:
         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
         max_state_bytes: int = DEFAULT_MAX_STATE_BYTES,
         job_status: str | None = None,
+        session: Session | None = None,
     ) -> None:
         self.job = job
         self.job_status = job_status
+        self._session = session
         self.spec = spec
         self.run_id = run_id
         self.store = store
@@ -208,7 +210,6 @@ class TaskExecution:
             step_hash=job.template.step_hashes.get(spec.step_name, ""),
         )
         self._marker = uuid.uuid4().hex
-        self._session_dir: str | None = None
         self._dirty = False
         self._pending_save: CheckpointSave | None = None
         self.warnings: list[str] = []
@@ -272,78 +273,67 @@ class TaskExecution:
         if self.spec.resume is not None:
             rec.resume_status = None
         self._persist(force=True)
-        root = self._working_root or sessions_root()
-        os.makedirs(root, mode=0o700, exist_ok=True)
-        session_dir = tempfile.mkdtemp(prefix=f"session-{os.getpid()}-", dir=root)
-        os.chmod(session_dir, 0o700)
-        self._session_dir = session_dir
-        env = dict(self._os_env)
-        env["OPENJD_SESSION_WORKING_DIR"] = session_dir
-        env[MARKER_VARIABLE] = self._marker
-        entered: list[tuple[Any, str, dict[str, str]]] = []
+        session = self._session
+        private = session is None
+        if session is None:
+            session = Session(
+                self.job,
+                run_id=self.run_id if self.store is not None else None,
+                store=self.store,
+                working_root=self._working_root,
+                os_env=self._os_env,
+                job_status=self.job_status,
+            )
+            self._session = session
         exit_code: int | None = None
         message = ""
         failed = False
         try:
-            base = self._base_symtab(session_dir)
-            for env_model, path in self._environments():
-                if self._stop_intent is not None:
-                    break
-                symtab = SymbolTable(source=base)
-                try:
-                    self._apply_env_variables(env_model, symtab, env)
-                    files = self._embedded_files(
-                        getattr(env_model.script, "embeddedFiles", None), session_dir, symtab, "Env"
-                    )
-                    for k, v in files.items():
-                        symtab[k] = v
-                except (FormatStringError, OSError) as exc:
-                    failed, message = True, f"environment {env_model.name!r}: {exc}"
-                    break
-                entered.append((env_model, path, dict(files)))
-                code, msg = self._run_env_action(env_model, path, "onEnter", symtab, env)
-                if code != 0:
-                    failed, message = True, msg or f"environment {env_model.name!r} onEnter failed"
-                    break
-            if not failed and self._stop_intent is None:
-                exit_code, message = self._run_task_action(base, env, session_dir)
+            problem = session.prepare(self)
+            if problem is not None:
+                failed, message = True, problem
+            elif self._stop_intent is None:
+                exit_code, message = self._run_task_action(session)
                 failed = exit_code != 0
         except Exception as exc:  # a bug or an OS error: fail the task, keep the store intact
             failed, message = True, f"{type(exc).__name__}: {exc}"
         finally:
-            if not self._stop_force:
-                for env_model, path, files in reversed(entered):
-                    symtab = SymbolTable(source=self._base_symtab(session_dir))
-                    for k, v in files.items():
-                        symtab[k] = v
-                    code, msg = self._run_env_action(env_model, path, "onExit", symtab, env)
-                    if code != 0 and not failed and self._stop_intent is None:
-                        failed, message = (
-                            True,
-                            msg or f"environment {env_model.name!r} onExit failed",
-                        )
-            shutil.rmtree(session_dir, ignore_errors=True)
+            session.task_done(self)
+            if private:
+                problem = session.close(self)
+                if problem and not failed and self._stop_intent is None:
+                    failed, message = True, problem
         return self._finish(exit_code, failed, message)
 
-    def _run_env_action(
-        self, env_model: Any, path: str, which: str, symtab: SymbolTable, env: dict[str, str]
+    def run_environment_action(
+        self,
+        env_model: Any,
+        path: str,
+        which: str,
+        symtab: SymbolTable,
+        env: dict[str, str],
+        *,
+        marker: str,
     ) -> tuple[int, str]:
-        """Run an environment's ``onEnter`` or ``onExit`` (exit code 0 if it has none).
-
-        ``onExit`` runs even when the task is being stopped; only an abandon stops it."""
+        """Run an environment's ``onEnter`` or ``onExit`` for this task's session (exit code 0
+        if it has none). Its processes carry the environment's ``marker``; what ``onEnter``
+        leaves running lives on (the session kills it after ``onExit``). ``onExit`` runs even
+        when the task is being stopped; only an abandon (``force``) or a deadline stops it."""
         action = getattr(getattr(env_model.script, "actions", None), which, None)
         if action is None:
             return 0, ""
-        assert self._session_dir is not None
+        session = self._session
+        assert session is not None and session.working_dir is not None
         return self._run_action(
             action,
             f"{path}.script.actions.{which}",
             symtab,
             env,
-            self._session_dir,
+            session.working_dir,
             MessageContext(in_task_action=False, redaction_enabled=self._redaction()),
             env_action=True,
             stoppable=which != "onExit",
+            marker=marker,
         )
 
     def _finish(self, exit_code: int | None, failed: bool, message: str) -> TaskResult:
@@ -383,33 +373,19 @@ class TaskExecution:
             self._persist(force=True)
             return TaskResult(outcome, exit_code, message, rec.model_copy(deep=True))
 
-    def _environments(self) -> list[tuple[Any, str]]:
-        out: list[tuple[Any, str]] = []
-        for i, tmpl in enumerate(self.job.environments):
-            out.append((tmpl.environment, f"environments[{i}].environment"))
-        for i, env_model in enumerate(self.job.job.jobEnvironments or []):
-            out.append((env_model, f"jobEnvironments[{i}]"))
-        step = self.job.step(self.spec.step_name)
-        idx = self.job.template.step_index(self.spec.step_name)
-        for i, env_model in enumerate(step.stepEnvironments or []):
-            out.append((env_model, f"steps[{idx}].stepEnvironments[{i}]"))
-        return out
-
     def _redaction(self) -> bool:
         return "REDACTED_ENV_VARS" in self.job.template.extensions
 
-    def _run_task_action(
-        self, base: SymbolTable, env: dict[str, str], session_dir: str
-    ) -> tuple[int, str]:
+    def _run_task_action(self, session: Session) -> tuple[int, str]:
         step = self.job.step(self.spec.step_name)
         idx = self.job.template.step_index(self.spec.step_name)
-        symtab = SymbolTable(source=base)
+        symtab = SymbolTable(source=session.base_symtab())
         for name, value in self.spec.parameters.items():
             symtab[f"Task.RawParam.{name}"] = str(value.value)
-            symtab[f"Task.Param.{name}"] = self._map_value(value)
-        files = self._embedded_files(step.script.embeddedFiles, session_dir, symtab, "Task")
-        for k, v in files.items():
-            symtab[k] = v
+            symtab[f"Task.Param.{name}"] = session.map_value(value)
+        session.embedded_files(step.script.embeddedFiles, symtab, "Task")
+        session_dir = session.open()
+        env = dict(session.env)
         resume = self.spec.resume
         if resume is not None:
             action = self.job.template.resume_actions[self.spec.step_name]
@@ -441,6 +417,7 @@ class TaskExecution:
         *,
         env_action: bool = False,
         stoppable: bool = True,
+        marker: str | None = None,
     ) -> tuple[int, str]:
         try:
             argv = [action.command.resolve(symtab=symtab)] + [
@@ -456,27 +433,29 @@ class TaskExecution:
         def on_lines(lines: list[OutputLine]) -> None:
             self._handle_lines(lines, ctx, env_changes if env_action else None)
 
+        marker = marker or self._marker
         proc = ActionProcess(
             argv,
             cwd=session_dir,
-            env=dict(env, **{MARKER_VARIABLE: self._marker}),
+            env=dict(env, **{MARKER_VARIABLE: marker}),
             on_lines=on_lines,
             max_line_bytes=self._max_line,
-            marker=self._marker,
+            marker=marker,
         )
         try:
             ident = proc.start()
         except OSError as exc:
             return 1, f"{path}: cannot start {argv[0]!r}: {exc}"
-        with self._lock:
-            self._record.process = ProcessInfo(
-                pid=ident.pid,
-                pgid=ident.pgid,
-                start_time=ident.start_time,
-                host=host_id(),
-                marker=self._marker,
-            )
-        self._persist(force=True)
+        if not env_action:  # environments' processes are the session's to record
+            with self._lock:
+                self._record.process = ProcessInfo(
+                    pid=ident.pid,
+                    pgid=ident.pgid,
+                    start_time=ident.start_time,
+                    host=host_id(),
+                    marker=marker,
+                )
+            self._persist(force=True)
         self._emit("action_started", path)
         started = time.monotonic()
         timed_out = False
@@ -545,11 +524,13 @@ class TaskExecution:
             if deadline is not None and now >= deadline:
                 proc.kill_tree()
                 deadline = None
-        code = proc.finish()
+        # What an environment's onEnter leaves running (a daemon) lives until its onExit.
+        code = proc.finish(kill_leftovers=not (env_action and stoppable))
         self._flush_pending()
-        with self._lock:
-            self._record.process = None
-        self._persist(force=True)
+        if not env_action:
+            with self._lock:
+                self._record.process = None
+            self._persist(force=True)
         self._emit("action_ended", code)
         if env_action and code == 0:
             for name, value in env_changes.items():
@@ -677,9 +658,10 @@ class TaskExecution:
         elif isinstance(event, CheckpointSave):
             if (
                 event.file is not None
-                and self._session_dir is not None
+                and self._session is not None
+                and self._session.working_dir is not None
                 and os.path.realpath(event.file).startswith(
-                    os.path.realpath(self._session_dir) + os.sep
+                    os.path.realpath(self._session.working_dir) + os.sep
                 )
             ):
                 self._warn(
@@ -759,69 +741,6 @@ class TaskExecution:
             except Exception:  # a display must never break a task
                 pass
 
-    # --- symbols, variables, files ----------------------------------------------------------------
-    def _map_value(self, value: Any) -> str:
-        text = str(value.value)
-        if value.type == ParameterValueType.PATH:
-            for rule in self.job.path_mapping_rules:
-                changed, result = rule.apply(path=text)
-                if changed:
-                    return str(result)
-        return text
-
-    def _base_symtab(self, session_dir: str) -> SymbolTable:
-        symtab = SymbolTable()
-        symtab["Session.WorkingDirectory"] = session_dir
-        rules = self.job.path_mapping_rules
-        symtab["Session.HasPathMappingRules"] = "true" if rules else "false"
-        rules_file = os.path.join(session_dir, "path-mapping-rules.json")
-        if not os.path.exists(rules_file):
-            with open(rules_file, "w", encoding="utf-8") as fh:
-                json.dump(
-                    {
-                        "version": "pathmapping-1.0",
-                        "path_mapping_rules": [r.to_dict() for r in rules],
-                    },
-                    fh,
-                )
-        symtab["Session.PathMappingRulesFile"] = rules_file
-        for name, value in self.job.parameter_values.items():
-            symtab[f"RawParam.{name}"] = str(value.value)
-            symtab[f"Param.{name}"] = self._map_value(value)
-        if self.job_status is not None:
-            symtab[f"Param.{JOB_STATUS_PARAMETER}"] = self.job_status
-        return symtab
-
-    def _apply_env_variables(
-        self, env_model: Any, symtab: SymbolTable, env: dict[str, str]
-    ) -> None:
-        for name, value in (getattr(env_model, "variables", None) or {}).items():
-            env[str(name)] = value.resolve(symtab=symtab)
-
-    @staticmethod
-    def _embedded_files(
-        files: Any, session_dir: str, symtab: SymbolTable, prefix: str
-    ) -> dict[str, str]:
-        if not files:
-            return {}
-        directory = tempfile.mkdtemp(prefix="embedded_files", dir=session_dir)
-        paths: dict[str, str] = {}
-        for f in files:
-            filename = getattr(f, "filename", None) or f"{f.name}_{os.urandom(4).hex()}"
-            paths[f"{prefix}.File.{f.name}"] = os.path.join(directory, str(filename))
-        for k, v in paths.items():
-            symtab[k] = v
-        for f in files:
-            target = paths[f"{prefix}.File.{f.name}"]
-            data = f.data.resolve(symtab=symtab)
-            with open(target, "w", encoding="utf-8") as fh:
-                fh.write(data)
-            mode = stat.S_IRUSR | stat.S_IWUSR
-            if getattr(f, "runnable", False):
-                mode |= stat.S_IXUSR
-            os.chmod(target, mode)
-        return paths
-
 
 def _resolved(method: CancelMethod, symtab: SymbolTable) -> CancelMethod:
     """The method with a format-string ``notifyPeriodInSeconds`` (FEATURE_BUNDLE_1) resolved."""
@@ -837,33 +756,6 @@ def _resolved(method: CancelMethod, symtab: SymbolTable) -> CancelMethod:
     except (FormatStringError, ValueError, TypeError):
         return method  # the default period stands
     return dataclasses.replace(method, notify_period_seconds=min(max(seconds, 1.0), 600.0))
-
-
-def sessions_root() -> str:
-    """Where session working directories go by default: ``<temp>/openjd-checkpoint-<uid>``."""
-    return os.path.join(tempfile.gettempdir(), f"openjd-checkpoint-{os.getuid()}")
-
-
-def clean_stale_sessions(root: str | None = None) -> int:
-    """Remove session working directories left by runners that died (their pid is in the
-    name). Returns how many were removed."""
-    import psutil
-
-    root = root or sessions_root()
-    removed = 0
-    try:
-        names = os.listdir(root)
-    except OSError:
-        return 0
-    for name in names:
-        parts = name.split("-")
-        if len(parts) < 3 or parts[0] != "session" or not parts[1].isdigit():
-            continue
-        if psutil.pid_exists(int(parts[1])):
-            continue
-        shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-        removed += 1
-    return removed
 
 
 def _seconds(value: Any, symtab: SymbolTable) -> float | None:

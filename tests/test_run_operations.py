@@ -506,3 +506,50 @@ def test_a_late_request_is_refused_not_dropped(tmp_path: Path) -> None:
     finish_attempt(st, job, attempt.run_id)
     with pytest.raises(RunError, match="has ended"):
         request_termination(st, attempt.job_key, attempt.run_id, "Cancelled")
+
+
+def test_a_group_of_tasks_runs_in_one_session_and_replans_by_original_task(
+    tmp_path: Path,
+) -> None:
+    from core import plan_group, run_tasks
+
+    log = tmp_path / "log"
+    st = CheckpointStore(tmp_path / "store")
+    job = prepare_job(DATA / "sessions_job_env.yaml", {"Log": str(log)})
+    attempt = begin_attempt(st, job, external_key="group")
+    originals = job.plan_step("Work")  # the stable list an adapter maps over
+    assert [s.label for s in originals] == [f"Work[I={i}]" for i in range(1, 9)]
+    first = run_tasks(st, job, attempt.run_id, plan_group(st, job, attempt.run_id, originals[:3]))
+    assert [r.outcome.value for r in first] == ["succeeded"] * 3
+    lines = log.read_text().splitlines()
+    assert lines.count("enter") == 1 and lines.count("exit") == 1 and len(lines) == 5
+    # Re-planned, the same originals name the same tasks: the finished ones drop out.
+    assert plan_group(st, job, attempt.run_id, originals[:3]) == []
+    rest = plan_group(st, job, attempt.run_id, originals)
+    assert [s.label for s in rest] == [f"Work[I={i}]" for i in range(4, 9)]
+
+
+def test_a_chunk_remainder_stays_with_its_original_task(tmp_path: Path) -> None:
+    from core import plan_group
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "fail-now").touch()
+    st = CheckpointStore(tmp_path / "store")
+    job = prepare_job(THREE, {"Out": str(out), "FailFrame": 4, "FrameSeconds": 0.01})
+    attempt = begin_attempt(st, job, external_key="remainder")
+    originals = job.plan_step("Render")
+    [res] = run_task_in_process(st, job, attempt.run_id, originals[1])
+    assert res.outcome.value == "failed"
+    assert [s.label for s in plan_group(st, job, attempt.run_id, originals[1:2])] == [
+        "Render[Frame=4]"
+    ]
+    assert [s.label for s in plan_group(st, job, attempt.run_id, originals[:1])] == [
+        "Render[Frame=1-2]"
+    ]
+
+
+def run_task_in_process(st: CheckpointStore, job, run_id: str, spec: TaskSpec) -> list:
+    from core import run_tasks
+
+    return run_tasks(st, job, run_id, [spec])

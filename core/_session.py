@@ -1,0 +1,388 @@
+"""OpenJD sessions: environments entered once, then any number of tasks, one after the other.
+
+Behavioural reference: openjd-sessions 0.14 ``Session`` (behind ``openjd run`` and the Deadline
+Cloud worker). A session has one working directory. The external and job environments are
+entered once, when its first task starts; a step's environments once for that step, and exited
+(in reverse order) when the session moves to another step or ends. Variables an environment
+sets with ``openjd_env`` in ``onEnter`` reach every later action of the session. Processes an
+environment's ``onEnter`` leaves running (a license server, a render daemon) live until that
+environment's ``onExit`` has run, and are killed then; processes a task action leaves are still
+killed when that action ends.
+
+What openjd-sessions lacks for this product: its actions are not ours to signal and read (see
+``_task.py``), and a session whose runner dies leaves its daemons behind. Here every
+environment's processes carry a marker, and the session records its markers in the store under
+a lease, so that the next attempt kills what a dead session left (``_run.reap_orphans``).
+
+With CHECKPOINT (docs/decisions.md, "Sessions"): on a suspend the running task checkpoints
+first, then the environments exit normally; a resume enters them again before
+``onCheckpointResume``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import tempfile
+import threading
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from openjd.model import FormatStringError, ParameterValueType, SymbolTable
+
+from ._errors import StoreError
+from ._job import PreparedJob
+from ._process import processes_with_marker
+from ._store import CheckpointStore, Lease, SessionRecord, host_id
+from ._template import JOB_STATUS_PARAMETER
+
+if TYPE_CHECKING:
+    from ._task import TaskExecution
+
+__all__ = ("Session", "clean_stale_sessions", "kill_marked", "sessions_root")
+
+
+def sessions_root() -> str:
+    """Where session working directories go by default: ``<temp>/openjd-checkpoint-<uid>``."""
+    return os.path.join(tempfile.gettempdir(), f"openjd-checkpoint-{os.getuid()}")
+
+
+def clean_stale_sessions(root: str | None = None) -> int:
+    """Remove session working directories left by runners that died (their pid is in the
+    name). Returns how many were removed."""
+    import psutil
+
+    root = root or sessions_root()
+    removed = 0
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return 0
+    for name in names:
+        parts = name.split("-")
+        if len(parts) < 3 or parts[0] != "session" or not parts[1].isdigit():
+            continue
+        if psutil.pid_exists(int(parts[1])):
+            continue
+        shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+        removed += 1
+    return removed
+
+
+def kill_marked(markers: list[str]) -> int:
+    """SIGKILL every process of this machine that carries one of ``markers`` in its
+    environment; wait for them. Returns how many were killed."""
+    import psutil
+
+    victims = [p for m in markers for p in processes_with_marker(m)]
+    for proc in victims:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(victims, timeout=10)
+    return len(victims)
+
+
+@dataclass
+class _Entered:
+    """An environment the session has entered."""
+
+    model: Any
+    path: str
+    files: dict[str, str]
+    marker: str
+    step: str | None
+    """The step whose environment it is; None for external and job environments."""
+    env_before: dict[str, str] = field(default_factory=dict)
+    """The session's variables before it was entered (restored when it exits)."""
+
+
+class Session:
+    """One OpenJD session: a working directory and the environments entered in it.
+
+    Not thread-safe for running: one task at a time (``TaskExecution(session=...)``), any
+    number one after the other, of any steps of the job. ``stop()`` may be called from any
+    thread. Use it as a context manager, or call ``close()``.
+
+    Args:
+        job: the prepared job.
+        run_id: the run whose tasks it runs (None: nothing is recorded in the store).
+        store: where its record (host, markers) is kept while it is open, so that the next
+            attempt can kill what it left if its process dies.
+        working_root: parent directory of the working directory (default ``sessions_root()``).
+        os_env: the environment actions start from (default: ``os.environ``).
+        job_status: the ``{{Job.Status}}`` of finally steps.
+    """
+
+    def __init__(
+        self,
+        job: PreparedJob,
+        *,
+        run_id: str | None = None,
+        store: CheckpointStore | None = None,
+        working_root: str | None = None,
+        os_env: dict[str, str] | None = None,
+        job_status: str | None = None,
+    ) -> None:
+        self.job = job
+        self.run_id = run_id
+        self.store = store
+        self.job_status = job_status
+        self.session_id = uuid.uuid4().hex[:16]
+        self._working_root = working_root
+        self.env: dict[str, str] = dict(os.environ if os_env is None else os_env)
+        self.working_dir: str | None = None
+        self._entered: list[_Entered] = []
+        self._job_entered = False
+        self._step: str | None = None
+        self._lock = threading.Lock()
+        self._current: TaskExecution | None = None
+        self._last: TaskExecution | None = None
+        self._lease: Lease | None = None
+        self._closed = False
+        self.broken: str | None = None
+        """Why the session can run no more tasks (an environment failed to enter)."""
+        self.enter_count = 0
+        """How many environments this session entered (for tests and progress)."""
+
+    # --- lifetime --------------------------------------------------------------------------------
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def open(self) -> str:
+        """Make the working directory (once); returns its path."""
+        if self.working_dir is None:
+            root = self._working_root or sessions_root()
+            os.makedirs(root, mode=0o700, exist_ok=True)
+            path = tempfile.mkdtemp(prefix=f"session-{os.getpid()}-", dir=root)
+            os.chmod(path, 0o700)
+            self.working_dir = path
+            self.env["OPENJD_SESSION_WORKING_DIR"] = path
+        return self.working_dir
+
+    def stop(self, *, force: bool = False) -> None:
+        """Forward a forced stop to the running action (``TaskExecution.stop`` does the rest)."""
+        with self._lock:
+            current = self._current or self._last
+        if current is not None and force:
+            from ._task import StopIntent
+
+            current.stop(StopIntent.CANCEL, force=True)
+
+    def prepare(self, ex: TaskExecution) -> str | None:
+        """Enter what ``ex``'s task needs: the job's environments (once), and its step's (after
+        exiting another step's). Environment actions run through ``ex``, so its stop requests
+        apply to them. Returns why the task cannot run, or None (also None when ``ex`` was
+        stopped meanwhile: it then runs nothing)."""
+        with self._lock:
+            self._current = ex
+            self._last = ex
+        self.open()
+        if self.broken:
+            return self.broken
+        if not self._job_entered:
+            self._job_entered = True
+            for model, path in self._job_environments():
+                if ex.stop_intent is not None:
+                    return None
+                problem = self._enter(ex, model, path, None)
+                if problem:
+                    return problem
+        step = ex.spec.step_name
+        if self._step != step:
+            problem = self._exit_step(ex)
+            if problem and ex.stop_intent is None:
+                return problem
+            self._step = step
+            for model, path in self._step_environments(step):
+                if ex.stop_intent is not None:
+                    return None
+                problem = self._enter(ex, model, path, step)
+                if problem:
+                    return problem
+        return None
+
+    def task_done(self, ex: TaskExecution) -> None:
+        with self._lock:
+            if self._current is ex:
+                self._current = None
+
+    def close(self, ex: TaskExecution | None = None) -> str | None:
+        """Exit every environment in reverse order (``onExit``, through ``ex`` or the last
+        task's execution), kill what they left running, remove the working directory. A
+        forced stop of that execution skips the ``onExit`` actions. Idempotent. Returns the
+        first ``onExit`` failure, or None."""
+        if self._closed:
+            return None
+        self._closed = True
+        runner = ex or self._last
+        problem: str | None = None
+        while self._entered:
+            entered = self._entered.pop()
+            if runner is not None:
+                failure = self._exit_one(runner, entered)
+                problem = problem or failure
+            kill_marked([entered.marker])
+        if self.working_dir is not None:
+            shutil.rmtree(self.working_dir, ignore_errors=True)
+        self._forget()
+        return problem
+
+    # --- environments ----------------------------------------------------------------------------
+    def _job_environments(self) -> list[tuple[Any, str]]:
+        out: list[tuple[Any, str]] = []
+        for i, tmpl in enumerate(self.job.environments):
+            out.append((tmpl.environment, f"environments[{i}].environment"))
+        for i, env_model in enumerate(self.job.job.jobEnvironments or []):
+            out.append((env_model, f"jobEnvironments[{i}]"))
+        return out
+
+    def _step_environments(self, step: str) -> list[tuple[Any, str]]:
+        model = self.job.step(step)
+        idx = self.job.template.step_index(step)  # action paths use the global step index
+        return [
+            (env_model, f"steps[{idx}].stepEnvironments[{i}]")
+            for i, env_model in enumerate(model.stepEnvironments or [])
+        ]
+
+    def _enter(self, ex: TaskExecution, model: Any, path: str, step: str | None) -> str | None:
+        assert self.working_dir is not None
+        marker = uuid.uuid4().hex
+        before = dict(self.env)
+        symtab = SymbolTable(source=self.base_symtab())
+        try:
+            for name, value in (getattr(model, "variables", None) or {}).items():
+                self.env[str(name)] = value.resolve(symtab=symtab)
+            files = self.embedded_files(getattr(model.script, "embeddedFiles", None), symtab, "Env")
+        except (FormatStringError, OSError) as exc:
+            self.broken = f"environment {model.name!r}: {exc}"
+            return self.broken
+        self._entered.append(_Entered(model, path, files, marker, step, before))
+        self.enter_count += 1
+        self._record_markers()
+        code, msg = ex.run_environment_action(
+            model, path, "onEnter", symtab, self.env, marker=marker
+        )
+        if code != 0:
+            self.broken = msg or f"environment {model.name!r} onEnter failed"
+            return self.broken
+        return None
+
+    def _exit_step(self, ex: TaskExecution) -> str | None:
+        problem: str | None = None
+        while self._entered and self._entered[-1].step is not None:
+            entered = self._entered.pop()
+            failure = self._exit_one(ex, entered)
+            problem = problem or failure
+            kill_marked([entered.marker])
+            self.env = entered.env_before
+        self._record_markers()
+        return problem
+
+    def _exit_one(self, ex: TaskExecution, entered: _Entered) -> str | None:
+        symtab = SymbolTable(source=self.base_symtab())
+        for k, v in entered.files.items():
+            symtab[k] = v
+        code, msg = ex.run_environment_action(
+            entered.model, entered.path, "onExit", symtab, self.env, marker=entered.marker
+        )
+        if code != 0:
+            return msg or f"environment {entered.model.name!r} onExit failed"
+        return None
+
+    # --- the store's view: what a dead session left ------------------------------------------
+    def _record_markers(self) -> None:
+        if self.store is None or self.run_id is None:
+            return
+        try:
+            if self._lease is None:
+                self._lease = self.store.acquire_session_lease(
+                    self.job.job_key, self.run_id, self.session_id
+                )
+            self.store.write_session(
+                SessionRecord(
+                    job_key=self.job.job_key,
+                    run_id=self.run_id,
+                    session_id=self.session_id,
+                    host=host_id(),
+                    pid=os.getpid(),
+                    markers=[e.marker for e in self._entered],
+                )
+            )
+        except StoreError:
+            pass  # the session still runs; only the clean-up after a crash is lost
+
+    def _forget(self) -> None:
+        if self.store is not None and self.run_id is not None and self._lease is not None:
+            try:
+                self.store.delete_session(self.job.job_key, self.run_id, self.session_id)
+            except StoreError:
+                pass
+            self._lease.release()
+            self._lease = None
+
+    # --- symbols, variables, files -------------------------------------------------------------
+    def map_value(self, value: Any) -> str:
+        """A parameter value as a string, with path mapping applied to PATH values."""
+        text = str(value.value)
+        if value.type == ParameterValueType.PATH:
+            for rule in self.job.path_mapping_rules:
+                changed, result = rule.apply(path=text)
+                if changed:
+                    return str(result)
+        return text
+
+    def base_symtab(self) -> SymbolTable:
+        """``Session.*``, ``Param.*`` and ``RawParam.*`` (and ``Job.Status`` in finally steps)."""
+        directory = self.open()
+        symtab = SymbolTable()
+        symtab["Session.WorkingDirectory"] = directory
+        rules = self.job.path_mapping_rules
+        symtab["Session.HasPathMappingRules"] = "true" if rules else "false"
+        rules_file = os.path.join(directory, "path-mapping-rules.json")
+        if not os.path.exists(rules_file):
+            with open(rules_file, "w", encoding="utf-8") as fh:
+                json.dump(
+                    {
+                        "version": "pathmapping-1.0",
+                        "path_mapping_rules": [r.to_dict() for r in rules],
+                    },
+                    fh,
+                )
+        symtab["Session.PathMappingRulesFile"] = rules_file
+        for name, value in self.job.parameter_values.items():
+            symtab[f"RawParam.{name}"] = str(value.value)
+            symtab[f"Param.{name}"] = self.map_value(value)
+        if self.job_status is not None:
+            symtab[f"Param.{JOB_STATUS_PARAMETER}"] = self.job_status
+        return symtab
+
+    def embedded_files(self, files: Any, symtab: SymbolTable, prefix: str) -> dict[str, str]:
+        """Write embedded files into the working directory; add ``<prefix>.File.<name>`` to
+        ``symtab``; return those symbols and paths."""
+        if not files:
+            return {}
+        directory = tempfile.mkdtemp(prefix="embedded_files", dir=self.open())
+        paths: dict[str, str] = {}
+        for f in files:
+            filename = getattr(f, "filename", None) or f"{f.name}_{os.urandom(4).hex()}"
+            paths[f"{prefix}.File.{f.name}"] = os.path.join(directory, str(filename))
+        for k, v in paths.items():
+            symtab[k] = v
+        for f in files:
+            target = paths[f"{prefix}.File.{f.name}"]
+            data = f.data.resolve(symtab=symtab)
+            with open(target, "w", encoding="utf-8") as fh:
+                fh.write(data)
+            mode = stat.S_IRUSR | stat.S_IWUSR
+            if getattr(f, "runnable", False):
+                mode |= stat.S_IXUSR
+            os.chmod(target, mode)
+        return paths

@@ -1,0 +1,164 @@
+"""Sessions as OpenJD runs them (issue 7): environments entered once per session, daemons started
+by an environment shared by the step's tasks and stopped by its onExit, nothing left behind after
+a Ctrl-C or a SIGKILL of the runner, and a suspend in the middle of a session."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import signal
+import subprocess
+import time
+import zipfile
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import DATA, ROOT, CliProcess, cli_cmd
+
+pytestmark = pytest.mark.slow
+
+
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cli_cmd(*args), capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+
+
+def running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def daemon_pids(directory: Path) -> list[int]:
+    return [int(p.name.split("-")[1]) for p in directory.glob("daemon-*")]
+
+
+def wait_gone(pids: list[int], timeout: float = 10) -> list[int]:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and any(running(p) for p in pids):
+        time.sleep(0.05)
+    return [p for p in pids if running(p)]
+
+
+def test_a_job_environment_is_entered_once_per_session(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    done = run_cli(
+        "run", str(DATA / "sessions_job_env.yaml"), "-p", f"Log={log}",
+        "--store", str(tmp_path / "store"), "--max-parallel", "2", "-q",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = log.read_text().splitlines()
+    assert lines.count("enter") == 2 and lines.count("exit") == 2, lines
+    tasks = [line.split() for line in lines if line.startswith("task ")]
+    assert sorted(int(t[1]) for t in tasks) == list(range(1, 9))
+    seen = {t[2] for t in tasks}
+    assert "MISSING" not in seen and len(seen) == 2  # openjd_env from each session's onEnter
+    assert lines.index("exit") > max(i for i, line in enumerate(lines) if line.startswith("task"))
+
+
+def test_a_step_environment_daemon_serves_every_task_and_is_stopped(tmp_path: Path) -> None:
+    d = tmp_path / "daemons"
+    d.mkdir()
+    done = run_cli(
+        "run", str(DATA / "sessions_daemon.yaml"), "-p", f"Dir={d}",
+        "--store", str(tmp_path / "store"), "--max-parallel", "1", "-q",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    [pid] = daemon_pids(d)  # one session: one daemon for the four tasks
+    for frame in range(1, 5):
+        assert f"rendered {frame} by daemon {pid} (request {frame})" in done.stdout
+    assert done.stdout.count("DAEMON-STOPPED") == 1
+    assert wait_gone([pid]) == []
+
+
+def test_ctrl_c_checkpoints_and_stops_the_daemon(tmp_path: Path) -> None:
+    d = tmp_path / "daemons"
+    d.mkdir()
+    cli = CliProcess(
+        "run", str(DATA / "sessions_daemon.yaml"), "-p", f"Dir={d}", "-p", "TaskSeconds=30",
+        "--store", str(tmp_path / "store"), "--max-parallel", "1", "-q",
+    )  # fmt: skip
+    cli.wait_for("rendered 1 by daemon")
+    cli.proc.send_signal(signal.SIGINT)
+    assert cli.wait(60) == 75
+    pids = daemon_pids(d)
+    assert pids and wait_gone(pids) == []
+    assert "DAEMON-STOPPED" in cli.stdout  # the environment exited normally
+
+
+def test_a_killed_runner_leaves_no_daemon_after_the_next_run(tmp_path: Path) -> None:
+    d = tmp_path / "daemons"
+    d.mkdir()
+    args = ["run", str(DATA / "sessions_daemon.yaml"), "-p", f"Dir={d}"]
+    args += ["--store", str(tmp_path / "store"), "--max-parallel", "1", "-q"]
+    cli = CliProcess(*args, "-p", "TaskSeconds=30")
+    cli.wait_for("rendered 1 by daemon")
+    cli.proc.send_signal(signal.SIGKILL)
+    cli.wait(10)
+    [pid] = daemon_pids(d)
+    assert running(pid)  # unsupervised now
+    again = CliProcess(*args, "-p", "TaskSeconds=30", "--timeout", "5")
+    again.wait(120)  # the same job again (its tasks time out: they are not the point)
+    assert "left running by a dead session" in again.stderr, again.stderr
+    assert pid not in [p for p in daemon_pids(d) if running(p)]
+    assert wait_gone(daemon_pids(d)) == []
+
+
+def test_suspend_in_the_middle_of_a_session(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    args = ["run", str(DATA / "sessions_suspend.yaml"), "-p", f"Log={log}"]
+    args += ["--store", str(tmp_path / "store"), "-q"]
+    cli = CliProcess(*args)
+    cli.wait_for("STEP 5")
+    cli.proc.send_signal(signal.SIGINT)
+    assert cli.wait(60) == 75
+    first = log.read_text().splitlines()
+    assert first[0] == "enter" and first[1] == "task from 0"
+    assert first[2].startswith("checkpoint ") and first[3] == "exit", first
+    state = first[2].split()[1]
+    again = run_cli(*args)
+    assert again.returncode == 0, again.stderr
+    second = log.read_text().splitlines()[4:]
+    assert second == ["enter", f"task from {state}", "done 30", "exit"], second
+
+
+def _wheel(directory: Path) -> Path:
+    """Build a tiny wheel with a console script (a job's bundled package)."""
+    files = {
+        "tinylib/__init__.py": (
+            "import sys\n\ndef main():\n"
+            "    print('TINYLIB processed ' + ' '.join(sys.argv[1:]), flush=True)\n"
+        ),
+        "tinylib-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: tinylib\nVersion: 1.0\n",
+        "tinylib-1.0.dist-info/WHEEL": (
+            "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        ),
+        "tinylib-1.0.dist-info/entry_points.txt": (
+            "[console_scripts]\ntinylib-process = tinylib:main\n"
+        ),
+    }
+    record = []
+    path = directory / "tinylib-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, text in files.items():
+            data = text.encode()
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+            record.append(f"{name},sha256={digest.decode()},{len(data)}")
+            zf.writestr(name, data)
+        record.append("tinylib-1.0.dist-info/RECORD,,")
+        zf.writestr("tinylib-1.0.dist-info/RECORD", "\n".join(record) + "\n")
+    return path
+
+
+def test_a_job_environment_that_installs_a_package_runs_once_per_session(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    done = run_cli(
+        "run", str(DATA / "sessions_pip.yaml"), "-p", f"Wheel={_wheel(tmp_path)}",
+        "-p", f"Log={log}", "--store", str(tmp_path / "store"), "--max-parallel", "1", "-q",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert log.read_text().splitlines() == ["install"]  # four tasks, two steps, one session
+    assert "TINYLIB processed init" in done.stdout
+    for part in (1, 2, 3):
+        assert f"TINYLIB processed part {part}" in done.stdout
