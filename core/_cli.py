@@ -560,7 +560,7 @@ def build_parser() -> argparse.ArgumentParser:
         "stop",
         help="ask a running run (in any process) to end early",
         epilog="exit codes: 0 asked (and, with --wait, ended); 1 --wait ran out; 2 no such run; "
-        "4 refused: the run has ended",
+        "4 refused: the run has ended, or is stopping in a mode this one may not replace",
     )
     stop.add_argument("run_id")
     stop.add_argument(

@@ -54,9 +54,8 @@ from ._process import (
     ActionProcess,
     OutputLine,
     kill_process_group,
-    processes_with_marker,
 )
-from ._session import Session
+from ._session import Session, kill_marked
 from ._store import (
     CheckpointData,
     CheckpointStore,
@@ -783,17 +782,9 @@ def kill_recorded_process(info: ProcessInfo) -> bool:
 
     if info.host != host_id():
         return False
-    victims = processes_with_marker(info.marker) if info.marker else []
     ident = ProcessIdentity(pid=info.pid, pgid=info.pgid, start_time=info.start_time)
     leader_alive = info.start_time >= psutil.boot_time() and ident.is_alive()
-    if not victims and not leader_alive:
-        return False
     if leader_alive:
         kill_process_group(info.pgid, marker=info.marker)
-    for proc in victims:
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(victims, timeout=10)
-    return True
+    killed = kill_marked([info.marker]) if info.marker else 0
+    return leader_alive or killed > 0
