@@ -30,7 +30,7 @@ test: lint test-core
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check core tests examples airflow_plugin prefect_integration
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
 test-core: $(STAMP) $(STAMP_REFERENCE)
