@@ -30,7 +30,7 @@ test: lint test-core
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff format --check $(wildcard core tests examples benchmarks airflow_plugin prefect_integration)
 	$(VENV)/bin/mypy
 
 test-core: $(STAMP) $(STAMP_REFERENCE)
