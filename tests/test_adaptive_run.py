@@ -31,7 +31,7 @@ def test_chunk_sizes_follow_the_time_per_frame(tmp_path: Path) -> None:
     got = chunks(done.stdout)
     sizes = [b - a + 1 for a, b in got]
     assert sizes[0] == 2  # defaultTaskCount until something was measured
-    assert max(sizes) >= 6, sizes  # 0.05 s a frame against a 1 s target: chunks grow
+    assert max(sizes) >= 6, sizes  # 0.05 s a frame (plus start-up) against 5 s: chunks grow
     frames = sorted(f for a, b in got for f in range(a, b + 1))
     assert frames == list(range(1, 61))  # every frame once
     assert "next chunks of" in done.stderr
