@@ -65,7 +65,7 @@ MODES = {
 @pytest.mark.parametrize("mode", list(MODES))
 def test_termination_mode(store: Path, mode: str) -> None:
     long_says, later_runs, finally_status, code, status = MODES[mode]
-    cli = start(store, "LongSeconds=5")  # long enough for a second process to ask, under load
+    cli = start(store, "LongSeconds=8")  # long enough for a second process to ask, under load
     cli.wait_for("LONG-START")
     run_id = run_id_of(store)
     asked = stop(store, run_id, mode)
@@ -159,7 +159,7 @@ def test_failed_regular_step_runs_finally_with_failed_status(store: Path, tmp_pa
 
 
 def test_suspended_then_run_again_completes_with_no_task_run_twice(store: Path) -> None:
-    cli = start(store, "LongSeconds=6")
+    cli = start(store, "LongSeconds=10")
     cli.wait_for("LONG-START")
     time.sleep(0.5)
     run_id = run_id_of(store)
@@ -169,7 +169,7 @@ def test_suspended_then_run_again_completes_with_no_task_run_twice(store: Path) 
     assert "LONG-CKPT" in first and "LONG-DONE" not in first
 
     again = subprocess.run(
-        cli_cmd("run", TEMPLATE, "--store", str(store), "-q", "-p", "LongSeconds=6"),
+        cli_cmd("run", TEMPLATE, "--store", str(store), "-q", "-p", "LongSeconds=10"),
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -187,7 +187,7 @@ def test_suspended_then_run_again_completes_with_no_task_run_twice(store: Path) 
 
 
 def test_resumed_stopped_run_runs_its_finally_step_again(store: Path) -> None:
-    cli = start(store, "LongSeconds=5")
+    cli = start(store, "LongSeconds=8")
     cli.wait_for("LONG-START")
     run_id = run_id_of(store)
     assert stop(store, run_id, "StoppedRunFinally").returncode == 0
