@@ -22,7 +22,7 @@ import yaml
 from ._errors import OpenJDCheckpointError, RunError, StoreError, TemplateError
 from ._job import load_path_mapping_rules, prepare_job
 from ._resume import RefusalCode, ResumeHow, ResumeRefusedError
-from ._run import request_termination
+from ._run import delete_run, request_termination
 from ._runner import (
     DEFAULT_FINALLY_TIMEOUT_SECONDS,
     EXIT_CODES,
@@ -333,9 +333,8 @@ def _cmd_delete(args: argparse.Namespace) -> int:
     store, run = _store_run(args)
     if run is None:
         return 2
-    if store.lease_held(run):
-        raise RunError(f"run {run.run_id} is running; stop it first")
-    store.delete_run(run.job_key, run.run_id)
+    for note in delete_run(store, run):
+        print(f"openjd-checkpoint: {note}", file=sys.stderr)
     print(f"deleted run {run.run_id} and its checkpoints")
     return 0
 
@@ -391,9 +390,14 @@ def _cmd_gc(args: argparse.Namespace) -> int:
     cutoff = time.time() - args.retention_days * 86400
     removed = 0
     for r in runs:
-        if r.updated_at > cutoff or store.lease_held(r):
+        if r.updated_at > cutoff:
             continue
-        store.delete_run(r.job_key, r.run_id)
+        try:
+            notes = delete_run(store, r)
+        except RunError:
+            continue  # running now: kept
+        for note in notes:
+            print(f"openjd-checkpoint: {note}", file=sys.stderr)
         removed += 1
         print(f"removed run {r.run_id} ({r.status.value}, {r.job_name})")
     print(f"{removed} run(s) removed; kept {len(runs) - removed}")

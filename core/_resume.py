@@ -220,8 +220,13 @@ def plan_resume(
     run_id: str | None = None,
     from_step: str | None = None,
     generation: int | None = None,
+    scheduled: bool = False,
 ) -> ResumePlan:
     """Decide what a new attempt of ``job`` continues.
+
+    Without ``scheduled`` (the CLI), runs that a scheduler made (with an external run key) are
+    neither retried nor superseded: they are the scheduler's to continue; an operator resume
+    can still name one.
 
     Raises:
         ResumeRefusedError: for ``OPERATOR`` on any refusal; for ``RETRY`` only when another process
@@ -248,13 +253,18 @@ def plan_resume(
             if r.status != RunStatus.SUCCEEDED
             and not r.superseded_by
             and r.parameters == job.parameters
+            and (scheduled or r.external_key is None)
         ]
         return ResumePlan(None, notes=["requeue: running from the top"], superseded=earlier)
 
     runs, warnings = store.list_runs(job.job_key)
     notes = [f"warning: {w}" for w in warnings]
     candidates = [
-        r for r in reversed(runs) if r.status != RunStatus.SUCCEEDED and not r.superseded_by
+        r
+        for r in reversed(runs)
+        if r.status != RunStatus.SUCCEEDED
+        and not r.superseded_by
+        and (scheduled or r.external_key is None)
     ]
     same_input = [r for r in candidates if r.parameters == job.parameters]
     if not candidates:

@@ -25,6 +25,7 @@ Prefect adapters are others. Which process may call what: see docs/core-api.md.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +46,7 @@ from ._store import (
     RunCondition,
     RunRecord,
     RunStatus,
+    StopRequest,
     TaskRecord,
     TaskStatus,
     host_id,
@@ -80,19 +82,23 @@ __all__ = (
     "attempt_records",
     "begin_attempt",
     "claim_task",
+    "delete_run",
     "enter_finally",
     "finish_attempt",
     "mark_timed_out",
     "plan_step",
     "prepare_run_job",
     "plan_group",
+    "record_task_done",
     "reap_orphans",
+    "reap_run",
     "request_termination",
     "resolve_termination",
     "run_is_live",
     "run_task",
     "run_tasks",
     "task_stop_for",
+    "wait_tasks_released",
 )
 
 EXIT_CODES = {
@@ -155,43 +161,77 @@ class Attempt:
         )
 
 
+def reap_run(store: CheckpointStore, run: RunRecord) -> list[str]:
+    """Kill, on this host, what dead holders left running of one run: the processes of its
+    tasks whose lease is free, and of its sessions whose lease is free (an environment's
+    daemons). A task or session whose lease is free has no live runner, so whatever its record
+    says is still running is an orphan; a process that merely reused a recorded pid is never
+    touched (``kill_recorded_process``). Returns a note per kill, for the log."""
+    notes: list[str] = []
+    me = host_id()
+    for session in store.list_sessions(run.job_key, run.run_id):
+        if session.host != me or store.session_lease_held(
+            run.job_key, run.run_id, session.session_id
+        ):
+            continue
+        killed = kill_marked(session.markers)
+        store.delete_session(run.job_key, run.run_id, session.session_id)
+        if killed:
+            notes.append(
+                f"stopped {killed} environment process(es) left running by a dead session "
+                f"of run {run.run_id}"
+            )
+    try:
+        records, _ = store.read_tasks(run.job_key, run.run_id)
+    except StoreError:
+        return notes
+    for rec in records:
+        if rec.process is None or rec.process.host != me:
+            continue
+        if store.task_lease_held(run.job_key, run.run_id, rec.step, rec.task_key):
+            continue
+        if kill_recorded_process(rec.process):
+            notes.append(
+                f"stopped process {rec.process.pid} of {rec.step} left running by a dead "
+                f"runner of run {run.run_id}"
+            )
+    return notes
+
+
+def delete_run(store: CheckpointStore, run: RunRecord) -> list[str]:
+    """Delete a run with its task records and checkpoints (``checkpoints delete``, ``gc``),
+    after killing on this host what dead holders of it left running (``reap_run``), so that
+    nothing of it runs on unsupervised. Returns the notes of ``reap_run``.
+
+    Raises:
+        RunError: a live process drives the run or runs one of its tasks or sessions now.
+        StoreError: the store cannot be read or written.
+    """
+    busy = store.lease_held(run)
+    if not busy:
+        records, _ = store.read_tasks(run.job_key, run.run_id)
+        busy = any(
+            store.task_lease_held(run.job_key, run.run_id, r.step, r.task_key)
+            for r in records
+            if r.process is not None
+        ) or any(
+            store.session_lease_held(run.job_key, run.run_id, s.session_id)
+            for s in store.list_sessions(run.job_key, run.run_id)
+        )
+    if busy:
+        raise RunError(f"run {run.run_id} is running now; stop it first")
+    notes = reap_run(store, run)
+    store.delete_run(run.job_key, run.run_id)
+    return notes
+
+
 def reap_orphans(store: CheckpointStore, job_key: str) -> list[str]:
-    """Kill, on this host, the task processes that dead holders left running in the job's
-    unfinished runs. A task whose lease is free has no live runner, so whatever its record says
-    is still running is an orphan; a process that merely reused a recorded pid is never touched
-    (``kill_recorded_process``). Returns a note per task whose processes were killed."""
+    """``reap_run`` for every unfinished run of the job. Returns the notes."""
     notes: list[str] = []
     runs, _ = store.list_runs(job_key)
-    me = host_id()
     for run in runs:
-        if run.status != RunStatus.RUNNING:
-            continue
-        for session in store.list_sessions(run.job_key, run.run_id):
-            if session.host != me or store.session_lease_held(
-                run.job_key, run.run_id, session.session_id
-            ):
-                continue
-            killed = kill_marked(session.markers)
-            store.delete_session(run.job_key, run.run_id, session.session_id)
-            if killed:
-                notes.append(
-                    f"stopped {killed} environment process(es) left running by a dead session "
-                    f"of run {run.run_id}"
-                )
-        try:
-            records, _ = store.read_tasks(run.job_key, run.run_id)
-        except StoreError:
-            continue
-        for rec in records:
-            if rec.process is None or rec.process.host != me:
-                continue
-            if store.task_lease_held(run.job_key, run.run_id, rec.step, rec.task_key):
-                continue
-            if kill_recorded_process(rec.process):
-                notes.append(
-                    f"stopped process {rec.process.pid} of {rec.step} left running by a dead "
-                    f"runner of run {run.run_id}"
-                )
+        if run.status == RunStatus.RUNNING:
+            notes.extend(reap_run(store, run))
     return notes
 
 
@@ -201,6 +241,35 @@ def _live_driver(store: CheckpointStore, job_key: str) -> RunRecord | None:
         if run.external_key is None and run.status == RunStatus.RUNNING and run_is_live(store, run):
             return run
     return None
+
+
+def _unfinished_termination(store: CheckpointStore, run: RunRecord) -> Termination:
+    """The termination asked for in a run's last attempt, if that attempt never finished (its
+    driver died): a scheduler's next attempt of the same run keeps it, since a request accepted
+    is never dropped."""
+    if run.phase == "ended":
+        return Termination()
+    return resolve_termination(store.read_stop_requests(run.job_key, run.run_id), run.attempt)
+
+
+def _refuse_if_scheduled_elsewhere(
+    store: CheckpointStore, job: PreparedJob, run_id: str, external_key: str | None
+) -> None:
+    """An operator resume may not take over a live run that a scheduler (another external
+    key) is running: its tasks may be running now, with no run lease to show it."""
+    run = store.find_run(run_id)
+    if (
+        run is not None
+        and run.external_key is not None
+        and run.external_key != external_key
+        and run.status == RunStatus.RUNNING
+        and run.phase != "ended"
+    ):
+        raise ResumeRefusedError(
+            RefusalCode.ALREADY_RESUMED,
+            f"run {run_id} belongs to {run.external_key!r} and has not ended; stop it there "
+            "(or with 'openjd-checkpoint stop') first",
+        )
 
 
 def _latest_run_id(store: CheckpointStore, job: PreparedJob) -> str:
@@ -253,6 +322,7 @@ def begin_attempt(
     """
     notes: list[str] = []
     superseded: list[RunRecord] = []
+    carried = Termination()
     with store.job_lock(job.job_key):
         notes.extend(reap_orphans(store, job.job_key))
         run: RunRecord | None = None
@@ -266,6 +336,8 @@ def begin_attempt(
                     f"run {existing.run_id} of {external_key} succeeded; running from the top"
                 )
             elif existing is not None:
+                carried = _unfinished_termination(store, existing)
+                notes.extend(reap_run(store, existing))
                 try:
                     check_run(store, job, existing, notes=notes)
                     resumed = True
@@ -293,8 +365,16 @@ def begin_attempt(
                     )
             if how == ResumeHow.OPERATOR and run_id == "latest":
                 run_id = _latest_run_id(store, job)
+            if how == ResumeHow.OPERATOR and run_id is not None:
+                _refuse_if_scheduled_elsewhere(store, job, run_id, external_key)
             plan = plan_resume(
-                store, job, how, run_id=run_id, from_step=from_step, generation=generation
+                store,
+                job,
+                how,
+                run_id=run_id,
+                from_step=from_step,
+                generation=generation,
+                scheduled=external_key is not None,
             )
             notes.extend(plan.notes)
             superseded.extend(plan.superseded)
@@ -339,6 +419,27 @@ def begin_attempt(
                 rec.timed_out = None
                 rec.job_status = None
                 rec.condition = RunCondition(status="Unknown", reason="Running")
+                if carried.mode is not None and rec.run_id == run.run_id and current is not None:
+                    store.add_stop_request(
+                        rec,
+                        StopRequest(
+                            mode=carried.mode.value,
+                            requested_by=this_process(),
+                            attempt=rec.attempt,
+                            force=carried.force,
+                            deadline=carried.deadline,
+                        ),
+                    )
+                    rec.condition = RunCondition(
+                        status="Unknown",
+                        reason="Stopping",
+                        message=f"{carried.mode.value} requested in attempt {rec.attempt - 1}",
+                    )
+                    rec.termination = carried.mode.value
+                    notes.append(
+                        f"{carried.mode.value} was asked for in attempt {rec.attempt - 1}, which "
+                        "never finished; it still holds"
+                    )
                 store.write_run(rec)
         except BaseException:
             if lease is not None:
@@ -460,7 +561,9 @@ def claim_task(
         ResumeRefusedError: ``already-resumed``: another live process holds the task.
         StoreError: the store cannot be read or written.
     """
-    lease = store.acquire_task_lease(job.job_key, run_id, spec.step_name, spec.task_key)
+    lease = store.acquire_task_lease(
+        job.job_key, run_id, spec.step_name, spec.task_key, wait_seconds=0.5
+    )  # a reap that probes the lease lets go at once; a holder does not
     if lease is None:
         raise ResumeRefusedError(
             RefusalCode.ALREADY_RESUMED,
@@ -552,6 +655,7 @@ def run_tasks(
 
     def apply(term: Termination) -> None:
         state["term"] = term
+        session.stop(force=term.force, deadline=term.deadline)  # an onExit at close, too
         for execution in list(current):
             intent = task_stop_for(
                 term.mode, is_finally=job.template.is_finally(execution.spec.step_name)
@@ -559,11 +663,11 @@ def run_tasks(
             if intent is not None:
                 execution.stop(intent, force=term.force, deadline=term.deadline)
 
+    session = Session(job, run_id=run_id, store=store, working_root=working_root)
     watcher = RunWatcher(store, job.job_key, run_id, run.attempt, apply, poll_seconds=poll_seconds)
     watcher.check()
     watcher.start()
     results: list[TaskResult] = []
-    session = Session(job, run_id=run_id, store=store, working_root=working_root)
     try:
         for spec in specs:
             is_finally = job.template.is_finally(spec.step_name)
@@ -608,8 +712,8 @@ def run_tasks(
                 watcher.leases.remove(lease)
                 lease.release()
     finally:
+        problem = session.close()  # the watcher still runs: a deadline reaches onExit
         watcher.close()
-        problem = session.close()
         if problem and on_note is not None:
             on_note(f"warning: {problem}")
     return results
@@ -632,6 +736,89 @@ def plan_group(
     keys = {s.task_key for s in originals}
     planned = plan_step(store, job, run_id, step)
     return [s for s in planned if s.task_key.split("#", 1)[0] in keys]
+
+
+def record_task_done(
+    store: CheckpointStore,
+    job: PreparedJob,
+    run_id: str,
+    spec: TaskSpec,
+    message: str,
+) -> TaskRecord:
+    """Record a task as finished because the scheduler's user declared it done (Airflow's "mark
+    success" on a task instance): it is neither run again nor resumed, all its frames count as
+    finished, and its checkpoint no longer matters (``plan_step`` leaves it out). Call it once
+    the process that ran the task has stopped it.
+
+    Args:
+        spec: the task as first planned (its original ``task_key``; a chunk's remainder pieces
+            are covered by the original's frames).
+        message: why, for the record.
+
+    Returns:
+        The record as written.
+
+    Raises:
+        ResumeRefusedError: ``already-resumed``: another live process runs the task now.
+        StoreError: the store cannot be read or written.
+    """
+    lease = store.acquire_task_lease(job.job_key, run_id, spec.step_name, spec.task_key)
+    if lease is None:
+        raise ResumeRefusedError(
+            RefusalCode.ALREADY_RESUMED,
+            f"task {spec.label} of run {run_id} is being run by another process",
+        )
+    try:
+        record = store.read_task(job.job_key, run_id, spec.step_name, spec.task_key)
+        if record is None:
+            record = TaskExecution(job, spec, run_id=run_id).record
+        record.status = TaskStatus.SUCCEEDED
+        record.message = message
+        record.process = None
+        if spec.chunk_parameter is not None:
+            record.completed_frames = sorted(set(record.completed_frames) | spec.chunk_frames)
+        store.write_task(record)
+        return record
+    finally:
+        lease.release()
+
+
+def wait_tasks_released(
+    store: CheckpointStore,
+    job: PreparedJob,
+    run_id: str,
+    steps: Iterable[str],
+    *,
+    timeout: float = 30.0,
+    poll_seconds: float = 0.25,
+) -> list[str]:
+    """Wait until no process, on any host, still runs a task of ``steps`` in the run: every
+    task whose record says ``running`` has a free lease. A scheduler calls it before
+    ``enter_finally`` when its framework may start the finally phase before killed tasks have
+    finished stopping (Airflow starts teardown tasks as soon as a task is marked failed, while
+    the killed task still checkpoints within its 5 s budget).
+
+    Returns:
+        The labels (step and task key) of tasks still held when ``timeout`` seconds passed
+        (empty when all were released).
+
+    Raises:
+        StoreError: the store cannot be read.
+    """
+    wanted = set(steps)
+    deadline = time.monotonic() + timeout
+    while True:
+        records, _ = store.read_tasks(job.job_key, run_id)
+        held = [
+            f"{r.step} {r.task_key}"
+            for r in records
+            if r.step in wanted
+            and r.status == TaskStatus.RUNNING
+            and store.task_lease_held(job.job_key, run_id, r.step, r.task_key)
+        ]
+        if not held or time.monotonic() >= deadline:
+            return held
+        time.sleep(poll_seconds)
 
 
 # --- phases and outcome ---------------------------------------------------------------------------
@@ -753,6 +940,7 @@ def finish_attempt(
     """
     with store.run_lock(job.job_key, run_id):
         run = _read_run(store, job, run_id)
+        reap_run(store, run)  # nothing of the attempt is left running on this host
         term = resolve_termination(store.read_stop_requests(job.job_key, run_id), run.attempt)
         mode = term.mode
         records = attempt_records(store, job, run)
@@ -813,7 +1001,9 @@ def finish_attempt(
         run.skipped_tasks = list(skipped)
         run.runner = None
         run.phase = "ended"
-        if status == RunStatus.SUCCEEDED:
-            store.delete_checkpoints(run)
         store.write_run(run)
+        if status == RunStatus.SUCCEEDED:
+            # After the record: a crash in between leaves files for gc, never a run that
+            # looks unfinished with its checkpoints gone.
+            store.delete_checkpoints(run)
     return RunOutcome(status, cond, code, mode, list(skipped), failed_steps, finally_failed)

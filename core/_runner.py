@@ -50,6 +50,7 @@ from ._task import (
     TaskOutcome,
     TaskResult,
 )
+from ._termination import fold_request
 
 __all__ = ("EXIT_CODES", "JobRunner", "RunResult", "TerminationMode")
 
@@ -193,8 +194,15 @@ class JobRunner:
         )
         try:
             self.request_termination(mode, force=force)
-        except (RunError, StoreError) as exc:
+        except RunError as exc:
             self.note(str(exc))
+        except StoreError as exc:
+            # The store cannot record the request: this runner still stops its own tasks.
+            self.note(f"warning: {exc}; stopping this runner's tasks all the same")
+            term, note = fold_request(self._term, mode, phase=self._phase, force=force)
+            if note is not None:
+                self.note(note)
+            self._on_termination(term)
 
     # --- internals -------------------------------------------------------------------------------
     def _on_termination(self, term: Termination) -> None:
@@ -209,9 +217,11 @@ class JobRunner:
             self.note(f"run {self.run_id}: {term.mode.value} requested; stopping")
         for ex, is_finally in active:
             self._apply_to_task(ex, is_finally)
-        if term.force:
-            for session in list(self._all_sessions):
-                session.stop(force=True)  # abandons an onExit still running
+        if term.force or term.deadline is not None:
+            with self._lock:
+                sessions = list(self._all_sessions)
+            for session in sessions:  # reaches an onExit still running
+                session.stop(force=term.force, deadline=term.deadline)
 
     def _apply_to_task(self, ex: TaskExecution, is_finally: bool) -> None:
         term = self._term
@@ -371,11 +381,13 @@ class JobRunner:
         """End every session of the attempt: environments exit (``onExit``) in reverse order,
         what they left running is killed. A forced stop skips the ``onExit`` actions."""
         with self._lock:
-            sessions, self._all_sessions, self._sessions = list(self._all_sessions), [], []
-        for session in sessions:
+            sessions, self._sessions = list(self._all_sessions), []
+        for session in sessions:  # still listed while closing: a forced stop reaches onExit
             problem = session.close()
             if problem:
                 self.note(f"warning: {problem}")
+        with self._lock:
+            self._all_sessions = [s for s in self._all_sessions if s not in sessions]
 
     def _session(self, job_status: str | None) -> Session:
         """An idle session (a new one while fewer than ``max_parallel`` exist)."""

@@ -167,14 +167,21 @@ class Session:
             self.env["OPENJD_SESSION_WORKING_DIR"] = path
         return self.working_dir
 
-    def stop(self, *, force: bool = False) -> None:
-        """Forward a forced stop to the running action (``TaskExecution.stop`` does the rest)."""
+    def stop(self, *, force: bool = False, deadline: float | None = None) -> None:
+        """Forward a forced stop or a deadline to whatever action the session runs now, an
+        environment's ``onExit`` at ``close()`` included (``TaskExecution.stop`` does the
+        rest). Thread-safe."""
+        if not force and deadline is None:
+            return
         with self._lock:
             current = self._current or self._last
-        if current is not None and force:
+        if current is not None:
             from ._task import StopIntent
 
-            current.stop(StopIntent.CANCEL, force=True)
+            if force:
+                current.stop(StopIntent.CANCEL, force=True, deadline=deadline)
+            else:
+                current.stop(StopIntent.CHECKPOINT, deadline=deadline)
 
     def prepare(self, ex: TaskExecution) -> str | None:
         """Enter what ``ex``'s task needs: the job's environments (once), and its step's (after

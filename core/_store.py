@@ -587,14 +587,21 @@ class CheckpointStore:
         return self._acquire(posixpath.join(run_dir, "lease"), ttl_seconds)
 
     def acquire_task_lease(
-        self, job_key: str, run_id: str, step: str, task_key: str, *, ttl_seconds: float = 60.0
+        self,
+        job_key: str,
+        run_id: str,
+        step: str,
+        task_key: str,
+        *,
+        ttl_seconds: float = 60.0,
+        wait_seconds: float = 0.0,
     ) -> Lease | None:
         """Take the lease of one task of a run (the right to run it now), or return None if a
         live holder has it. Same mechanism as ``acquire_lease``: a dead holder loses it at once
         on a local store, after ``ttl_seconds`` elsewhere."""
         tid = task_id_for(step, task_key)
         base = posixpath.join(self._run_dir(job_key, run_id), "tasks", tid)
-        return self._acquire(base, ttl_seconds)
+        return self._acquire(base, ttl_seconds, wait_seconds)
 
     def task_lease_held(self, job_key: str, run_id: str, step: str, task_key: str) -> bool:
         """True if a live holder has the task's lease (probes without keeping it)."""
@@ -613,8 +620,11 @@ class CheckpointStore:
     def acquire_session_lease(
         self, job_key: str, run_id: str, session_id: str, *, ttl_seconds: float = 60.0
     ) -> Lease | None:
-        """Take an open session's lease (held by the process that runs the session)."""
-        return self._acquire(self._session_base(job_key, run_id, session_id), ttl_seconds)
+        """Take an open session's lease (held by the process that runs the session); waits up
+        to 0.5 s for a probe to let go."""
+        return self._acquire(
+            self._session_base(job_key, run_id, session_id), ttl_seconds, wait_seconds=0.5
+        )
 
     def write_session(self, record: SessionRecord) -> None:
         record.updated_at = time.time()
@@ -646,14 +656,26 @@ class CheckpointStore:
         return out
 
     def session_lease_held(self, job_key: str, run_id: str, session_id: str) -> bool:
-        lease = self.acquire_session_lease(job_key, run_id, session_id)
+        """True if a live process holds the session's lease (probes without keeping it)."""
+        lease = self._acquire_once(self._session_base(job_key, run_id, session_id), 60.0)
         if lease is None:
             return True
         lease.release()
         return False
 
-    def _acquire(self, base: str, ttl_seconds: float) -> Lease | None:
-        """``base.lock`` with an flock on a local store; ``base.lease.json`` elsewhere."""
+    def _acquire(self, base: str, ttl_seconds: float, wait_seconds: float = 0.0) -> Lease | None:
+        """``base.lock`` with an flock on a local store; ``base.lease.json`` elsewhere.
+
+        ``wait_seconds``: keep trying that long, so that another process that merely probes
+        the lease (``*_lease_held``, which takes and drops it) is not mistaken for a holder."""
+        end = time.monotonic() + wait_seconds
+        while True:
+            lease = self._acquire_once(base, ttl_seconds)
+            if lease is not None or time.monotonic() >= end:
+                return lease
+            time.sleep(0.02)
+
+    def _acquire_once(self, base: str, ttl_seconds: float) -> Lease | None:
         try:
             if self._local:
                 import fcntl

@@ -785,6 +785,16 @@ def kill_recorded_process(info: ProcessInfo) -> bool:
     ident = ProcessIdentity(pid=info.pid, pgid=info.pgid, start_time=info.start_time)
     leader_alive = info.start_time >= psutil.boot_time() and ident.is_alive()
     if leader_alive:
-        kill_process_group(info.pgid, marker=info.marker)
+        try:
+            own_group = os.getpgid(info.pid) == info.pgid == info.pid
+        except OSError:
+            own_group = False
+        if own_group and info.marker:
+            kill_process_group(info.pgid, marker=info.marker)
+        else:  # an edited or old record: never signal a group it does not lead
+            try:
+                psutil.Process(info.pid).kill()
+            except psutil.Error:
+                pass
     killed = kill_marked([info.marker]) if info.marker else 0
     return leader_alive or killed > 0

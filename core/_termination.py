@@ -194,6 +194,12 @@ def request_termination(
         if run is None:
             raise RunError(f"no run {run_id!r} in {store.location}")
         if not run_is_live(store, run):
+            if run.status == RunStatus.RUNNING and run.phase != "ended":
+                raise RunError(
+                    f"run {run_id} has no live runner (its process died); it cannot be "
+                    f"stopped, only resumed ('resume {run_id}') or deleted "
+                    f"('checkpoints delete {run_id}')"
+                )
             raise RunError(
                 f"run {run_id} has ended ({run.status.value}, reason {run.condition.reason}); "
                 "it cannot be stopped"

@@ -553,3 +553,207 @@ def run_task_in_process(st: CheckpointStore, job, run_id: str, spec: TaskSpec) -
     from core import run_tasks
 
     return run_tasks(st, job, run_id, [spec])
+
+
+def test_wait_tasks_released_waits_for_the_running_task(tmp_path: Path) -> None:
+    import threading
+
+    from core import run_tasks
+    from core._run import wait_tasks_released
+
+    st = CheckpointStore(tmp_path / "store")
+    job = prepare_job(ROOT / "examples" / "fibonacci" / "fibonacci-fast.yaml", {"N": 15})
+    attempt = begin_attempt(st, job, external_key="released")
+    started = threading.Event()
+    ended: list[float] = []
+
+    def work() -> None:
+        run_tasks(
+            st,
+            job,
+            attempt.run_id,
+            job.plan_step("ResumableFibonacci"),
+            on_start=lambda ex: started.set(),
+        )
+        ended.append(time.monotonic())
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    assert started.wait(10)
+    time.sleep(0.3)
+    held = wait_tasks_released(st, job, attempt.run_id, ["ResumableFibonacci"], timeout=0)
+    assert held == ["ResumableFibonacci {}"]
+    assert wait_tasks_released(st, job, attempt.run_id, ["Other"], timeout=0) == []
+    assert wait_tasks_released(st, job, attempt.run_id, ["ResumableFibonacci"], timeout=30) == []
+    released = time.monotonic()
+    worker.join()
+    assert ended and ended[0] - released < 1.0  # released as the task ended, not long before
+
+
+def test_record_task_done_counts_the_task_finished(tmp_path: Path) -> None:
+    from core import plan_group, run_tasks
+    from core._run import record_task_done
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "fail-now").touch()
+    st = CheckpointStore(tmp_path / "store")
+    job = prepare_job(THREE, {"Out": str(out), "FailFrame": 3, "FrameSeconds": 0.01})
+    attempt = begin_attempt(st, job, external_key="done")
+    originals = job.plan_step("Render")
+    [result] = run_tasks(
+        st, job, attempt.run_id, plan_group(st, job, attempt.run_id, originals[1:2])
+    )
+    assert result.outcome.value == "failed"
+    assert [s.label for s in plan_group(st, job, attempt.run_id, originals)] == [
+        "Render[Frame=1-2]",
+        "Render[Frame=3-4]",
+        "Render[Frame=5-6]",
+    ]
+    rec = record_task_done(st, job, attempt.run_id, originals[1], "marked success")
+    assert rec.status.value == "succeeded" and rec.completed_frames == [3, 4]
+    # Neither run again nor resumed, whether it had a record (3-4) or not (5-6).
+    record_task_done(st, job, attempt.run_id, originals[2], "marked success")
+    assert [s.label for s in plan_group(st, job, attempt.run_id, originals)] == [
+        "Render[Frame=1-2]"
+    ]
+    lease = st.acquire_task_lease(job.job_key, attempt.run_id, "Render", originals[0].task_key)
+    assert lease is not None
+    with pytest.raises(ResumeRefusedError):
+        record_task_done(st, job, attempt.run_id, originals[0], "marked success")
+    lease.release()
+
+
+# --- findings of a hostile review ------------------------------------------------------------
+def test_a_forced_stop_reaches_an_on_exit_that_hangs_at_the_end_of_the_run(tmp_path: Path) -> None:
+    from conftest import CliProcess
+
+    template = tmp_path / "hang.yaml"
+    template.write_text(
+        "specificationVersion: 'jobtemplate-2023-09'\n"
+        "name: hanging exit\n"
+        "jobEnvironments:\n"
+        "- name: E\n"
+        "  script:\n"
+        "    actions:\n"
+        "      onExit: {command: bash, args: [-c, \"echo EXIT-START; trap '' TERM INT; "
+        'sleep 1000"]}\n'
+        "steps:\n"
+        "- name: S\n"
+        "  script:\n"
+        "    actions:\n"
+        "      onRun: {command: python3, args: [-c, \"print('RAN')\"]}\n"
+    )
+    cli = CliProcess("run", str(template), "--store", str(tmp_path / "store"), "-q")
+    cli.wait_for("EXIT-START")
+    cli.proc.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    started = time.monotonic()
+    cli.proc.send_signal(signal.SIGINT)  # the second Ctrl-C abandons the onExit
+    cli.wait(30)
+    assert time.monotonic() - started < 10
+
+
+def test_a_deadline_reaches_an_on_exit_in_a_worker(tmp_path: Path) -> None:
+    template = tmp_path / "hang.yaml"
+    template.write_text(
+        "specificationVersion: 'jobtemplate-2023-09'\n"
+        "name: hanging exit in a worker\n"
+        "jobEnvironments:\n"
+        "- name: E\n"
+        "  script:\n"
+        "    actions:\n"
+        "      onExit: {command: bash, args: [-c, \"trap '' TERM INT; sleep 1000\"]}\n"
+        "steps:\n"
+        "- name: S\n"
+        "  script:\n"
+        "    actions:\n"
+        "      onRun: {command: python3, args: [-c, \"print('RAN')\"]}\n"
+    )
+    store = tmp_path / "store"
+    job = prepare_job(template)
+    attempt = begin_attempt(CheckpointStore(store), job, external_key="exit-deadline")
+    [spec] = plan_step(CheckpointStore(store), job, attempt.run_id, "S")
+    w = Worker(store, attempt.job_key, attempt.run_id, spec)
+    time.sleep(3)  # the task ran; the onExit hangs
+    deadline = time.time() + 2
+    request_termination(
+        CheckpointStore(store), attempt.job_key, attempt.run_id, "Cancelled", deadline=deadline
+    )
+    w.wait(30)
+    assert time.time() < deadline + 3  # killed at the deadline, then the worker ended
+
+
+def test_the_cli_does_not_take_over_or_supersede_a_scheduled_run(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    job = prepare_job(COUNTER, {"N": 30, "StepSeconds": 0.1})
+    st = CheckpointStore(store)
+    attempt = begin_attempt(st, job, external_key="dag/live")
+    resumed = subprocess.run(
+        cli_cmd("resume", attempt.run_id, "--store", str(store)),
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert resumed.returncode == 4 and "belongs to 'dag/live'" in resumed.stderr
+    fresh = subprocess.run(
+        cli_cmd("run", str(COUNTER), "-p", "N=1", "--store", str(store), "-q", "--fresh"),
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert fresh.returncode == 0, fresh.stderr
+    rec = st.read_run(attempt.job_key, attempt.run_id)
+    assert rec is not None and rec.superseded_by is None and rec.status.value == "running"
+    again = begin_attempt(st, job, external_key="dag/live")
+    assert again.run_id == attempt.run_id
+
+
+def test_a_request_of_an_unfinished_attempt_holds_for_the_schedulers_next(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    st = CheckpointStore(tmp_path / "store")
+    job = prepare_job(THREE, {"Out": str(out)})
+    first = begin_attempt(st, job, external_key="dag/carry")
+    request_termination(st, first.job_key, first.run_id, "Cancelled")
+    # the driver dies here; the scheduler retries the run
+    second = begin_attempt(st, job, external_key="dag/carry")
+    assert any("still holds" in n for n in second.notes)
+    enter_finally(st, job, second.run_id)
+    assert finish_attempt(st, job, second.run_id).condition.reason == "Cancelled"
+
+
+def test_delete_kills_what_a_dead_runner_left(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    lock = tmp_path / "lock"
+    args = ["run", str(COUNTER), "--store", str(store), "-q"]
+    args += ["-p", "N=200", "-p", "StepSeconds=0.1", "-p", f"LockFile={lock}"]
+    first = subprocess.Popen(cli_cmd(*args), cwd=ROOT, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    pid = _task_pid(store)
+    first.send_signal(signal.SIGKILL)
+    first.wait(10)
+    [run] = CheckpointStore(store).list_runs()[0]
+    deleted = subprocess.run(
+        cli_cmd("checkpoints", "delete", run.run_id, "--store", str(store)),
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert deleted.returncode == 0, deleted.stderr
+    assert "left running by a dead runner" in deleted.stderr
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
+
+
+def test_an_edited_record_never_kills_a_group_its_process_does_not_lead() -> None:
+    from core._store import ProcessInfo, host_id
+    from core._task import kill_recorded_process
+
+    a = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    b = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        info = ProcessInfo(
+            pid=a.pid, pgid=b.pid, start_time=psutil.Process(a.pid).create_time(),
+            host=host_id(), marker=None,
+        )  # fmt: skip
+        kill_recorded_process(info)
+        time.sleep(0.2)
+        assert b.poll() is None  # the other group is untouched
+    finally:
+        for p in (a, b):
+            p.kill()
+            p.wait()
