@@ -54,7 +54,6 @@ from ._store import (
     this_process,
 )
 from ._task import (
-    StopIntent,
     TaskEvent,
     TaskExecution,
     TaskOutcome,
@@ -68,6 +67,7 @@ from ._termination import (
     request_termination,
     resolve_termination,
     run_is_live,
+    starts_no_tasks,
     task_stop_for,
 )
 
@@ -650,9 +650,6 @@ def run_tasks(
     current: list[TaskExecution] = []
     state = {"term": Termination()}
 
-    def stop_for(is_finally: bool) -> StopIntent | None:
-        return task_stop_for(state["term"].mode, is_finally=is_finally)
-
     def apply(term: Termination) -> None:
         state["term"] = term
         session.stop(force=term.force, deadline=term.deadline)  # an onExit at close, too
@@ -672,7 +669,7 @@ def run_tasks(
         for spec in specs:
             is_finally = job.template.is_finally(spec.step_name)
             session.job_status = run.job_status if is_finally else None
-            if stop_for(is_finally) is not None:
+            if starts_no_tasks(state["term"].mode, is_finally=is_finally):
                 mode = state["term"].mode
                 results.append(
                     TaskResult(

@@ -50,7 +50,7 @@ from ._task import (
     TaskOutcome,
     TaskResult,
 )
-from ._termination import fold_request
+from ._termination import fold_request, starts_no_tasks
 
 __all__ = ("EXIT_CODES", "JobRunner", "RunResult", "TerminationMode")
 
@@ -285,13 +285,8 @@ class JobRunner:
             lease.release()
 
     def _stopping(self, is_finally: bool) -> bool:
-        mode = self._term.mode
-        if is_finally:
-            return (
-                mode in (TerminationMode.CANCELLED, TerminationMode.SUSPENDED)
-                or self._finally_timed_out
-            )
-        return mode is not None or self._timed_out
+        timed_out = self._finally_timed_out if is_finally else self._timed_out
+        return timed_out or starts_no_tasks(self._term.mode, is_finally=is_finally)
 
     def _run_attempt(self, attempt: Attempt) -> RunResult:
         clean_stale_sessions(self._working_root)

@@ -146,6 +146,9 @@ class Session:
         self._closed = False
         self.broken: str | None = None
         """Why the session can run no more tasks (an environment failed to enter)."""
+        self.redacted: set[str] = set()
+        """Values declared secret (``openjd_redacted_env``) in this session: redacted from
+        the output of every later action of the session, not only the one that declared them."""
         self.enter_count = 0
         """How many environments this session entered (for tests and progress)."""
 

@@ -284,6 +284,8 @@ class TaskExecution:
                 job_status=self.job_status,
             )
             self._session = session
+        session.redacted.update(self._redacted)
+        self._redacted = session.redacted  # secrets of the session's onEnter hold for this task
         exit_code: int | None = None
         message = ""
         failed = False

@@ -34,6 +34,7 @@ __all__ = (
     "request_termination",
     "resolve_termination",
     "run_is_live",
+    "starts_no_tasks",
     "task_stop_for",
 )
 
@@ -148,6 +149,15 @@ def task_stop_for(
     if mode in (TerminationMode.CANCELLED, TerminationMode.CANCELLED_RUN_FINALLY):
         return StopIntent.CANCEL
     return None
+
+
+def starts_no_tasks(mode: TerminationMode | None, *, is_finally: bool) -> bool:
+    """True if, under ``mode``, a task not started yet must not start (TEP-0058: "any
+    unscheduled non-final task is skipped"): every mode stops regular tasks from starting;
+    finally tasks still start unless the mode is ``Cancelled`` or ``Suspended``."""
+    if is_finally:
+        return mode in (TerminationMode.CANCELLED, TerminationMode.SUSPENDED)
+    return mode is not None
 
 
 def run_is_live(store: CheckpointStore, run: RunRecord) -> bool:

@@ -757,3 +757,57 @@ def test_an_edited_record_never_kills_a_group_its_process_does_not_lead() -> Non
         for p in (a, b):
             p.kill()
             p.wait()
+
+
+def test_stopped_run_finally_starts_no_more_tasks_of_a_group(tmp_path: Path) -> None:
+    import threading
+
+    from core import run_tasks
+
+    st = CheckpointStore(tmp_path / "store")
+    log = tmp_path / "log"
+    job = prepare_job(DATA / "sessions_job_env.yaml", {"Log": str(log)})
+    attempt = begin_attempt(st, job, external_key="srf-group")
+    specs = job.plan_step("Work")[:3]
+    box: dict = {}
+    t = threading.Thread(
+        target=lambda: box.setdefault("r", run_tasks(st, job, attempt.run_id, specs))
+    )
+    t.start()
+    end = time.monotonic() + 20
+    while not log.exists() or "task" not in log.read_text():
+        assert time.monotonic() < end
+        time.sleep(0.02)
+    request_termination(st, attempt.job_key, attempt.run_id, "StoppedRunFinally")
+    t.join(30)
+    outcomes = [r.outcome.value for r in box["r"]]
+    assert outcomes[0] == "succeeded" and "skipped" in outcomes, outcomes
+
+
+def test_a_session_secret_is_redacted_in_every_later_task(tmp_path: Path) -> None:
+    template = tmp_path / "secret.yaml"
+    template.write_text(
+        "specificationVersion: 'jobtemplate-2023-09'\n"
+        "extensions: [REDACTED_ENV_VARS]\n"
+        "name: secret in a session\n"
+        "jobEnvironments:\n"
+        "- name: E\n"
+        "  script:\n"
+        "    actions:\n"
+        "      onEnter:\n"
+        "        {command: bash, args: [-c, 'echo openjd_redacted_env: TOKEN=hunter2hunter2']}\n"
+        "steps:\n"
+        "- name: S\n"
+        "  parameterSpace:\n"
+        "    taskParameterDefinitions: [{name: I, type: INT, range: '1-3'}]\n"
+        "  script:\n"
+        "    actions:\n"
+        "      onRun: {command: bash, args: [-c, 'echo token is $TOKEN']}\n"
+    )
+    done = subprocess.run(
+        cli_cmd("run", str(template), "--store", str(tmp_path / "s"), "--max-parallel", "1", "-q"),
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("token is ********") == 3, done.stdout
+    assert "hunter2" not in done.stdout + done.stderr
