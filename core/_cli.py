@@ -201,10 +201,16 @@ def _execute(args: argparse.Namespace, job: Any, *, how: ResumeHow, **resume: An
         **resume,
     )
     signals_seen: list[int] = []
+    pending: list[int] = []
 
     def on_signal(signum: int, _frame: Any) -> None:
+        # Only noted here; handled by the loop below. A handler that did the work could be
+        # entered again by a second Ctrl-C while it holds the run's lock, and wait on itself.
         if not worker.is_alive() and "result" in outcome:
             return  # the run has ended: a late Ctrl-C changes nothing
+        pending.append(signum)
+
+    def handle(signum: int) -> None:
         signals_seen.append(signum)
         if len(signals_seen) == 1:
             display.note(
@@ -229,8 +235,12 @@ def _execute(args: argparse.Namespace, job: Any, *, how: ResumeHow, **resume: An
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, on_signal)
     worker.start()
+    handled = 0
     while worker.is_alive():
-        worker.join(0.2)
+        worker.join(0.1)
+        while handled < len(pending) and worker.is_alive():
+            handled += 1
+            handle(pending[handled - 1])
     if "error" in outcome:
         raise outcome["error"]
     result: RunResult = outcome["result"]

@@ -811,3 +811,21 @@ def test_a_session_secret_is_redacted_in_every_later_task(tmp_path: Path) -> Non
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("token is ********") == 3, done.stdout
     assert "hunter2" not in done.stdout + done.stderr
+
+
+def test_two_quick_ctrl_cs_always_cancel(tmp_path: Path) -> None:
+    """The second Ctrl-C may come while the first is being handled: it still cancels."""
+    from conftest import CliProcess
+
+    for i, gap in enumerate((0.0, 0.01, 0.05, 0.0, 0.02)):
+        cli = CliProcess(
+            "run", str(COUNTER), "-p", "N=300", "-p", "StepSeconds=0.1",
+            "-p", "IgnoreSignal=1",  # still in its notify period when the second comes
+            "--store", str(tmp_path / f"s{i}"), "-q",
+        )  # fmt: skip
+        cli.wait_for("COUNTER-STEP 2")
+        cli.proc.send_signal(signal.SIGINT)
+        time.sleep(gap)
+        cli.proc.send_signal(signal.SIGINT)
+        assert cli.wait(30) == 130, (gap, cli.stderr)
+        assert "stayed locked" not in cli.stderr

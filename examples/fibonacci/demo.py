@@ -1,7 +1,7 @@
 """The README's main job: run the fast Fibonacci example, interrupt it, resume it.
 
-1. ``openjd-checkpoint run fibonacci-fast.yaml`` starts; after a few seconds it gets SIGINT
-   (what Ctrl-C sends). The task receives SIGUSR1 (its checkpointCancelation), saves
+1. ``openjd-checkpoint run fibonacci-fast.yaml`` starts; a few steps in, it gets SIGINT (what
+   Ctrl-C sends). The task receives SIGUSR1 (its checkpointCancelation), saves
    ``n,v0,v1`` and exits; the CLI stores the checkpoint and exits 75.
 2. The same command again resumes: ``onCheckpointResume`` runs with the saved state and the
    task reports RESUMED, then prints the final answer, which is checked here.
@@ -17,12 +17,13 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 TEMPLATE = HERE / "fibonacci-fast.yaml"
 N = 40
+STOP_AT = 5
+"""The step at which the first run is interrupted (the task prints one line a step)."""
 
 
 def fib(n: int) -> int:
@@ -36,10 +37,20 @@ def main() -> int:
     exe = Path(sys.executable).with_name("openjd-checkpoint")
     with tempfile.TemporaryDirectory(prefix="openjd-checkpoint-demo-") as store:
         cmd = [str(exe), "run", str(TEMPLATE), "-p", f"N={N}", "--store", store]
-        print(f"$ {' '.join(cmd)}    # interrupted with SIGINT after 3 s", flush=True)
-        first = subprocess.Popen(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1"))
-        time.sleep(3)
-        first.send_signal(signal.SIGINT)
+        print(f"$ {' '.join(cmd)}    # interrupted with SIGINT at step {STOP_AT}", flush=True)
+        first = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        )
+        assert first.stdout is not None
+        for line in first.stdout:  # shown as it comes; Ctrl-C once the task is under way
+            sys.stdout.write(line)
+            if f"Fibonacci number {STOP_AT} is" in line:
+                first.send_signal(signal.SIGINT)
         code = first.wait(timeout=60)
         print(f"--> first run exited {code} (75 means: interrupted, checkpoint kept)\n")
         if code != 75:
