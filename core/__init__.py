@@ -44,10 +44,12 @@ if TYPE_CHECKING:
         plan_group,
         plan_step,
         prepare_run_job,
+        record_task_done,
         request_termination,
         run_task,
         run_tasks,
         task_stop_for,
+        wait_tasks_released,
     )
     from ._runner import JobRunner, RunResult
     from ._session import Session
@@ -82,6 +84,8 @@ _EXPORTS = {
     "enter_finally": "._run",
     "finish_attempt": "._run",
     "plan_group": "._run",
+    "record_task_done": "._run",
+    "wait_tasks_released": "._run",
     "plan_step": "._run",
     "run_tasks": "._run",
     "Session": "._session",
@@ -173,12 +177,14 @@ __all__ = (
     "parse_template",
     "plan_group",
     "plan_step",
+    "record_task_done",
     "prepare_job",
     "prepare_run_job",
     "request_termination",
     "run_task",
     "run_tasks",
     "task_stop_for",
+    "wait_tasks_released",
 )
 
 

@@ -225,6 +225,12 @@ class TaskExecution:
         return self._status
 
     @property
+    def redacted_values(self) -> frozenset[str]:
+        """Values declared secret so far (``openjd_redacted_env``, REDACTED_ENV_VARS), in this
+        task or earlier in its session: an adapter masks them in its framework's logs."""
+        return frozenset(self._redacted)
+
+    @property
     def stop_intent(self) -> StopIntent | None:
         return self._stop_intent
 
