@@ -1,0 +1,348 @@
+"""dag_from_template under dag.test(): the DAG's shape, a run that succeeds, a failing step with
+the finally step still run, and an execution_timeout whose retry resumes from the checkpoint."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import airflow_helpers as ah
+import pytest
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+THREE_STEPS = ROOT / "tests" / "data" / "three_steps.yaml"
+FIBONACCI = ROOT / "examples" / "fibonacci" / "fibonacci-fast.yaml"
+
+DAG_FILE = """
+from datetime import timedelta
+
+from airflow_plugin import dag_from_template
+
+dag = dag_from_template(
+    {template!r},
+    dag_id={dag_id!r},
+    store={store!r},
+    default_args={default_args},
+)
+"""
+
+
+def dag_source(template: Path, dag_id: str, store: Path, default_args: str = "{}") -> str:
+    return DAG_FILE.format(
+        template=str(template), dag_id=dag_id, store=str(store), default_args=default_args
+    )
+
+
+def core_runs(store: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(store.glob("jobs/*/runs/*/run.json"))]
+
+
+def test_three_steps_shape_and_success(dag_tester: ah.DagTester, tmp_path: Path, capfd) -> None:
+    out, store = tmp_path / "out", tmp_path / "store"
+    out.mkdir()
+    result = dag_tester.run(
+        "three_steps_ok.py",
+        source=dag_source(THREE_STEPS, "three_steps_ok", store, '{"retries": 0}'),
+        run_conf={"Out": str(out), "FrameSeconds": 0.01},
+    )
+
+    assert result.state == "success", result.states()
+    assert result.states() == {
+        ("openjd_begin", -1): "success",
+        ("plan_Render", -1): "success",
+        ("plan_Assemble", -1): "success",
+        ("plan_Cleanup", -1): "success",
+        ("Render", 0): "success",
+        ("Render", 1): "success",
+        ("Render", 2): "success",
+        ("Assemble", 0): "success",
+        ("Cleanup", 0): "success",
+        ("openjd_finish", -1): "success",
+    }
+    labels = {(t.task_id, t.map_index): t.rendered_map_index for t in result.tis}
+    assert labels[("Render", 0)] == "Render[Frame=1-2]"
+    assert labels[("Render", 1)] == "Render[Frame=3-4]"
+    assert labels[("Render", 2)] == "Render[Frame=5-6]"
+    assert labels[("Assemble", 0)] == "Assemble"
+    assert labels[("Cleanup", 0)] == "Cleanup"
+    tasks = result.dag.task_dict
+    assert tasks["openjd_begin"].is_setup
+    assert tasks["Render"].downstream_task_ids == {"Assemble", "Cleanup", "openjd_finish"}
+    assert tasks["Assemble"].upstream_task_ids == {"openjd_begin", "plan_Assemble", "Render"}
+    assert tasks["Cleanup"].is_teardown
+    assert tasks["Cleanup"].upstream_task_ids == {
+        "openjd_begin",
+        "plan_Cleanup",
+        "Render",
+        "Assemble",
+    }
+    assert tasks["openjd_finish"].is_teardown and tasks["openjd_finish"].on_failure_fail_dagrun
+    assert tasks["Render"].retries == 0  # default_args win over the default of 1
+    assert sorted(p.name for p in out.glob("frame-*")) == [f"frame-{i}" for i in range(1, 7)]
+    assert (out / "cleanup-status").read_text() == "Succeeded\n"
+    [run] = core_runs(store)
+    assert run["status"] == "succeeded"
+    assert run["external_key"] == f"three_steps_ok/{result.run_id}"
+    printed = capfd.readouterr().out
+    assert "ASSEMBLED" in printed
+    assert "CLEANUP status=Succeeded" in printed
+
+
+def test_params_from_job_parameters(dag_tester: ah.DagTester, tmp_path: Path) -> None:
+    path = dag_tester.write(
+        "three_steps_params.py",
+        dag_source(THREE_STEPS, "three_steps_params", tmp_path / "store"),
+    )
+    dag = dag_tester.load(path)["three_steps_params"]
+    params = dag.params
+    assert params.get_param("FrameSeconds").value == 0.1
+    assert params.get_param("FrameSeconds").schema["type"] == "number"
+    assert params.get_param("FailFrame").schema["type"] == "integer"
+    assert params.get_param("Out").schema["type"] == ["string", "null"]
+    assert params.get_param("resume").value is None
+    assert "OpenJDCheckpointJobStatus" not in params
+    assert dag.task_dict["Render"].retries == 1  # retries default to 1
+
+
+def test_failing_step_fails_the_run_and_finally_runs(
+    dag_tester: ah.DagTester, tmp_path: Path, capfd
+) -> None:
+    out, store = tmp_path / "out", tmp_path / "store"
+    out.mkdir()
+    (out / "fail-now").write_text("")
+    result = dag_tester.run(
+        "three_steps_fail.py",
+        source=dag_source(THREE_STEPS, "three_steps_fail", store, '{"retries": 0}'),
+        run_conf={"Out": str(out), "FrameSeconds": 0.01, "FailFrame": 3},
+    )
+
+    assert result.state == "failed", result.states()
+    states = result.states()
+    assert states[("Render", 1)] == "failed"
+    assert states[("Render", 0)] == "success"
+    assert states[("Render", 2)] == "success"
+    assert states[("Assemble", -1)] == "upstream_failed"  # never expanded
+    assert states[("Cleanup", 0)] == "success"
+    assert states[("openjd_finish", -1)] == "failed"
+    assert (out / "cleanup-status").read_text() == "Failed\n"
+    [run] = core_runs(store)
+    assert run["status"] == "failed"
+    printed = capfd.readouterr().out
+    assert "RENDER-FAIL 3" in printed
+    assert "CLEANUP status=Failed" in printed
+
+
+def test_execution_timeout_then_retry_resumes(
+    dag_tester: ah.DagTester, tmp_path: Path, capfd
+) -> None:
+    store = tmp_path / "store"
+    result = dag_tester.run(
+        "fibonacci_timeout.py",
+        source=dag_source(
+            FIBONACCI,
+            "fibonacci_timeout",
+            store,
+            '{"retries": 1, "execution_timeout": timedelta(seconds=5)}',
+        ),
+        run_conf={"N": 60, "StepSeconds": 0.1, "CheckpointSeconds": 1.0},
+    )
+
+    assert result.state == "success", (result.states(), result.history)
+    ti = result.ti("ResumableFibonacci", 0)
+    assert ti.state == "success" and ti.try_number == 2
+    assert [(h.task_id, h.try_number) for h in result.history] == [("ResumableFibonacci", 1)]
+    printed = capfd.readouterr().out
+    assert "Final answer: Fibonacci number 60 is 1548008755920" in printed
+    assert printed.count("Fibonacci number 1 is 1") == 1  # the retry did not start over
+    assert "resuming from checkpoint generation" in printed
+    assert "openjd_checkpoint_resume_status" in printed
+    summary = state_store(result.dag.dag_id, result.run_id)[("ResumableFibonacci", 0)]
+    [task] = summary["openjd_checkpoint"]["tasks"]
+    assert task["label"] == "ResumableFibonacci"
+    assert task["status"] == "succeeded"
+    assert task["generation"] >= 6  # 5 or more before the timeout, more after
+    assert task["resume_status"] == "RESUMED"
+    assert "state" not in task
+
+
+def state_store(dag_id: str, run_id: str) -> dict[tuple[str, int], dict]:
+    """The task state store of a dag.test() run: (task_id, map_index) -> {key: value}."""
+    from airflow.models.task_state_store import TaskStateStoreModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    out: dict[tuple[str, int], dict] = {}
+    with create_session() as session:
+        rows = session.scalars(
+            select(TaskStateStoreModel).where(
+                TaskStateStoreModel.dag_id == dag_id, TaskStateStoreModel.run_id == run_id
+            )
+        )
+        for row in rows:
+            out.setdefault((row.task_id, row.map_index), {})[row.key] = json.loads(row.value)
+    return out
+
+
+def test_redacted_values_are_masked(dag_tester: ah.DagTester, tmp_path: Path, capfd) -> None:
+    from airflow.sdk._shared.secrets_masker import redact
+
+    secret = "hunter2-airflow-secret"
+    assert secret in str(redact(f"x {secret}"))  # not masked before the run
+    result = dag_tester.run(
+        "secret_env.py",
+        source=dag_source(HERE / "data" / "secret_env.yaml", "secret_env", tmp_path / "store"),
+    )
+
+    assert result.state == "success", result.states()
+    printed = capfd.readouterr().out
+    assert "TOKEN-IS ********" in printed
+    assert "USED-SECRET" in printed
+    assert secret not in printed
+    assert secret not in str(redact(f"x {secret}"))  # Airflow's masker now hides it too
+    stored = state_store("secret_env", result.run_id)
+    assert stored[("UseSecret", 0)]["openjd_checkpoint"]["tasks"][0]["generation"] == 1
+    assert secret not in json.dumps(list(stored.values()))
+
+
+CHUNKED = ROOT / "examples" / "chunked-frames" / "chunked-frames.yaml"
+
+GROUPED_DAG = """
+from datetime import timedelta
+
+from airflow_plugin import dag_from_template
+
+dag = dag_from_template(
+    {template!r},
+    dag_id="chunked_grouped",
+    store={store!r},
+    max_map_length=2,
+    default_args={{"retries": 3, "execution_timeout": timedelta(seconds=3)}},
+)
+"""
+
+
+def test_grouped_step_resumes_only_unfinished_tasks(
+    dag_tester: ah.DagTester, tmp_path: Path, capfd
+) -> None:
+    out, store = tmp_path / "frames", tmp_path / "store"
+    result = dag_tester.run(
+        "chunked_grouped.py",
+        source=GROUPED_DAG.format(template=str(CHUNKED), store=str(store)),
+        run_conf={
+            "Frames": "1-10",
+            "FramesPerChunk": 1,
+            "FrameSeconds": 0.45,
+            "OutputDir": str(out),
+        },
+    )
+
+    assert result.state == "success", (result.states(), result.history)
+    labels = {t.map_index: t.rendered_map_index for t in result.tis if t.task_id == "Render"}
+    assert labels == {
+        0: "Render[Frame=1-1] .. Render[Frame=5-5] (5 tasks)",
+        1: "Render[Frame=6-6] .. Render[Frame=10-10] (5 tasks)",
+    }
+    interrupted = [h.map_index for h in result.history if h.task_id == "Render"]
+    assert sorted(set(interrupted)) == [0, 1]  # each group timed out at least once
+    assert sorted(p.name for p in out.iterdir()) == [f"frame-{i:04d}.txt" for i in range(1, 11)]
+    printed = capfd.readouterr().out
+    runs = {f: len(re.findall(rf"CHUNK {f}-{f}\s", printed)) for f in range(1, 11)}
+    assert all(n >= 1 for n in runs.values()), runs
+    # Only the task running at each timeout runs again; finished ones never do.
+    assert sum(runs.values()) <= 10 + len(interrupted), (runs, interrupted)
+    assert "finished in an earlier try; not run again" in printed
+
+
+@pytest.mark.parametrize("n", [0, 1, 5, 1024, 1025, 3000])
+def test_group_tasks_stays_within_the_limit(n: int) -> None:
+    import core
+    from airflow_plugin import group_tasks
+
+    specs = [
+        core.TaskSpec(step_name="S", task_key=str(i), parameters={}, record_parameters={})
+        for i in range(n)
+    ]
+    groups = group_tasks(specs, 1024)
+    assert len(groups) == min(n, 1024)
+    flat = [t["task_key"] for g in groups for t in g["tasks"]]
+    assert flat == [str(i) for i in range(n)]  # every task once, in order
+    if n > 1024:
+        assert max(len(g["tasks"]) for g in groups) - min(len(g["tasks"]) for g in groups) <= 1
+        assert groups[0]["label"].endswith("tasks)")
+
+
+def test_resume_param_resumes_an_earlier_run_or_refuses(
+    dag_tester: ah.DagTester, tmp_path: Path, capfd
+) -> None:
+    out, store = tmp_path / "out", tmp_path / "store"
+    out.mkdir()
+    (out / "fail-now").write_text("")
+    source = dag_source(THREE_STEPS, "three_steps_resume", store, '{"retries": 0}')
+    conf = {"Out": str(out), "FrameSeconds": 0.01, "FailFrame": 3}
+    first = dag_tester.run("three_steps_resume.py", source=source, run_conf=conf)
+    assert first.state == "failed"
+    [run] = core_runs(store)
+    (out / "fail-now").unlink()
+    capfd.readouterr()
+
+    refused = dag_tester.run("three_steps_resume.py", run_conf={**conf, "resume": "no-such-run"})
+    assert refused.state == "failed"
+    assert refused.ti("openjd_begin").state == "failed"
+    assert "unknown-run" in capfd.readouterr().out
+
+    second = dag_tester.run("three_steps_resume.py", run_conf={**conf, "resume": run["run_id"]})
+    assert second.state == "success", second.states()
+    printed = capfd.readouterr().out
+    assert f"operator resume of run {run['run_id']}" in printed
+    # Frames 1-2 and 5-6 finished in the first DAG run and were not rendered again.
+    assert {p.name: p.read_text() for p in out.glob("frame-*")} == {
+        f"frame-{i}": "x" for i in range(1, 7)
+    }
+    assert printed.count("RENDER-START") == 1  # only the failed chunk ran again
+    [again] = core_runs(store)
+    assert again["run_id"] == run["run_id"] and again["status"] == "succeeded"
+
+
+def test_template_error_fails_the_import_with_the_core_message(
+    dag_tester: ah.DagTester, tmp_path: Path
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "specificationVersion: 'jobtemplate-2023-09'\nname: bad\n"
+        "steps:\n- name: S\n  script:\n    actions:\n      onRun: {commandd: echo}\n"
+    )
+    path = dag_tester.write("bad_template.py", dag_source(bad, "bad_template", tmp_path))
+    with pytest.raises(ah.DagImportError) as info:
+        dag_tester.load(path)
+    assert "steps[0].script.actions.onRun" in str(info.value)
+    path.unlink()  # keep the dags folder importable for the other tests
+
+
+def test_host_requirements_map_to_queue_and_pool(tmp_path: Path) -> None:
+    from airflow_plugin import dag_from_template
+
+    template = tmp_path / "hosts.yaml"
+    template.write_text(
+        "specificationVersion: 'jobtemplate-2023-09'\nname: hosts\nsteps:\n"
+        "- name: Gpu\n  hostRequirements:\n    attributes:\n"
+        "    - {name: attr.worker.os.family, anyOf: [linux]}\n"
+        "  script:\n    actions:\n      onRun: {command: 'true'}\n"
+        "- name: Any\n  script:\n    actions:\n      onRun: {command: 'true'}\n"
+    )
+    seen = []
+
+    def mapping(step: str, requirements: dict) -> dict:
+        seen.append((step, requirements))
+        return {"queue": "linux", "pool": "linux_pool"}
+
+    dag = dag_from_template(template, dag_id="hosts", host_requirements=mapping)
+    assert dag.task_dict["Gpu"].partial_kwargs["queue"] == "linux"
+    assert dag.task_dict["Gpu"].partial_kwargs["pool"] == "linux_pool"
+    assert dag.task_dict["Any"].partial_kwargs.get("pool") in (None, "default_pool")
+    assert seen == [
+        ("Gpu", {"attributes": [{"name": "attr.worker.os.family", "anyOf": ["linux"]}]})
+    ]
+    with pytest.raises(ValueError, match="unsupported operator arguments"):
+        dag_from_template(template, dag_id="hosts2", host_requirements={"Gpu": {"image": "x"}})

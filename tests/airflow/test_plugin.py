@@ -1,0 +1,109 @@
+"""The plugin on the live stack: its endpoints refuse unauthenticated calls, end a DAG run in a
+core termination mode (with the core's outcome, and the finally step only after the regular
+tasks ended), and list the run's checkpoints."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+
+import airflow_helpers as ah
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+THREE_STEPS = ROOT / "tests" / "data" / "three_steps.yaml"
+
+DAG_FILE = """
+from airflow_plugin import dag_from_template
+
+dag = dag_from_template({template!r}, dag_id={dag_id!r}, store={store!r})
+"""
+
+
+def test_endpoints_refuse_unauthenticated_calls(airflow_live: ah.AirflowStack) -> None:
+    client = airflow_live.client
+    path = "/openjd/dags/any_dag/dagRuns/any_run"
+    for method, sub, body in (
+        ("POST", "/termination", {"mode": "Cancelled"}),
+        ("GET", "/checkpoints", None),
+    ):
+        resp = client.request(method, path + sub, auth=False, expect=None, json=body)
+        assert resp.status_code == 401, resp.text
+        resp = client.request(
+            method,
+            path + sub,
+            auth=False,
+            expect=None,
+            json=body,
+            headers={"Authorization": "Bearer not-a-token"},
+        )
+        assert resp.status_code == 403, resp.text
+    # Authenticated, the same call reaches the endpoint (no such DAG run: 404).
+    resp = client.request("GET", path + "/checkpoints", expect=None)
+    assert resp.status_code == 404 and "no OpenJD job run" in resp.text
+    plugins = {p["name"]: p for p in client.get("/api/v2/plugins")["plugins"]}
+    [view] = plugins["openjd_checkpoint"]["external_views"]
+    assert view["href"] == "/openjd/ui/runs/{DAG_ID}/{RUN_ID}"
+    assert view["destination"] == "dag_run"
+
+
+def _ts(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+@pytest.mark.parametrize(
+    ("mode", "core_status", "cleanup"),
+    [("Suspended", "interrupted", None), ("CancelledRunFinally", "canceled", "Cancelled\n")],
+)
+def test_termination_mode_through_the_plugin(
+    airflow_live: ah.AirflowStack, tmp_path: Path, mode: str, core_status: str, cleanup: str | None
+) -> None:
+    client = airflow_live.client
+    dag_id = f"plugin_{mode.lower()}"
+    out, store = tmp_path / "out", tmp_path / "store"
+    out.mkdir()
+    source = DAG_FILE.format(template=str(THREE_STEPS), dag_id=dag_id, store=str(store))
+    airflow_live.add_dag(f"{dag_id}.py", source, dag_id=dag_id)
+    run_id = client.trigger(dag_id, conf={"Out": str(out), "FrameSeconds": 2.0})
+    base = f"/openjd/dags/{dag_id}/dagRuns/{run_id}"
+
+    def rendering() -> bool:
+        runs = list(store.glob("jobs/*/runs/*/tasks/*.json"))
+        return any(json.loads(p.read_text())["status"] == "running" for p in runs)
+
+    ah.wait_until(rendering, timeout=120, what="a Render task to run")
+    resp = client.request("POST", base + "/termination", json={"mode": mode})
+    assert resp.json()["mode"] == mode
+    again = client.request(
+        "POST", base + "/termination", json={"mode": "StoppedRunFinally"}, expect=None
+    )
+    assert again.status_code in (200, 409)  # never more forceful: no change, or refused
+
+    run = client.wait_dag_run(dag_id, run_id, timeout=120)
+    assert run["state"] == "failed"
+    tis = {(t["task_id"], t["map_index"]): t for t in client.task_instances(dag_id, run_id)}
+    listing = client.request("GET", base + "/checkpoints").json()
+    assert listing["status"] == core_status
+    assert listing["condition"]["reason"] == mode
+    renders = [t for t in listing["tasks"] if t["step"] == "Render"]
+    assert renders and all(t["status"] != "running" for t in renders)
+    if mode == "Suspended":
+        assert any(t["checkpoints"] for t in renders), listing  # stopped with checkpoints
+        assert all(t["status"] in ("interrupted", "succeeded") for t in renders), listing
+        assert tis[("Cleanup", 0)]["state"] == "skipped"
+        assert not (out / "cleanup-status").exists()
+    else:
+        assert (out / "cleanup-status").read_text() == cleanup
+        cleanup_start = _ts(tis[("Cleanup", 0)]["start_date"])
+        render_ends = [_ts(t["end_date"]) for k, t in tis.items() if k[0] == "Render"]
+        assert cleanup_start >= max(render_ends)
+    assert tis[("openjd_finish", -1)]["state"] == "failed"
+    late = client.request("POST", base + "/termination", json={"mode": "Cancelled"}, expect=None)
+    assert late.status_code == 409 and "ended" in late.text
+
+
+def test_checkpoints_page_is_served(airflow_live: ah.AirflowStack) -> None:
+    resp = airflow_live.client.request("GET", "/openjd/ui/runs/some_dag/some_run", auth=False)
+    assert "OpenJD checkpoints" in resp.text
+    assert '"/openjd/dags/some_dag/dagRuns/some_run"' in resp.text
