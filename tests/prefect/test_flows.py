@@ -1,0 +1,316 @@
+"""Flows from job templates against the session's Prefect server: task runs, dependencies,
+finally steps, final states, retries that resume, ``resume="latest"``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import prefect_helpers as ph
+from prefect.client.schemas.objects import StateType
+
+from core import CheckpointStore, RunStatus
+from prefect_integration import flow_from_template, openjd_flow
+
+REPO = Path(__file__).resolve().parents[2]
+THREE_STEPS = REPO / "tests" / "data" / "three_steps.yaml"
+COUNTER = REPO / "tests" / "data" / "counter.yaml"
+
+
+def _frames(out: Path) -> dict[int, str]:
+    frames = [p for p in out.iterdir() if p.name.startswith("frame-")]
+    return {int(p.name.split("-")[1]): p.read_text() for p in frames}
+
+
+def _names(flow_run_id: Any) -> list[str]:
+    return sorted(r.name for r in ph.task_runs(flow_run_id))
+
+
+def test_flow_parameters_are_the_job_parameters(tmp_path: Path) -> None:
+    flow = flow_from_template(THREE_STEPS, store=tmp_path / "store")
+    assert flow.name == "Three step test job"
+    props = flow.parameters.properties
+    assert list(props) == ["Out", "FrameSeconds", "FailFrame", "resume"]
+    assert flow.parameters.required == ["Out"]
+    assert props["FrameSeconds"]["default"] == 0.1 and props["FrameSeconds"]["type"] == "number"
+    assert props["FailFrame"]["default"] == 0 and props["FailFrame"]["type"] == "integer"
+    assert props["Out"]["type"] == "string"
+    # Prefect checks types when a run is made
+    assert flow.validate_parameters({"Out": "x", "FailFrame": "3"})["FailFrame"] == 3
+    try:
+        flow.validate_parameters({"Out": "x", "FailFrame": "three"})
+    except Exception as exc:
+        assert "FailFrame" in str(exc)
+    else:
+        raise AssertionError("a non-integer FailFrame was accepted")
+
+
+def test_three_steps_through_flow_from_template(tmp_path: Path) -> None:
+    """Render (6 frames in 3 chunks, grouped into 2 task runs), Assemble after it, Cleanup
+    (finally) with Job.Status Succeeded; the run's checkpoints are gone afterwards."""
+    out = tmp_path / "out"
+    out.mkdir()
+    store = CheckpointStore(tmp_path / "store")
+    flow = flow_from_template(THREE_STEPS, store=store.location, max_task_runs_per_step=2)
+    state = flow(Out=str(out), FrameSeconds=0.01, return_state=True)
+    assert state.is_completed(), state
+    flow_run_id = state.state_details.flow_run_id
+    assert _names(flow_run_id) == ["Assemble", "Cleanup", "Render[Frame=1-4]", "Render[Frame=5-6]"]
+    runs = {r.name: r for r in ph.task_runs(flow_run_id)}
+    assert {r.state_type for r in runs.values()} == {StateType.COMPLETED}
+    # Assemble waited for both Render task runs; Cleanup ran last
+    assert runs["Assemble"].start_time >= max(
+        runs[n].end_time for n in ("Render[Frame=1-4]", "Render[Frame=5-6]")
+    )
+    assert runs["Cleanup"].start_time >= runs["Assemble"].end_time
+    assert _frames(out) == {f: "x" for f in range(1, 7)}
+    assert (out / "cleanup-status").read_text() == "Succeeded\n"
+    [run] = store.list_runs()[0]
+    assert run.status == RunStatus.SUCCEEDED and run.external_key == str(flow_run_id)
+    logs = ph.wait_for_logs(flow_run_id, "ASSEMBLED")
+    assert any("RENDER-DONE 5-6" in log.message for log in logs)
+    [table] = [a for a in ph.artifacts(flow_run_id) if a.type == "table"]
+    assert "Render[Frame=1-2]" in str(table.data) and "succeeded" in str(table.data)
+
+
+def test_three_steps_through_the_decorator_with_a_failing_step(tmp_path: Path) -> None:
+    """@openjd_flow's function changes a parameter (FailFrame=3) before the steps run; frame 3
+    fails: Assemble does not run, Cleanup runs with Job.Status Failed, the flow run fails."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "fail-now").write_text("")
+    seen: list[dict[str, Any]] = []
+
+    @openjd_flow(THREE_STEPS, store=tmp_path / "store", name="three-steps-decorated")
+    def three(parameters: dict[str, Any]) -> dict[str, Any]:
+        seen.append(dict(parameters))
+        return {**parameters, "FailFrame": 3}
+
+    assert three.name == "three-steps-decorated"
+    state = three(Out=str(out), FrameSeconds=0.01, return_state=True)
+    assert state.is_failed(), state
+    assert seen == [{"Out": str(out), "FrameSeconds": 0.01, "FailFrame": 0}]
+    flow_run_id = state.state_details.flow_run_id
+    runs = {r.name: r for r in ph.task_runs(flow_run_id)}
+    assert runs["Render[Frame=3-4]"].state_type == StateType.FAILED
+    assert runs["Render[Frame=1-2]"].state_type == StateType.COMPLETED
+    assert runs["Cleanup"].state_type == StateType.COMPLETED
+    assert runs.get("Assemble") is None or runs["Assemble"].state_type != StateType.COMPLETED
+    assert (out / "cleanup-status").read_text() == "Failed\n"
+    assert "Render" in (state.message or "")
+    assert 4 not in _frames(out)
+
+
+def _state_names(flow_run_id: Any) -> dict[str, list[str]]:
+    """Task run name -> the final state names of its task runs, oldest first."""
+    out: dict[str, list[str]] = {}
+    for r in ph.task_runs(flow_run_id):
+        out.setdefault(r.name, []).append(r.state_name or "")
+    return out
+
+
+def test_flow_retry_continues_the_core_run_and_skips_finished_task_runs(tmp_path: Path) -> None:
+    """Frame 6 fails on the first try; the flow retry (same flow run, same core run) skips the
+    finished task run (Cached), runs only frame 6 of the failed chunk, Assemble, and the finally
+    step again (Failed, then Succeeded)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "fail-now").write_text("")
+    store = CheckpointStore(tmp_path / "store")
+    tries: list[int] = []
+
+    @openjd_flow(THREE_STEPS, store=store.location, max_task_runs_per_step=2, retries=1)
+    def retried(parameters: dict[str, Any]) -> None:
+        tries.append(1)
+        if len(tries) == 2:
+            (out / "fail-now").unlink()  # the cause of the failure is fixed before the retry
+
+    state = retried(Out=str(out), FrameSeconds=0.01, FailFrame=6, return_state=True)
+    assert state.is_completed(), state
+    assert len(tries) == 2
+    flow_run_id = state.state_details.flow_run_id
+    names = _state_names(flow_run_id)
+    assert names["Render[Frame=1-4]"] == ["Completed", "Cached"]
+    assert names["Render[Frame=5-6]"] == ["Failed", "Completed"]
+    assert names["Cleanup"] == ["Completed", "Completed"]
+    assert _frames(out) == {f: "x" for f in range(1, 7)}  # nothing ran twice
+    assert (out / "cleanup-status").read_text() == "Failed\nSucceeded\n"
+    [run] = store.list_runs()[0]
+    assert run.attempt == 2 and run.status == RunStatus.SUCCEEDED
+
+
+def _kill_after_checkpoint(store: CheckpointStore, killed: list[int], timeout: float = 60) -> None:
+    """SIGKILL the running task's process once it has stored a checkpoint (a crash)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for run in store.list_runs()[0]:
+            for rec in store.read_tasks(run.job_key, run.run_id)[0]:
+                if rec.checkpoint is not None and rec.process is not None:
+                    os.kill(rec.process.pid, signal.SIGKILL)
+                    killed.append(rec.process.pid)
+                    return
+        time.sleep(0.1)
+
+
+def test_task_retry_resumes_from_the_checkpoint(tmp_path: Path) -> None:
+    """The counter's process is killed after a checkpoint: the task run fails, Prefect retries
+    it, and the retry resumes from the stored state (right sum, started past 0)."""
+    store = CheckpointStore(tmp_path / "store")
+    flow = flow_from_template(COUNTER, store=store.location, task_retries=1)
+    killed: list[int] = []
+    killer = threading.Thread(target=_kill_after_checkpoint, args=(store, killed))
+    killer.start()
+    state = flow(N=12, StepSeconds=0.15, SaveEvery=2, return_state=True)
+    killer.join()
+    assert killed, "no checkpoint was stored"
+    assert state.is_completed(), state
+    flow_run_id = state.state_details.flow_run_id
+    [count] = ph.task_runs(flow_run_id)
+    assert count.name == "Count" and count.run_count == 2
+    logs = ph.wait_for_logs(flow_run_id, "COUNTER-DONE")
+    messages = [log.message for log in logs]
+    assert any("resuming from checkpoint generation" in m for m in messages), messages
+    starts = [m.split("from=")[1] for m in messages if "COUNTER-START" in m]
+    assert starts[0] == "0" and int(starts[1]) > 0, starts
+    assert any("COUNTER-DONE n=12 sum=78" in m for m in messages)
+
+
+def test_resume_latest_resumes_and_without_it_starts_fresh(tmp_path: Path) -> None:
+    """Flow run A fails at frame 6. Flow run B with resume="latest" continues A's core run: the
+    finished task run is Cached, only frame 6 runs. Flow run C without resume runs everything."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "fail-now").write_text("")
+    store = CheckpointStore(tmp_path / "store")
+    flow = flow_from_template(THREE_STEPS, store=store.location, max_task_runs_per_step=2)
+    params = {"Out": str(out), "FrameSeconds": 0.01, "FailFrame": 6}
+    a = flow(**params, return_state=True)
+    assert a.is_failed(), a
+    [run_a] = store.list_runs()[0]
+    (out / "fail-now").unlink()
+
+    b = flow(**params, resume="latest", return_state=True)
+    assert b.is_completed(), b
+    names = _state_names(b.state_details.flow_run_id)
+    assert names["Render[Frame=1-4]"] == ["Cached"]
+    assert names["Render[Frame=5-6]"] == ["Completed"]
+    assert _frames(out) == {f: "x" for f in range(1, 7)}
+    runs = store.list_runs()[0]
+    assert [r.run_id for r in runs] == [run_a.run_id]
+    assert runs[0].attempt == 2 and runs[0].status == RunStatus.SUCCEEDED
+
+    c = flow(**params, return_state=True)
+    assert c.is_completed(), c
+    assert set(_state_names(c.state_details.flow_run_id)["Render[Frame=1-4]"]) == {"Completed"}
+    assert _frames(out) == {f: "xx" for f in range(1, 7)}
+    assert len(store.list_runs()[0]) == 2
+
+
+def test_store_from_a_saved_block(tmp_path: Path) -> None:
+    """A CheckpointStoreBlock saved on the server and loaded again names the flow's store; one
+    naming a LocalFileSystem block uses its base path."""
+    from prefect.filesystems import LocalFileSystem
+
+    from prefect_integration import CheckpointStoreBlock
+
+    CheckpointStoreBlock(location=str(tmp_path / "a")).save("store-a", overwrite=True)
+    CheckpointStoreBlock(storage=LocalFileSystem(basepath=str(tmp_path / "b"))).save(
+        "store-b", overwrite=True
+    )
+    for name, folder in (("store-a", "a"), ("store-b", "b")):
+        block = CheckpointStoreBlock.load(name)
+        flow = flow_from_template(COUNTER, store=block)
+        state = flow(N=2, StepSeconds=0.01, return_state=True)
+        assert state.is_completed(), state
+        [run] = CheckpointStore(tmp_path / folder).list_runs()[0]
+        assert run.external_key == str(state.state_details.flow_run_id)
+    try:
+        CheckpointStoreBlock().store_location()
+    except ValueError as exc:
+        assert "neither a location nor a storage" in str(exc)
+    else:
+        raise AssertionError("an empty block gave a location")
+
+
+SECRETS_AND_HOSTS = Path(__file__).resolve().parent / "data" / "secrets_and_hosts.yaml"
+
+
+def _secrets_flow(tmp_path: Path) -> tuple[Any, Path]:
+    results = tmp_path / "results"
+    flow = flow_from_template(
+        SECRETS_AND_HOSTS,
+        store=tmp_path / "store",
+        max_task_runs_per_step=3,
+        host_requirements={"attr.worker.os.family": ["linux-hosts"]},
+        result_storage=results,
+    )
+    return flow, results
+
+
+def test_grouping_and_host_requirements(tmp_path: Path) -> None:
+    """Nine tasks in three task runs named after their ranges, one session each (the job
+    environment is entered once per task run); the mapped host requirement becomes a tag, the
+    unmapped one a warning in the flow run's log."""
+    flow, _ = _secrets_flow(tmp_path)
+    state = flow(return_state=True)
+    assert state.is_completed(), state
+    flow_run_id = state.state_details.flow_run_id
+    runs = ph.task_runs(flow_run_id)
+    assert sorted(r.name for r in runs) == ["Work[Frame=1-3]", "Work[Frame=4-6]", "Work[Frame=7-9]"]
+    assert all(r.tags == ["linux-hosts"] for r in runs)
+    logs = ph.wait_for_logs(flow_run_id, "WORK 9")
+    messages = [log.message for log in logs]
+    assert any("amount.worker.gpu has no mapping" in m for m in messages)
+    # one session per task run: the job environment is entered three times
+    assert sum("openjd_redacted_env: SECRET=********" in m for m in messages) == 3
+
+
+def test_secrets_never_reach_logs_artifacts_or_results(tmp_path: Path) -> None:
+    flow, results = _secrets_flow(tmp_path)
+    state = flow(return_state=True)
+    assert state.is_completed(), state
+    flow_run_id = state.state_details.flow_run_id
+    messages = [log.message for log in ph.wait_for_logs(flow_run_id, "WORK 9")]
+    assert not any("hunter2" in str(a.data) for a in ph.artifacts(flow_run_id))
+    stored = [p.read_text(errors="replace") for p in results.rglob("*") if p.is_file()]
+    assert len(stored) == 3 and not any("hunter2" in text for text in stored)
+    assert any("WORK 1 ********" in m for m in messages)
+    assert not any("hunter2" in m for m in messages)
+
+
+def test_ten_thousand_tasks_make_a_bounded_number_of_task_runs(tmp_path: Path) -> None:
+    """A step of 10,000 tasks plans and groups in well under a second into at most the
+    configured number of task runs, named after their ranges, without running anything."""
+    from core import load_template, prepare_job
+    from prefect_integration._tasks import group_name, group_tasks
+
+    text = SECRETS_AND_HOSTS.read_text().replace('range: "1-9"', 'range: "1-10000"')
+    path = tmp_path / "big.yaml"
+    path.write_text(text)
+    started = time.monotonic()
+    flow = flow_from_template(path, store=tmp_path / "store")
+    job = prepare_job(load_template(path), {})
+    groups = group_tasks(job.plan_step("Work"), 100)
+    took = time.monotonic() - started
+    assert flow.name == "Secrets and hosts test job"
+    assert len(groups) == 100 and {len(g) for g in groups} == {100}
+    assert group_name("Work", groups[0]) == "Work[Frame=1-100]"
+    assert group_name("Work", groups[-1]) == "Work[Frame=9901-10000]"
+    assert [len(g) for g in group_tasks(job.plan_step("Work")[:7], 3)] == [3, 2, 2]
+    print(f"\n10,000 tasks: flow built, planned and grouped in {took:.2f} s")
+    assert took < 10
+
+
+def test_the_block_is_registered_through_the_collections_entry_point() -> None:
+    """Prefect imports the package through its entry point (in workers, and in the server,
+    which then registers the block type at start)."""
+    from prefect._internal.plugins.collections import load_prefect_collections
+
+    import prefect_integration
+
+    loaded = load_prefect_collections(reload=True)
+    assert loaded.get("prefect_integration") is prefect_integration, loaded
