@@ -1,0 +1,748 @@
+"""The operators of a DAG made by ``dag_from_template``: translation only.
+
+Every decision (which core run an attempt continues, what a task resumes from, when finally
+steps run and with which ``{{Job.Status}}``, what a termination request means, the run's
+outcome) is made by the core's run-level operations (``docs/core-api.md``); these operators
+call them and map their answers onto Airflow task states:
+
+- ``OpenJDBeginOperator`` (the DAG's setup task): ``core.begin_attempt`` with the external key
+  ``<dag_id>/<run_id>``, or an operator resume when the ``resume`` param names a run.
+- ``OpenJDPlanOperator`` (one per step): the step's *original* task list
+  (``PreparedJob.plan_step`` with no records, stable across retries and clears), grouped into at
+  most ``[core] max_map_length`` items for the step's mapped task to expand over.
+- ``OpenJDTaskOperator`` (one mapped task per step): ``core.plan_group`` then
+  ``core.run_tasks`` in one OpenJD session; ``on_kill`` asks the running task to checkpoint
+  within Airflow's 5 s kill budget.
+- ``OpenJDFinishOperator`` (the last teardown): ``core.finish_attempt``; fails the DAG run when
+  the core's outcome is not success.
+
+XCom carries references only: the attempt (job key, run id) and the groups' task descriptions
+(``TaskSpec.to_dict()``), never templates or checkpoint states.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import (
+    AirflowException,
+    AirflowFailException,
+    AirflowSkipException,
+)
+
+import core
+
+from ._config import BEGIN_TASK_ID, RESUME_PARAM, STATE_STORE_KEY, store_location
+
+KILL_BUDGET_SECONDS = 4.0
+"""How long after ``on_kill`` the task's processes must be gone, in seconds: inside the 5 s
+between the supervisor's SIGTERM and its SIGKILL (``supervisor.py``, ``escalation_delay``)."""
+
+MAX_LABEL_CHARS = 250
+
+
+def _attempt(context: Any, begin_task_id: str = BEGIN_TASK_ID) -> core.Attempt:
+    data = context["ti"].xcom_pull(task_ids=begin_task_id)
+    if not isinstance(data, dict):
+        raise AirflowFailException(
+            f"no attempt from {begin_task_id!r} in XCom (got {type(data).__name__}); "
+            "clear the whole DAG run to begin again"
+        )
+    return core.Attempt.from_dict(data)
+
+
+def _job(store: core.CheckpointStore, attempt: core.Attempt) -> core.PreparedJob:
+    try:
+        return core.prepare_run_job(store, attempt.job_key, attempt.run_id)
+    except (core.RunError, core.TemplateError) as exc:
+        raise AirflowFailException(str(exc)) from None
+
+
+def _state_text(state: Any) -> str:
+    return str(getattr(state, "value", state))
+
+
+RELEASE_TIMEOUT_SECONDS = 30.0
+"""How long the finally phase and the end of a run wait for killed tasks to stop."""
+
+
+def _wait_released(
+    log: Any, store: core.CheckpointStore, job: core.PreparedJob, run_id: str, steps: Any
+) -> None:
+    from core._run import wait_tasks_released
+
+    held = wait_tasks_released(store, job, run_id, steps, timeout=RELEASE_TIMEOUT_SECONDS)
+    if held:
+        log.warning(
+            "still running after %.0f s, going on without them: %s",
+            RELEASE_TIMEOUT_SECONDS,
+            ", ".join(held),
+        )
+
+
+def group_tasks(specs: Sequence[core.TaskSpec], limit: int) -> list[dict[str, Any]]:
+    """Split a step's original tasks into at most ``limit`` groups of consecutive tasks.
+
+    Returns one JSON-serializable item per group: ``{"step", "label", "tasks"}`` where
+    ``tasks`` are ``TaskSpec.to_dict()`` descriptions and ``label`` is the task's label
+    (``Render[Frame=1-4]``), or for a group of several ``first .. last (N tasks)``.
+
+    Raises:
+        ValueError: ``limit`` is below 1.
+    """
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, got {limit}")
+    n = len(specs)
+    count = min(n, limit)
+    groups: list[dict[str, Any]] = []
+    start = 0
+    for i in range(count):
+        size = n // count + (1 if i < n % count else 0)
+        chunk = list(specs[start : start + size])
+        start += size
+        if len(chunk) == 1:
+            label = chunk[0].label
+        else:
+            label = f"{chunk[0].label} .. {chunk[-1].label} ({len(chunk)} tasks)"
+        if len(label) > MAX_LABEL_CHARS:
+            label = label[: MAX_LABEL_CHARS - 3] + "..."
+        groups.append(
+            {
+                "step": chunk[0].step_name,
+                "label": label,
+                "tasks": [s.to_dict() for s in chunk],
+            }
+        )
+    return groups
+
+
+# ------------------------------------------------------------------------------------ begin
+class OpenJDBeginOperator(BaseOperator):
+    """The DAG's setup task: check the job parameters and begin the core attempt.
+
+    A new DAG run begins a new core run; the framework's retry or clear of this DAG run
+    continues the same core run (external key ``<dag_id>/<run_id>``). With the ``resume`` param
+    set to a run id (or ``latest``), it resumes that run instead, or fails with the core's
+    refusal code and reason in its log.
+
+    Args:
+        template_path: the job template file (absolute).
+        parameter_names: the job parameters, read from the DAG run's params.
+        store: the checkpoint store location (None: see ``store_location``).
+
+    Returns (XCom): ``core.Attempt.to_dict()`` plus ``store`` (the store's location).
+    """
+
+    ui_color = "#d9ead3"
+
+    def __init__(
+        self,
+        *,
+        template_path: str,
+        parameter_names: Sequence[str],
+        store: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.template_path = template_path
+        self.parameter_names = list(parameter_names)
+        self.store = store
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        params = context["params"]
+        values = {n: params[n] for n in self.parameter_names if params.get(n) is not None}
+        location = store_location(self.store)
+        store = core.CheckpointStore(location)
+        try:
+            job = core.prepare_job(self.template_path, values)
+        except core.TemplateError as exc:
+            raise AirflowFailException(f"the job cannot be made: {exc}") from None
+        ti = context["ti"]
+        key = f"{ti.dag_id}/{ti.run_id}"
+        resume = params.get(RESUME_PARAM)
+        try:
+            if resume:
+                self.log.info("operator resume of run %s (the %r param)", resume, RESUME_PARAM)
+                attempt = core.begin_attempt(
+                    store,
+                    job,
+                    how=core.ResumeHow.OPERATOR,
+                    run_id=str(resume),
+                    external_key=key,
+                )
+            else:
+                attempt = core.begin_attempt(store, job, external_key=key)
+        except core.ResumeRefusedError as exc:
+            self.log.error("%s (refusal code %s)", exc, exc.code.value)
+            raise AirflowFailException(f"{exc.code.value}: {exc}") from None
+        for note in attempt.notes:
+            self.log.info("%s", note)
+        self.log.info(
+            "core run %s, attempt %d, job key %s, store %s%s",
+            attempt.run_id,
+            attempt.attempt,
+            attempt.job_key,
+            location,
+            " (resumed)" if attempt.resumed else "",
+        )
+        # The store travels with the attempt so that the plugin's endpoints find the run.
+        return {**attempt.to_dict(), "store": location}
+
+
+# ------------------------------------------------------------------------------------ plan
+class OpenJDPlanOperator(BaseOperator):
+    """The list a step's mapped task expands over: the step's original tasks, grouped.
+
+    The list depends only on the template and the job parameters (not on what is stored), so a
+    ``map_index`` names the same OpenJD task(s) on every try and after every clear.
+
+    Args:
+        step: the OpenJD step name.
+        store: the checkpoint store location (None: see ``store_location``).
+        max_map_length: the most groups (None: ``[core] max_map_length``).
+
+    Returns (XCom): ``group_tasks(...)``.
+    """
+
+    ui_color = "#eeeeee"
+
+    def __init__(
+        self,
+        *,
+        step: str,
+        store: str | None = None,
+        max_map_length: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.step = step
+        self.store = store
+        self.max_map_length = max_map_length
+
+    def execute(self, context: Any) -> list[dict[str, Any]]:
+        from airflow.sdk import conf
+
+        attempt = _attempt(context)
+        store = core.CheckpointStore(store_location(self.store))
+        job = _job(store, attempt)
+        originals = job.plan_step(self.step)
+        limit = self.max_map_length or conf.getint("core", "max_map_length", fallback=1024)
+        groups = group_tasks(originals, limit)
+        self.log.info(
+            "step %s: %d task(s) in %d mapped instance(s) (at most %d)",
+            self.step,
+            len(originals),
+            len(groups),
+            limit,
+        )
+        return groups
+
+
+# ------------------------------------------------------------------------------------ finish
+class OpenJDFinishOperator(BaseOperator):
+    """The last teardown: end the core attempt (``core.finish_attempt``) and fail the DAG run
+    when the core's outcome is not success. A run's checkpoints are deleted by the core only
+    when the whole run, finally steps included, succeeded.
+
+    Args:
+        store: the checkpoint store location (None: see ``store_location``).
+    """
+
+    ui_color = "#d9ead3"
+
+    def __init__(self, *, store: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.store = store
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        attempt = _attempt(context)
+        store = core.CheckpointStore(store_location(self.store))
+        job = _job(store, attempt)
+        steps = job.template.regular_steps + job.template.finally_steps
+        _wait_released(self.log, store, job, attempt.run_id, steps)
+        outcome = core.finish_attempt(store, job, attempt.run_id)
+        cond = outcome.condition
+        self.log.info(
+            "core run %s ended %s (%s: %s)",
+            attempt.run_id,
+            outcome.status.value,
+            cond.reason,
+            cond.message,
+        )
+        if outcome.skipped:
+            self.log.info("not run: %s", ", ".join(outcome.skipped))
+        if outcome.status != core.RunStatus.SUCCEEDED:
+            raise AirflowFailException(
+                f"core run {attempt.run_id} ended {outcome.status.value} "
+                f"({cond.reason}: {cond.message})"
+            )
+        return {
+            "run_id": attempt.run_id,
+            "status": outcome.status.value,
+            "reason": cond.reason,
+            "exit_code": outcome.exit_code,
+        }
+
+
+# ------------------------------------------------------------------------------------ tasks
+def checkpoint_summary(
+    attempt: core.Attempt, records: Sequence[core.TaskRecord], labels: Sequence[str]
+) -> dict[str, Any]:
+    """What the task state store keeps for one task instance: per OpenJD task, its status and
+    latest checkpoint's generation, time, state size and files; never the state itself (it may
+    hold anything) nor environment values."""
+    tasks = []
+    for rec, label in zip(records, labels, strict=False):
+        ckpt = rec.checkpoint
+        tasks.append(
+            {
+                "label": label,
+                "status": rec.status.value,
+                "generation": ckpt.generation if ckpt else None,
+                "saved_at": ckpt.saved_at if ckpt else None,
+                "state_bytes": len((ckpt.state or "").encode()) if ckpt else 0,
+                "files": (list(ckpt.files) + ([ckpt.file] if ckpt.file else []))[:20]
+                if ckpt
+                else [],
+                "frames_done": len(rec.completed_frames),
+                "resume_status": rec.resume_status,
+            }
+        )
+    return {
+        "run_id": attempt.run_id,
+        "job_key": attempt.job_key,
+        "attempt": attempt.attempt,
+        "updated_at": time.time(),
+        "tasks": tasks,
+    }
+
+
+class _StateStoreWriter:
+    """Writes the latest summary to the task state store from a thread of its own, so that the
+    reader thread never waits on the API server and the main thread (where the SIGTERM handler
+    runs) never holds the supervisor's comms lock."""
+
+    def __init__(self, accessor: Any, log: Any) -> None:
+        self._accessor = accessor
+        self._log = log
+        self._cond = threading.Condition()
+        self._pending: dict[str, Any] | None = None
+        self._busy = False
+        self._closed = False
+        self.errors: list[str] = []
+        self._thread = threading.Thread(target=self._loop, name="openjd-state-store", daemon=True)
+        if accessor is not None:
+            self._thread.start()
+
+    def put(self, value: dict[str, Any]) -> None:
+        if self._accessor is None:
+            return
+        with self._cond:
+            self._pending = value
+            self._cond.notify_all()
+
+    def flush(self, timeout: float = 10.0) -> None:
+        if self._accessor is None:
+            return
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while (self._pending is not None or self._busy) and time.monotonic() < deadline:
+                self._cond.wait(0.1)
+
+    def close(self, timeout: float = 10.0) -> None:
+        self.flush(timeout)
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while self._pending is None and not self._closed:
+                    self._cond.wait()
+                if self._pending is None:
+                    return
+                value, self._pending, self._busy = self._pending, None, True
+            try:
+                self._accessor.set(STATE_STORE_KEY, value)
+            except Exception as exc:  # 404 after a clear: the instance's id is gone
+                if len(self.errors) < 5:
+                    self.errors.append(str(exc))
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+
+class OpenJDTaskOperator(BaseOperator):
+    """Runs one group of an OpenJD step's tasks through the core, in one OpenJD session.
+
+    Each try asks the core what to run now (``core.plan_group``: finished tasks drop out,
+    checkpointed ones resume, interrupted chunks keep their unfinished frames) and runs it
+    (``core.run_tasks``: per-task leases, termination requests obeyed, every checkpoint and
+    finished frame stored as it arrives). Task output goes to the task log, with
+    ``openjd_redacted_env`` values masked. The latest checkpoint summary is written to the
+    task state store under ``openjd_checkpoint``.
+
+    Airflow states: all tasks succeeded (or nothing left to run) -> success; a task failed ->
+    the operator raises and Airflow retries; stopped by ``on_kill`` -> raises (Airflow
+    decides the state; the checkpoint is kept for the next try); stopped or not started
+    because of a termination request -> failed without retry (``Cancelled`` and friends) or
+    skipped (nothing started).
+
+    ``on_kill`` (task marked failed or success, run marked failed, a running task cleared,
+    worker shutdown: SIGTERM, with SIGKILL 5 s later) asks the running task to checkpoint
+    with a deadline ``KILL_BUDGET_SECONDS`` away, and finds out from a worker thread why it
+    was called (the task instance's and the DAG run's states). ``execution_timeout`` gets the
+    action's full notify period.
+
+    Args:
+        step: the OpenJD step name.
+        group: one item of ``OpenJDPlanOperator``'s list (the mapped argument).
+        store: the checkpoint store location (None: see ``store_location``).
+        begin_task_id: the setup task whose XCom holds the attempt.
+        kill_budget_seconds: the ``on_kill`` deadline, in seconds from the call.
+    """
+
+    ui_color = "#cfe2f3"
+    template_fields: Sequence[str] = ()
+
+    def __init__(
+        self,
+        *,
+        step: str,
+        group: dict[str, Any],
+        store: str | None = None,
+        begin_task_id: str = BEGIN_TASK_ID,
+        kill_budget_seconds: float = KILL_BUDGET_SECONDS,
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("do_xcom_push", False)
+        super().__init__(**kwargs)
+        self.step = step
+        self.group = group
+        self.store = store
+        self.begin_task_id = begin_task_id
+        self.kill_budget_seconds = kill_budget_seconds
+        self._execution: core.TaskExecution | None = None
+        self._killed_at: float | None = None
+        self._stop_deadline: float | None = None
+        self._reason_thread: threading.Thread | None = None
+        self._marked_success = False
+        self._kill_reason: str | None = None
+        self._finished = threading.Event()
+        self._context: Any = None
+        self._masked: set[str] = set()
+
+    # -- running
+    def execute(self, context: Any) -> None:
+        self._context = context
+        attempt = _attempt(context, self.begin_task_id)
+        store = core.CheckpointStore(store_location(self.store))
+        job = _job(store, attempt)
+        run_id = attempt.run_id
+        originals = [core.TaskSpec.from_dict(d) for d in self.group["tasks"]]
+        if job.template.is_finally(self.step):
+            # Airflow starts teardowns as soon as a task is marked failed, while the killed
+            # task may still be checkpointing: the finally phase begins once none runs.
+            _wait_released(self.log, store, job, run_id, job.template.regular_steps)
+            decision = core.enter_finally(store, job, run_id)
+            self.log.info(
+                "finally step %s: Job.Status %s%s",
+                self.step,
+                decision.job_status,
+                ""
+                if decision.run_finally
+                else f" (not run: {decision.mode.value})"
+                if decision.mode
+                else "",
+            )
+        specs = core.plan_group(store, job, run_id, originals)
+        self._log_plan(store, attempt, originals, specs)
+        writer = _StateStoreWriter(context.get("task_state_store"), self.log)
+        labels = [s.label for s in originals]
+        self._write_summary(store, attempt, originals, labels, writer)
+        if not specs:
+            self.log.info("nothing left to run: every task of this group finished earlier")
+            writer.close()
+            return
+        box: dict[str, Any] = {"specs": specs}
+
+        def on_output(ex: core.TaskExecution, lines: list[str]) -> None:
+            self._mask(ex)
+            for line in lines:
+                self.log.info("%s", line)
+
+        def on_event(ex: core.TaskExecution, event: core.TaskEvent) -> None:
+            if event.kind == "warning":
+                self.log.warning("%s: %s", ex.spec.label, event.value)
+            elif event.kind == "checkpoint_saved":
+                self.log.info("%s: checkpoint generation %s stored", ex.spec.label, event.value)
+            if event.kind in ("checkpoint_saved", "frame_complete", "resume_status"):
+                self._write_summary(store, attempt, originals, labels, writer)
+
+        def on_start(ex: core.TaskExecution) -> None:
+            self._execution = ex
+            if self._killed_at is not None:  # stopped between two tasks of the group
+                ex.stop(core.StopIntent.CHECKPOINT, deadline=self._stop_deadline)
+
+        def work() -> None:
+            try:
+                box["results"] = core.run_tasks(
+                    store,
+                    job,
+                    run_id,
+                    specs,
+                    on_output=on_output,
+                    on_event=on_event,
+                    on_note=lambda note: self.log.info("%s", note),
+                    on_start=on_start,
+                )
+            except BaseException as exc:
+                box["error"] = exc
+            finally:
+                self._finished.set()
+
+        worker = threading.Thread(target=work, name=f"openjd-{self.task_id}", daemon=True)
+        worker.start()
+        try:
+            while not self._finished.wait(0.2):
+                pass
+        except BaseException as exc:
+            # execution_timeout (AirflowTaskTimeout, raised in this thread) or another
+            # interruption: checkpoint with the action's full notify period, then go on.
+            self.log.warning("interrupted (%s): asking the running task to checkpoint", exc)
+            self._killed_at = time.time()
+            self._kill_reason = f"{type(exc).__name__}: {exc}"
+            ex = self._execution
+            if ex is not None:
+                ex.stop(core.StopIntent.CHECKPOINT)
+            worker.join()
+            self._report(box, store, attempt, originals, labels, writer)
+            raise
+        worker.join()
+        if self._reason_thread is not None:  # why on_kill was called, within the budget
+            self._reason_thread.join(max(0.0, (self._stop_deadline or 0) - time.time()))
+        self._report(box, store, attempt, originals, labels, writer)
+        if self._marked_success:
+            self._record_done(store, job, run_id, originals)
+            return
+        self._raise_for(box)
+
+    def _record_done(
+        self,
+        store: core.CheckpointStore,
+        job: core.PreparedJob,
+        run_id: str,
+        originals: list[core.TaskSpec],
+    ) -> None:
+        from core._run import record_task_done
+
+        for spec in originals:
+            try:
+                record_task_done(store, job, run_id, spec, "marked success in Airflow")
+                self.log.info("%s: recorded as done (marked success); not resumable", spec.label)
+            except (core.RunError, core.StoreError) as exc:
+                self.log.warning("%s: not recorded as done: %s", spec.label, exc)
+
+    def _raise_for(self, box: dict[str, Any]) -> None:
+        error = box.get("error")
+        if isinstance(error, core.ResumeRefusedError):
+            raise AirflowException(str(error))  # another process still runs it: retry later
+        if isinstance(error, core.RunError):
+            raise AirflowFailException(str(error))
+        if error is not None:
+            raise AirflowException(f"{type(error).__name__}: {error}")
+        results: list[core.TaskResult] = box.get("results", [])
+        outcomes = {r.outcome for r in results}
+        if self._killed_at is not None:
+            raise AirflowException(
+                f"stopped by on_kill ({self._kill_reason or 'reason unknown'}); "
+                "what the tasks reported is stored and the next try resumes from it"
+            )
+        if core.TaskOutcome.FAILED in outcomes:
+            failed = [r for r in results if r.outcome == core.TaskOutcome.FAILED]
+            raise AirflowException("; ".join(r.message for r in failed))
+        stopped = outcomes & {
+            core.TaskOutcome.CANCELED,
+            core.TaskOutcome.INTERRUPTED,
+            core.TaskOutcome.INTERRUPTED_WITH_CHECKPOINT,
+        }
+        if stopped:
+            raise AirflowFailException(
+                "stopped by the run's termination request: "
+                + "; ".join(r.message for r in results if r.outcome in stopped)
+            )
+        if results and outcomes == {core.TaskOutcome.SKIPPED}:
+            raise AirflowSkipException(results[0].message)
+
+    # -- logging and the state store
+    def _mask(self, ex: core.TaskExecution) -> None:
+        # The core already replaces openjd_redacted_env values in the output it hands over;
+        # masking them in Airflow too covers anything else Airflow logs.
+        values = ex.redacted_values
+        new = [v for v in values if v and v not in self._masked]
+        if new:
+            from airflow.sdk.log import mask_secret
+
+            for value in new:
+                mask_secret(value)
+                self._masked.add(value)
+
+    def _log_plan(
+        self,
+        store: core.CheckpointStore,
+        attempt: core.Attempt,
+        originals: list[core.TaskSpec],
+        specs: list[core.TaskSpec],
+    ) -> None:
+        base_keys = {s.task_key.split("#", 1)[0] for s in specs}
+        for orig in originals:
+            if orig.task_key not in base_keys:
+                self.log.info("%s: finished in an earlier try; not run again", orig.label)
+        for spec in specs:
+            orig = next((o for o in originals if o.task_key == spec.task_key.split("#")[0]), None)
+            skipped = len(orig.chunk_frames - spec.chunk_frames) if orig else 0
+            if spec.resume is not None:
+                ck = spec.resume
+                self.log.info(
+                    "%s: resuming from checkpoint generation %d (%d bytes of state, %d file(s), "
+                    "saved by attempt %d)%s",
+                    spec.label,
+                    ck.generation,
+                    len((ck.state or "").encode()),
+                    len(ck.files) + (1 if ck.file else 0),
+                    ck.attempt,
+                    f"; {skipped} frame(s) skipped" if skipped else "",
+                )
+            elif skipped:
+                self.log.info("%s: %d frame(s) finished earlier are skipped", spec.label, skipped)
+            elif attempt.attempt > 1 or self._try_number() > 1:
+                self.log.info("%s: no checkpoint stored; running from the top", spec.label)
+
+    def _try_number(self) -> int:
+        ti = self._context["ti"] if self._context else None
+        return int(getattr(ti, "try_number", 1) or 1)
+
+    def _write_summary(
+        self,
+        store: core.CheckpointStore,
+        attempt: core.Attempt,
+        originals: list[core.TaskSpec],
+        labels: list[str],
+        writer: _StateStoreWriter,
+    ) -> None:
+        records = []
+        shown = []
+        for spec, label in zip(originals, labels, strict=True):
+            try:
+                rec = store.read_task(
+                    attempt.job_key, attempt.run_id, spec.step_name, spec.task_key
+                )
+            except core.StoreError:
+                rec = None
+            if rec is not None:
+                records.append(rec)
+                shown.append(label)
+        writer.put(checkpoint_summary(attempt, records, shown))
+
+    def _report(
+        self,
+        box: dict[str, Any],
+        store: core.CheckpointStore,
+        attempt: core.Attempt,
+        originals: list[core.TaskSpec],
+        labels: list[str],
+        writer: _StateStoreWriter,
+    ) -> None:
+        label_of = {s.task_key: s.label for s in box.get("specs", [])}
+        for r in box.get("results", []):
+            rec = r.record
+            ck = rec.checkpoint
+            self.log.info(
+                "%s: %s%s%s",
+                label_of.get(rec.task_key, f"{rec.step} {rec.task_key}"),
+                r.outcome.value,
+                f" (exit code {r.exit_code})" if r.exit_code is not None else "",
+                f"; checkpoint generation {ck.generation}" if ck else "",
+            )
+            if r.message:
+                self.log.info("  %s", r.message)
+        if self._killed_at is not None:
+            for r in box.get("results", []):
+                ck = r.record.checkpoint
+                if ck is not None and ck.saved_at >= self._killed_at:
+                    self.log.info(
+                        "checkpoint generation %d stored %.2f s after the stop was asked "
+                        "(budget %.1f s)",
+                        ck.generation,
+                        ck.saved_at - self._killed_at,
+                        self.kill_budget_seconds,
+                    )
+        self._write_summary(store, attempt, originals, labels, writer)
+        writer.close(timeout=2.0 if self._killed_at is not None else 10.0)
+        for err in writer.errors:
+            self.log.warning("checkpoint summary not written to the task state store: %s", err)
+
+    # -- being killed
+    def on_kill(self) -> None:
+        """Ask the running task to checkpoint, to be gone within ``kill_budget_seconds``.
+
+        Called by Airflow's SIGTERM handler (in the main thread, which must not wait) and after
+        an ``execution_timeout`` (then ``execute`` already stopped the task with the full
+        notify period). Why it was called is looked up from a worker thread.
+        """
+        if self._finished.is_set():
+            return
+        now = time.time()
+        self._killed_at = now
+        deadline = now + self.kill_budget_seconds
+        self._stop_deadline = deadline
+        ex = self._execution
+        if ex is not None:
+            ex.stop(core.StopIntent.CHECKPOINT, deadline=deadline)
+        self._reason_thread = threading.Thread(
+            target=self._find_kill_reason, name="openjd-kill-reason", daemon=True
+        )
+        self._reason_thread.start()
+
+    def _find_kill_reason(self) -> None:
+        ctx = self._context
+        if ctx is None:
+            return
+        ti = ctx["ti"]
+        try:
+            states = ti.get_task_states(
+                dag_id=ti.dag_id, task_ids=[ti.task_id], run_ids=[ti.run_id], map_index=ti.map_index
+            )
+            # Mapped instances are keyed "<task_id>_<map_index>" (execution API, /states).
+            key = ti.task_id if ti.map_index is None or ti.map_index < 0 else None
+            key = key or f"{ti.task_id}_{ti.map_index}"
+            task_state = _state_text(states.get(ti.run_id, {}).get(key))
+            run_state = _state_text(ti.get_dagrun_state(ti.dag_id, ti.run_id))
+        except Exception as exc:
+            self._kill_reason = f"could not ask Airflow why: {exc}"
+            self.log.warning("on_kill: %s", self._kill_reason)
+            return
+        reason = {
+            "failed": "the task instance was marked failed",
+            "success": "the task instance was marked success",
+            "restarting": "the running task instance was cleared",
+            "up_for_retry": "the task instance is up for retry",
+        }.get(task_state, f"task instance {task_state}")
+        if task_state == "failed" and run_state == "failed":
+            reason = "the task instance or the DAG run was marked failed"
+        if task_state == "running":
+            reason = "worker shutdown or timeout (the task instance is still running)"
+        if task_state == "success":
+            # Marked success: the work is declared done, so nothing needs keeping.
+            self._marked_success = True
+            ex = self._execution
+            if ex is not None:
+                ex.stop(core.StopIntent.CANCEL, deadline=self._stop_deadline)
+        self._kill_reason = f"{reason}; task {task_state}, DAG run {run_state}"
+        self.log.warning("on_kill: %s; checkpoint requested", self._kill_reason)
