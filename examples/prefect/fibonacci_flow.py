@@ -1,0 +1,25 @@
+"""The Fibonacci job (``examples/fibonacci/fibonacci-fast.yaml``) as a Prefect flow.
+
+Serve it (a long-running process that runs the deployment's flow runs)::
+
+    .venv-prefect/bin/python examples/prefect/fibonacci_flow.py
+
+From another shell, start a run, cancel it, and resume it::
+
+    .venv-prefect/bin/prefect deployment run fibonacci/fibonacci -p N=300
+    .venv-prefect/bin/prefect flow-run cancel <FLOW RUN ID>      # the task checkpoints
+    .venv-prefect/bin/prefect deployment run fibonacci/fibonacci -p N=300 -p resume=latest
+
+The cancelled run ends ``Cancelled`` (state name ``Suspended``) with its checkpoint stored; the
+resumed run's log says ``resuming from checkpoint generation ...`` and the task prints
+``RESUMED`` and the final answer. See docs/prefect.md.
+"""
+
+from prefect_integration import flow_from_template
+
+# The template path is taken from this file's folder. Checkpoints go to
+# $OPENJD_CHECKPOINT_STORE, else the per-user state directory.
+fibonacci = flow_from_template("../fibonacci/fibonacci-fast.yaml", name="fibonacci")
+
+if __name__ == "__main__":
+    fibonacci.serve(name="fibonacci")

@@ -1,0 +1,55 @@
+"""The integration's Prefect block: where an OpenJD flow keeps its checkpoints.
+
+Registered with Prefect through the ``prefect.collections`` entry point (importing this package
+defines the block class; a Prefect server started where the package is installed registers it,
+so the UI can create one).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect.blocks.core import Block
+from prefect.filesystems import LocalFileSystem, RemoteFileSystem
+from pydantic import Field
+
+__all__ = ("CheckpointStoreBlock",)
+
+
+class CheckpointStoreBlock(Block):
+    """Where OpenJD flows keep checkpoints and task records: a directory or an fsspec URL
+    (``s3://bucket/prefix``), or the base path of a Prefect ``LocalFileSystem`` /
+    ``RemoteFileSystem`` block. Every machine that runs the flows must reach it.
+
+    Use: ``flow_from_template("render.yaml", store=CheckpointStoreBlock.load("prod"))``.
+
+    Attributes:
+        location: a directory path or an fsspec URL.
+        storage: a Prefect file system block whose ``basepath`` is used instead (its
+            ``settings``, such as credentials, are not passed on: configure the file system
+            through fsspec's usual configuration).
+    """
+
+    _block_type_name = "OpenJD Checkpoint Store"
+    _block_type_slug = "openjd-checkpoint-store"
+    _description = "Where OpenJD job template flows keep their checkpoints (openjd-checkpoint)."
+
+    location: str | None = Field(
+        default=None, description="A directory path or an fsspec URL (s3://bucket/prefix)."
+    )
+    storage: LocalFileSystem | RemoteFileSystem | None = Field(
+        default=None, description="A file system block whose base path is used instead."
+    )
+
+    def store_location(self) -> str:
+        """The store's location (a path or an fsspec URL).
+
+        Raises:
+            ValueError: neither ``location`` nor a ``storage`` with a base path is set.
+        """
+        if self.location:
+            return self.location
+        basepath: Any = getattr(self.storage, "basepath", None)
+        if basepath:
+            return str(basepath)
+        raise ValueError("the checkpoint store block has neither a location nor a storage")

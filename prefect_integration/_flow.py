@@ -1,0 +1,640 @@
+"""Flows from OpenJD job templates: ``flow_from_template`` and ``@openjd_flow``.
+
+The flow body translates; the core decides (docs/core-api.md, "The calls a distributed
+scheduler makes for one run"):
+
+1. ``core.begin_attempt(store, job, external_key=<flow run id>)``: a flow retry keeps the flow
+   run id, so it continues the same core run; ``resume=<run id>|latest`` is an operator resume.
+2. Per regular step, in dependency order: the step's original tasks (``job.plan_step(step)``,
+   no records: a stable list), grouped into at most ``max_task_runs_per_step`` Prefect task runs
+   (``run_group``), with the dependencies' task runs as ``wait_for``.
+3. Once every regular task run has resolved: ``core.enter_finally``; the finally steps' task
+   runs if it says so.
+4. ``core.finish_attempt``: its ``RunOutcome`` becomes the flow run's final state.
+
+A cancel (``Cancelling`` state, seen by ``CancelWatcher``) or a SIGTERM to the flow run process
+(the runner's cancel, a worker shutting down; acted on in the body's waits, ``_Stopping``)
+becomes ``core.request_termination`` (``_cancel.py``); so does ``end_flow_run``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prefect import Flow, get_client, get_run_logger
+from prefect.artifacts import create_table_artifact
+from prefect.client.schemas.objects import StateType
+from prefect.context import FlowRunContext
+from prefect.exceptions import TerminationSignal
+from prefect.futures import PrefectFuture
+from prefect.states import Cancelled, Completed, Failed, State
+from prefect.task_runners import ThreadPoolTaskRunner
+
+import core
+from core import (
+    CheckpointStore,
+    PreparedJob,
+    ResumeHow,
+    RunOutcome,
+    RunStatus,
+    TerminationMode,
+    load_template,
+)
+
+from ._blocks import CheckpointStoreBlock
+from ._cancel import (
+    LABEL_JOB_KEY,
+    LABEL_RUN_ID,
+    LABEL_STORE,
+    STOP_DEADLINE_SECONDS,
+    CancelWatcher,
+    mode_of_state,
+)
+from ._params import RESUME_PARAMETER, flow_signature, path_defaults
+from ._tasks import cache_key, group_name, group_tasks, remember_job, run_group
+
+__all__ = (
+    "DEFAULT_MAX_TASK_RUNS_PER_STEP",
+    "DEFAULT_MAX_WORKERS",
+    "flow_from_template",
+    "openjd_flow",
+)
+
+DEFAULT_MAX_TASK_RUNS_PER_STEP = 100
+"""A step's tasks are grouped into at most this many Prefect task runs."""
+
+DEFAULT_MAX_WORKERS = 4
+"""Task runs of a flow run that run at once (the ThreadPoolTaskRunner's ``max_workers``)."""
+
+ESCALATE_AFTER_SECONDS = STOP_DEADLINE_SECONDS + 1.0
+"""After a SIGTERM, what still runs this long afterwards is killed (``Cancelled``, forced)
+before the runner's SIGKILL at 30 s, so that no task process is left."""
+
+
+@dataclass(frozen=True)
+class _Config:
+    """Everything the flow body needs, picklable (``flow.serve()`` cloudpickles the flow)."""
+
+    template_path: str
+    store: str | None
+    max_task_runs_per_step: int
+    cancel_mode: TerminationMode
+    host_requirements: dict[str, list[str]] = field(default_factory=dict)
+    task_retries: int = 0
+    task_retry_delay_seconds: float = 0.0
+    result_storage: Any = None
+    artifact_key: str = "openjd-run"
+
+
+def _store_location(config: _Config) -> str:
+    return (
+        config.store or os.environ.get("OPENJD_CHECKPOINT_STORE") or core.default_store_location()
+    )
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "openjd"
+
+
+def _identifier(text: str) -> str:
+    ident = re.sub(r"\W+", "_", text).strip("_").lower() or "openjd_flow"
+    return ident if not ident[0].isdigit() else f"flow_{ident}"
+
+
+def _resolve_template(template_path: str | Path, caller_file: str | None) -> Path:
+    """A relative path is taken from the calling module's folder when the file is there (a
+    flow module next to its template, under any working directory), else from the cwd."""
+    path = Path(template_path)
+    if not path.is_absolute() and caller_file:
+        beside = Path(caller_file).resolve().parent / path
+        if beside.exists():
+            return beside
+    return path.resolve()
+
+
+def _caller_file(depth: int) -> tuple[str | None, str | None]:
+    frame = sys._getframe(depth)
+    return frame.f_globals.get("__file__"), frame.f_globals.get("__name__")
+
+
+# --- waiting for task runs ---------------------------------------------------------------------
+class _Stopping:
+    """What the flow body knows of a stop. While the body runs, SIGTERM (the runner's cancel, a
+    worker shutting down) only records the signal, instead of Prefect's ``TerminationSignal``
+    raised wherever the main thread is (possibly inside a core operation); the waits below act
+    on it: the core run is asked to stop in the mode the flow run's state names (else the
+    flow's ``cancel_mode``), and what still runs ``ESCALATE_AFTER_SECONDS`` later is killed,
+    before the runner's SIGKILL."""
+
+    def __init__(self, watcher: CancelWatcher, default: TerminationMode) -> None:
+        self.watcher = watcher
+        self.default = default
+        self.signal_at: float | None = None
+        self._handled = False
+        self.escalated = False
+        self._previous: Any = None
+        self._installed = False
+
+    def __enter__(self) -> _Stopping:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+            self._installed = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._installed:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._installed = False
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        if self.signal_at is None:
+            self.signal_at = time.time()
+
+    def tick(self) -> None:
+        """Act on a SIGTERM received meanwhile (called from the main thread's waits)."""
+        if self.signal_at is None:
+            return
+        if not self._handled:
+            self._handled = True
+            try:
+                mode = self.watcher.current_mode() or self.default
+            except Exception:  # the API is unreachable: the flow's own mode
+                mode = self.default
+            self.watcher.request(mode, deadline=self.signal_at + STOP_DEADLINE_SECONDS)
+        if not self.escalated and time.time() > self.signal_at + ESCALATE_AFTER_SECONDS:
+            self.escalated = True
+            self.watcher.request(TerminationMode.CANCELLED, force=True, deadline=time.time() + 1)
+
+
+def _wait_all(futures: Sequence[PrefectFuture[Any]], stopping: _Stopping) -> None:
+    """Wait until every task run has resolved (their task processes stopped and joined)."""
+    pending = [f.wrapped_future for f in futures if hasattr(f, "wrapped_future")]
+    while pending:
+        stopping.tick()
+        _, not_done = wait_futures(pending, timeout=0.5)
+        pending = list(not_done)
+    stopping.tick()
+    for f in futures:
+        if not hasattr(f, "wrapped_future"):
+            f.wait()
+
+
+# --- the flow body -----------------------------------------------------------------------------
+def _job_values(
+    config: _Config, template: core.CheckpointJobTemplate, values: Mapping[str, Any]
+) -> dict[str, Any]:
+    defaults = path_defaults(template)
+    return {
+        k: v
+        for k, v in values.items()
+        if v is not None and not (k in defaults and str(v) == defaults[k])
+    }
+
+
+def _submit_step(
+    config: _Config,
+    job: PreparedJob,
+    run_id: str,
+    store_location: str,
+    step: str,
+    wait_for: list[PrefectFuture[Any]],
+    attempt: int,
+) -> list[PrefectFuture[Any]]:
+    originals = job.plan_step(step)
+    # finally steps run again on every attempt: their results must not be reused
+    attempt_part = attempt if job.template.is_finally(step) else None
+    tags = sorted(
+        {t for r in _requirements(job, step) for t in config.host_requirements.get(r, [])}
+    )
+    futures = []
+    for group in group_tasks(originals, config.max_task_runs_per_step):
+        options: dict[str, Any] = {
+            "task_run_name": group_name(step, group),
+            "retries": config.task_retries,
+            "retry_delay_seconds": config.task_retry_delay_seconds,
+        }
+        if tags:
+            options["tags"] = tags
+        if config.result_storage is not None:
+            options["result_storage"] = config.result_storage
+        futures.append(
+            run_group.with_options(**options).submit(
+                job.job_key,
+                run_id,
+                step,
+                [s.to_dict() for s in group],
+                store_location,
+                cache_key(job.job_key, run_id, step, group, attempt_part),
+                wait_for=wait_for,
+            )
+        )
+    return futures
+
+
+def _requirements(job: PreparedJob, step: str) -> list[str]:
+    """The names of a step's host requirements (``amount.*``, ``attr.*``)."""
+    reqs = getattr(job.step(step), "hostRequirements", None)
+    if reqs is None:
+        return []
+    names = [a.name for a in (getattr(reqs, "amounts", None) or [])]
+    names += [a.name for a in (getattr(reqs, "attributes", None) or [])]
+    return names
+
+
+def _run_steps(
+    config: _Config,
+    job: PreparedJob,
+    run_id: str,
+    store_location: str,
+    steps: Sequence[str],
+    stopping: _Stopping,
+    attempt: int,
+) -> list[PrefectFuture[Any]]:
+    by_step: dict[str, list[PrefectFuture[Any]]] = {}
+    all_futures: list[PrefectFuture[Any]] = []
+    for step in [s for s in job.step_order() if s in steps]:
+        wait_for = [f for dep in job.dependencies(step) for f in by_step.get(dep, [])]
+        by_step[step] = _submit_step(config, job, run_id, store_location, step, wait_for, attempt)
+        all_futures.extend(by_step[step])
+    _wait_all(all_futures, stopping)
+    return all_futures
+
+
+def _flow_run_running(flow_run_id: uuid.UUID) -> bool:
+    try:
+        with get_client(sync_client=True) as client:
+            state = client.read_flow_run(flow_run_id).state
+    except Exception:  # cannot tell: try task runs (Prefect aborts them if it must)
+        return True
+    return state is not None and state.type == StateType.RUNNING
+
+
+def _run_inline(
+    job: PreparedJob,
+    run_id: str,
+    store: CheckpointStore,
+    steps: Sequence[str],
+    stopping: _Stopping,
+    logger: Any,
+) -> None:
+    """Run steps in the flow run process, without task runs (finally steps of a flow run that
+    Prefect is cancelling): one session per step, in dependency order, on a worker thread
+    while this thread keeps acting on signals (``stopping.tick``)."""
+
+    def work() -> None:
+        for step in [s for s in job.step_order() if s in steps]:
+            specs = core.plan_step(store, job, run_id, step)
+            if not specs:
+                continue
+            results = core.run_tasks(
+                store,
+                job,
+                run_id,
+                specs,
+                on_output=lambda ex, lines: [
+                    logger.info("%s | %s", ex.spec.label, line) for line in lines
+                ],
+                on_note=logger.info,
+            )
+            for spec, res in zip(specs, results, strict=True):
+                logger.info("%s: %s %s", spec.label, res.outcome.value, res.message or "")
+
+    errors: list[BaseException] = []
+
+    def guarded() -> None:
+        try:
+            work()
+        except Exception as exc:  # reported below; finish_attempt still runs
+            errors.append(exc)
+
+    thread = threading.Thread(target=guarded, name="openjd-finally", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        stopping.tick()
+        thread.join(0.5)
+    for exc in errors:
+        logger.warning("finally steps: %s", exc)
+
+
+def _final_state(outcome: RunOutcome, run_id: str) -> State[Any]:
+    message = f"run {run_id}: {outcome.condition.reason}"
+    if outcome.condition.message:
+        message += f" ({outcome.condition.message})"
+    if outcome.status == RunStatus.SUCCEEDED:
+        return Completed(message=message)
+    if outcome.mode is not None:
+        return Cancelled(message=message, name=outcome.mode.value)
+    return Failed(message=message)
+
+
+def _table(store: CheckpointStore, job: PreparedJob, run_id: str) -> list[dict[str, Any]]:
+    """The rows of the run's table artifact: its tasks, their checkpoints (generation, state
+    size, files) and resume status; never a state's contents.
+    Read before ``finish_attempt``, which deletes a succeeded run's records."""
+    records, _ = store.read_tasks(job.job_key, run_id)
+    rows = []
+    for rec in sorted(records, key=lambda r: (job.step_order().index(r.step), r.task_key)):
+        params = ", ".join(f"{k}={v['value']}" for k, v in rec.parameters.items())
+        ckpt = rec.checkpoint
+        rows.append(
+            {
+                "task": f"{rec.step}[{params}]" if params else rec.step,
+                "status": rec.status.value,
+                "attempts": rec.attempt,
+                "frames done": len(rec.completed_frames),
+                "checkpoint generation": ckpt.generation if ckpt else "",
+                "state bytes": len(ckpt.state.encode("utf-8")) if ckpt and ckpt.state else "",
+                "files": len(ckpt.files) + (1 if ckpt.file else 0) if ckpt else "",
+                "resume status": rec.resume_status or "",
+            }
+        )
+    return rows
+
+
+def _flow_body(
+    config: _Config, user_fn: Callable[..., Any] | None, values: dict[str, Any]
+) -> State[Any]:
+    logger = get_run_logger()
+    resume = values.pop(RESUME_PARAMETER, None)
+    template = load_template(config.template_path)
+    if user_fn is not None:
+        changed = user_fn(dict(values))
+        if changed is not None:
+            values = dict(changed)
+    job = core.prepare_job(template, _job_values(config, template, values))
+    store_location = _store_location(config)
+    store = CheckpointStore(store_location)
+    ctx = FlowRunContext.get()
+    assert ctx is not None and ctx.flow_run is not None
+    flow_run_id: uuid.UUID = ctx.flow_run.id
+    if resume:
+        attempt = core.begin_attempt(
+            store, job, how=ResumeHow.OPERATOR, run_id=resume, external_key=str(flow_run_id)
+        )
+    else:
+        attempt = core.begin_attempt(store, job, external_key=str(flow_run_id))
+    run_id = attempt.run_id
+    logger.info(
+        "core run %s (attempt %s) of job %r in store %s, on host %s",
+        run_id,
+        attempt.attempt,
+        job.job.name,
+        store_location,
+        core.host_id(),
+    )
+    for line in attempt.notes:
+        logger.info(line)
+    for step in job.step_order():
+        unmapped = [r for r in _requirements(job, step) if r not in config.host_requirements]
+        for req in unmapped:
+            logger.warning("step %s: host requirement %s has no mapping; not applied", step, req)
+    remember_job(job, run_id)
+    try:
+        with get_client(sync_client=True) as client:
+            client.update_flow_run_labels(
+                flow_run_id,
+                {LABEL_STORE: store_location, LABEL_JOB_KEY: job.job_key, LABEL_RUN_ID: run_id},
+            )
+    except Exception as exc:  # end_flow_run will not find the run; the run itself goes on
+        logger.warning("could not label the flow run with its core run: %s", exc)
+    watcher = CancelWatcher(
+        flow_run_id, store, job.job_key, run_id, config.cancel_mode, logger.info
+    )
+    with _Stopping(watcher, config.cancel_mode) as stopping:
+        watcher.start()
+        try:
+            early = mode_of_state(ctx.flow_run.state, config.cancel_mode)
+            if early is not None:
+                watcher.request(early)
+            regular, n = job.template.regular_steps, attempt.attempt
+            _run_steps(config, job, run_id, store_location, regular, stopping, n)
+            decision = core.enter_finally(store, job, run_id)
+            if decision.run_finally:
+                logger.info("running finally steps (Job.Status=%s)", decision.job_status)
+                finally_steps = job.template.finally_steps
+                if _flow_run_running(flow_run_id):
+                    _run_steps(config, job, run_id, store_location, finally_steps, stopping, n)
+                else:  # Prefect starts no task run in a Cancelling flow run
+                    logger.info("the flow run is being cancelled: finally steps run in the flow")
+                    _run_inline(job, run_id, store, finally_steps, stopping, logger)
+            stopping.tick()
+            try:
+                rows = _table(store, job, run_id)
+            except Exception as exc:  # the table is a view; the run's outcome stands
+                rows = []
+                logger.warning("no task table: %s", exc)
+            outcome = core.finish_attempt(store, job, run_id)
+        finally:
+            watcher.close()
+    logger.info(
+        "run %s ended: %s (%s)", run_id, outcome.condition.reason, outcome.condition.message
+    )
+    try:
+        create_table_artifact(
+            table=rows,
+            key=config.artifact_key,
+            description=f"core run {run_id}, attempt {attempt.attempt}"
+            f"{' (resumed)' if attempt.resumed else ''}: {outcome.condition.reason}",
+        )
+    except Exception as exc:  # the table is a view; the run's outcome stands
+        logger.warning("no artifact: %s", exc)
+    if stopping.signal_at is not None and outcome.mode is None:
+        raise TerminationSignal(signal=signal.SIGTERM)  # Prefect reports it (Crashed)
+    return _final_state(outcome, run_id)
+
+
+# --- building flows ----------------------------------------------------------------------------
+def _build(
+    template_path: str | Path,
+    *,
+    user_fn: Callable[..., Any] | None,
+    caller_file: str | None,
+    module: str | None,
+    qualname: str | None,
+    name: str | None,
+    store: str | Path | CheckpointStore | CheckpointStoreBlock | None,
+    max_task_runs_per_step: int,
+    max_workers: int,
+    cancel_mode: TerminationMode | str,
+    host_requirements: Mapping[str, Sequence[str]] | None,
+    task_retries: int,
+    task_retry_delay_seconds: float,
+    result_storage: Any,
+    flow_options: dict[str, Any],
+) -> Flow[..., Any]:
+    path = _resolve_template(template_path, caller_file)
+    template = load_template(path)
+    if max_task_runs_per_step < 1:
+        raise ValueError(f"max_task_runs_per_step must be 1 or more, not {max_task_runs_per_step}")
+    if max_workers < 1:
+        raise ValueError(f"max_workers must be 1 or more, not {max_workers}")
+    if isinstance(store, CheckpointStoreBlock):
+        location: Any = store.store_location()
+    elif isinstance(store, CheckpointStore):
+        location = store.location
+    else:
+        location = store
+    flow_name = name or template.name
+    config = _Config(
+        template_path=str(path),
+        store=str(location) if location is not None else None,
+        max_task_runs_per_step=max_task_runs_per_step,
+        cancel_mode=TerminationMode(cancel_mode),
+        host_requirements={k: list(v) for k, v in (host_requirements or {}).items()},
+        task_retries=task_retries,
+        task_retry_delay_seconds=task_retry_delay_seconds,
+        result_storage=result_storage,
+        artifact_key=f"openjd-{_slug(flow_name)}"[:60].rstrip("-"),
+    )
+    signature, annotations = flow_signature(template)
+
+    def body(**values: Any) -> State[Any]:
+        return _flow_body(config, user_fn, values)
+
+    body.__signature__ = signature  # type: ignore[attr-defined]
+    body.__annotations__ = {**annotations, "return": Any}
+    body.__name__ = body.__qualname__ = qualname or _identifier(flow_name)
+    if module:
+        body.__module__ = module
+    body.__doc__ = (user_fn.__doc__ if user_fn is not None else None) or (
+        f"OpenJD job template {path.name} ({template.name})"
+    )
+    options = {"task_runner": ThreadPoolTaskRunner(max_workers=max_workers), **flow_options}
+    return Flow(fn=body, name=flow_name, **options)
+
+
+def flow_from_template(
+    template_path: str | Path,
+    *,
+    name: str | None = None,
+    store: str | Path | CheckpointStore | CheckpointStoreBlock | None = None,
+    max_task_runs_per_step: int = DEFAULT_MAX_TASK_RUNS_PER_STEP,
+    max_workers: int = DEFAULT_MAX_WORKERS,
+    cancel_mode: TerminationMode | str = TerminationMode.SUSPENDED,
+    host_requirements: Mapping[str, Sequence[str]] | None = None,
+    task_retries: int = 0,
+    task_retry_delay_seconds: float = 0.0,
+    result_storage: Any = None,
+    **flow_options: Any,
+) -> Flow[..., Any]:
+    """A Prefect flow that runs an OpenJD job template with CHECKPOINT.
+
+    The flow's parameters are the job parameters (types, defaults, descriptions, bounds) and
+    ``resume`` (an earlier core run id, or ``latest``). Each step's tasks become at most
+    ``max_task_runs_per_step`` task runs named after their tasks (``Render[Frame=1-4]``), each
+    running its share one after the other in one OpenJD session; step dependencies are their
+    ``wait_for``. A retry of the flow run (``retries=``) or of a task run (``task_retries``)
+    continues the same core run: finished task runs are skipped (persisted results, state
+    ``Cached``) and checkpointed tasks resume. The final state follows the core's outcome:
+    Completed, Failed (a regular or finally step failed), or Cancelled named after the
+    termination mode.
+
+    Args:
+        template_path: the job template; a relative path is taken from the calling module's
+            folder if the file is there, else from the current directory. Validated now.
+        name: the flow's name (default: the template's ``name``).
+        store: the checkpoint store (a path, an fsspec URL, a ``CheckpointStore`` or a
+            ``CheckpointStoreBlock``); default
+            ``$OPENJD_CHECKPOINT_STORE`` at run time, else the per-user state directory.
+            Every host that runs the flow must reach it.
+        max_task_runs_per_step: at most this many task runs per step (>= 1).
+        max_workers: task runs of one flow run that run at once (>= 1).
+        cancel_mode: the termination mode a plain Prefect cancel means (a SIGTERM too):
+            ``Suspended`` (default: checkpoint, resumable), ``Cancelled``,
+            ``CancelledRunFinally`` or ``StoppedRunFinally``.
+        host_requirements: a step's ``hostRequirements`` name (``attr.worker.os.family``,
+            ``amount.worker.gpu``) -> Prefect tags put on its task runs (for tag concurrency
+            limits); a requirement with no mapping is logged as a warning, never dropped
+            silently.
+        task_retries / task_retry_delay_seconds: Prefect task retries of a failed task run.
+        result_storage: where task run results go (a block, a block slug, a ``pathlib.Path``);
+            default Prefect's (``$PREFECT_HOME/storage``).
+        flow_options: passed to ``prefect.Flow`` (``retries``, ``retry_delay_seconds``,
+            ``description``, ``flow_run_name``, hooks, ...).
+
+    Raises:
+        TemplateError: the template is invalid.
+        ValueError: a bad option, or a job parameter named ``resume``.
+    """
+    caller_file, module = _caller_file(2)
+    return _build(
+        template_path,
+        user_fn=None,
+        caller_file=caller_file,
+        module=module,
+        qualname=None,
+        name=name,
+        store=store,
+        max_task_runs_per_step=max_task_runs_per_step,
+        max_workers=max_workers,
+        cancel_mode=cancel_mode,
+        host_requirements=host_requirements,
+        task_retries=task_retries,
+        task_retry_delay_seconds=task_retry_delay_seconds,
+        result_storage=result_storage,
+        flow_options=flow_options,
+    )
+
+
+def openjd_flow(
+    template_path: str | Path,
+    *,
+    name: str | None = None,
+    store: str | Path | CheckpointStore | CheckpointStoreBlock | None = None,
+    max_task_runs_per_step: int = DEFAULT_MAX_TASK_RUNS_PER_STEP,
+    max_workers: int = DEFAULT_MAX_WORKERS,
+    cancel_mode: TerminationMode | str = TerminationMode.SUSPENDED,
+    host_requirements: Mapping[str, Sequence[str]] | None = None,
+    task_retries: int = 0,
+    task_retry_delay_seconds: float = 0.0,
+    result_storage: Any = None,
+    **flow_options: Any,
+) -> Callable[[Callable[[dict[str, Any]], Mapping[str, Any] | None]], Flow[..., Any]]:
+    """Decorator: turn ``fn(parameters) -> parameters | None`` into a flow of the template
+    (the same flow as ``flow_from_template``, with the same options).
+
+    ``fn`` runs in the flow run before any step, with a dict of the job parameter values (name
+    -> value, as the flow's parameters were validated). It may check them (raise to fail the
+    flow run before anything runs) or change them (return the values to use; None keeps them).
+    The flow's parameters are the job parameters, not ``fn``'s; its name is the template's
+    unless ``name`` is given; its module and qualified name are ``fn``'s (so ``serve()`` and
+    deployments find it as ``module.py:fn``).
+
+    Raises:
+        TemplateError: the template is invalid.
+        ValueError: a bad option, or a job parameter named ``resume``.
+    """
+    caller_file, _ = _caller_file(2)
+
+    def decorate(fn: Callable[[dict[str, Any]], Mapping[str, Any] | None]) -> Flow[..., Any]:
+        return _build(
+            template_path,
+            user_fn=fn,
+            caller_file=inspect.getsourcefile(fn) or caller_file,
+            module=fn.__module__,
+            qualname=fn.__qualname__,
+            name=name,
+            store=store,
+            max_task_runs_per_step=max_task_runs_per_step,
+            max_workers=max_workers,
+            cancel_mode=cancel_mode,
+            host_requirements=host_requirements,
+            task_retries=task_retries,
+            task_retry_delay_seconds=task_retry_delay_seconds,
+            result_storage=result_storage,
+            flow_options=flow_options,
+        )
+
+    return decorate

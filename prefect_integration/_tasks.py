@@ -1,0 +1,181 @@
+"""The Prefect task that runs a group of one step's OpenJD tasks (translation only).
+
+One Prefect task run stands for a fixed group of a step's *original* tasks
+(``PreparedJob.plan_step`` with no records, sliced by ``group_tasks``). In its body the core
+decides what runs now (``core.plan_group``: finished tasks drop out, checkpointed tasks resume,
+interrupted chunks keep their unfinished frames) and runs it in one OpenJD session
+(``core.run_tasks``), under per-task leases and the run's termination requests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from openjd.model import IntRangeExpr
+from prefect import get_run_logger, task
+from prefect.states import Cancelled
+from prefect.transactions import get_transaction
+
+import core
+from core import CheckpointStore, PreparedJob, TaskOutcome, TaskSpec
+
+__all__ = ("group_name", "group_tasks", "job_for", "remember_job", "run_group")
+
+_JOBS: dict[tuple[str, str], PreparedJob] = {}
+_JOBS_LOCK = threading.Lock()
+
+
+def remember_job(job: PreparedJob, run_id: str) -> None:
+    """Keep the flow's prepared job for task runs in this process (saves preparing it again)."""
+    with _JOBS_LOCK:
+        _JOBS[(job.job_key, run_id)] = job
+
+
+def job_for(store: CheckpointStore, job_key: str, run_id: str) -> PreparedJob:
+    """The run's job: the one the flow prepared in this process, else rebuilt from the run's
+    record (``core.prepare_run_job``; a task run in another process).
+
+    Raises:
+        RunError, ResumeRefusedError, TemplateError: as ``core.prepare_run_job``.
+    """
+    with _JOBS_LOCK:
+        job = _JOBS.get((job_key, run_id))
+    if job is None:
+        job = core.prepare_run_job(store, job_key, run_id)
+        remember_job(job, run_id)
+    return job
+
+
+def group_tasks(specs: Sequence[TaskSpec], max_groups: int) -> list[list[TaskSpec]]:
+    """Split a step's tasks into at most ``max_groups`` contiguous, balanced groups (sizes
+    differ by at most one), in order.
+
+    Raises:
+        ValueError: ``max_groups`` < 1.
+    """
+    if max_groups < 1:
+        raise ValueError(f"max_task_runs_per_step must be 1 or more, not {max_groups}")
+    n = len(specs)
+    count = min(n, max_groups)
+    groups: list[list[TaskSpec]] = []
+    start = 0
+    for i in range(count):
+        size = n // count + (1 if i < n % count else 0)
+        groups.append(list(specs[start : start + size]))
+        start += size
+    return groups
+
+
+def group_name(step: str, specs: Sequence[TaskSpec]) -> str:
+    """A group's task run name: the task's label (``Render[Frame=1-4]``) for one task; for
+    several tasks of one integer (or chunk) parameter, the union of their values
+    (``Render[Frame=1-100]``); otherwise the first and last labels (``Step[A=x .. A=z]``)."""
+    if len(specs) == 1:
+        return specs[0].label
+    names = list(specs[0].parameters)
+    if len(names) == 1:
+        try:
+            frames: set[int] = set()
+            for spec in specs:
+                frames.update(IntRangeExpr.from_str(str(spec.parameters[names[0]].value)))
+            return f"{step}[{names[0]}={IntRangeExpr.from_list(sorted(frames))}]"
+        except (ValueError, TypeError):
+            pass
+    first = specs[0].label[len(step) + 1 : -1]
+    last = specs[-1].label[len(step) + 1 : -1]
+    return f"{step}[{first} .. {last}]"
+
+
+def cache_key(
+    job_key: str, run_id: str, step: str, specs: Sequence[TaskSpec], attempt: int | None = None
+) -> str:
+    """The result key of a group: the core run id and the group's task identities (and the
+    attempt, for finally steps, which run again on every attempt). A new core run never matches
+    it; a retry (or an operator resume) of the same core run does."""
+    digest = hashlib.sha256(
+        "\n".join([step, *(s.task_key for s in specs)]).encode("utf-8")
+    ).hexdigest()[:24]
+    suffix = f"/attempt-{attempt}" if attempt is not None else ""
+    return f"openjd-checkpoint/{job_key}/{run_id}/{digest}{suffix}"
+
+
+def _cache_key_fn(context: Any, parameters: dict[str, Any]) -> str:
+    return str(parameters["result_key"])
+
+
+@task(cache_key_fn=_cache_key_fn, persist_result=True)
+def run_group(
+    job_key: str,
+    run_id: str,
+    step: str,
+    originals: list[dict[str, Any]],
+    store_location: str,
+    result_key: str,
+) -> Any:
+    """Run what is left of a group of a step's original tasks (``TaskSpec.to_dict()`` each).
+
+    Returns a summary (``{"step", "ran": [[label, outcome], ...]}``) when every task of the
+    group succeeded (that result is persisted under ``result_key``, so a retry skips it); a
+    ``Cancelled`` state, not persisted, when tasks were stopped or not started because the run
+    is stopping.
+
+    Raises:
+        RuntimeError: a task failed (the message names it): the task run fails, and a Prefect
+            task retry resumes from what the core stored.
+        RunError, ResumeRefusedError, StoreError: from the core operations.
+    """
+    logger = get_run_logger()
+    store = CheckpointStore(store_location)
+    job = job_for(store, job_key, run_id)
+    specs = core.plan_group(store, job, run_id, [TaskSpec.from_dict(d) for d in originals])
+    if not specs:
+        logger.info("%s: every task of this group has finished already", step)
+        return {"step": step, "ran": []}
+    for spec in specs:
+        if spec.resume is not None:
+            logger.info(
+                "%s: resuming from checkpoint generation %s", spec.label, spec.resume.generation
+            )
+
+    def on_output(execution: core.TaskExecution, lines: list[str]) -> None:
+        for line in lines:
+            logger.info("%s | %s", execution.spec.label, line)
+
+    def on_event(execution: core.TaskExecution, event: core.TaskEvent) -> None:
+        if event.kind == "checkpoint_saved":
+            logger.info("%s: checkpoint generation %s stored", execution.spec.label, event.value)
+        elif event.kind == "warning":
+            logger.warning("%s: %s", execution.spec.label, event.value)
+
+    results = core.run_tasks(
+        store,
+        job,
+        run_id,
+        specs,
+        on_output=on_output,
+        on_event=on_event,
+        on_note=logger.info,
+    )
+    ran = [[spec.label, res.outcome.value] for spec, res in zip(specs, results, strict=True)]
+    failed = [
+        f"{spec.label}: {res.message or 'failed'}"
+        + (f" (exit code {res.exit_code})" if res.exit_code is not None else "")
+        for spec, res in zip(specs, results, strict=True)
+        if res.outcome == TaskOutcome.FAILED
+    ]
+    if failed:
+        raise RuntimeError("; ".join(failed))
+    stopped = [
+        f"{spec.label}: {res.outcome.value}"
+        for spec, res in zip(specs, results, strict=True)
+        if res.outcome != TaskOutcome.SUCCEEDED
+    ]
+    if stopped:
+        txn = get_transaction()
+        if txn is not None:
+            txn.write_on_commit = False  # a stopped group must not be skipped by a retry
+        return Cancelled(message="; ".join(stopped), name="Stopped")
+    return {"step": step, "ran": ran}
