@@ -26,7 +26,7 @@ demo: $(STAMP)
 	$(VENV)/bin/python examples/fibonacci/demo.py
 
 ## test: every test (lint, type check, core tests, Airflow tests, Prefect tests)
-test: lint test-core
+test: lint test-core test-airflow test-prefect
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
