@@ -112,26 +112,24 @@ def test_python_writes_to_both_streams_read_in_the_order_written() -> None:
 
 
 FLOOD = """
-import os, sys, threading
+import os, signal, sys, time
 MESSAGES = int(sys.argv[1])
 NOISE = b"noise on stderr " + b"x" * 48 + b"\\n"
-started = threading.Event()
-done = False
 
-def flood():
-    # Whole lines, one write each: what Python's line-buffered stderr, bash's set -x trace or a
-    # logging handler do.
-    while not done:
+# A second process floods stderr, so the two streams really write at the same time (a thread
+# could be held off by the GIL on a quiet machine). Whole lines, one write each: what Python's
+# line-buffered stderr, bash's set -x trace or a logging handler do.
+child = os.fork()
+if child == 0:
+    while True:
         os.write(2, NOISE)
-        started.set()
-
-flooder = threading.Thread(target=flood)
-flooder.start()
-started.wait()
+time.sleep(0.05)
 for i in range(MESSAGES):
     os.write(1, f"openjd_status: message {i}\\n".encode())
-done = True
-flooder.join()
+    if i % 50 == 0:
+        time.sleep(0.002)
+os.kill(child, signal.SIGKILL)
+os.waitpid(child, 0)
 """
 
 
