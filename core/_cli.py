@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from ._early import EARLY_SIGNALS
 from ._errors import OpenJDCheckpointError, RunError, StoreError, TemplateError
 from ._job import load_path_mapping_rules, prepare_job
 from ._resume import RefusalCode, ResumeHow, ResumeRefusedError
@@ -234,6 +235,9 @@ def _execute(args: argparse.Namespace, job: Any, *, how: ResumeHow, **resume: An
     # Installed for the rest of the process: a late Ctrl-C must not become a traceback.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, on_signal)
+    if EARLY_SIGNALS:  # a Ctrl-C during start-up whose exit something swallowed
+        _write(sys.stderr, "openjd-checkpoint: interrupted before the run started\n")
+        return EXIT_CODES["canceled"]
     worker.start()
     handled = 0
     while worker.is_alive():

@@ -7,7 +7,15 @@ imported, so a Ctrl-C during start-up ends the program quietly (exit 130, nothin
 import signal
 import sys
 
-signal.signal(signal.SIGINT, lambda *_: sys.exit(130))
+from ._early import EARLY_SIGNALS
+
+
+def _early(signum: int, _frame: object) -> None:
+    EARLY_SIGNALS.append(signum)  # kept even if the exit below is swallowed by library code
+    sys.exit(130)
+
+
+signal.signal(signal.SIGINT, _early)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,4 @@
+"""Signals that arrive while the CLI starts, before it handles them itself (see ``cli.py``)."""
+
+EARLY_SIGNALS: list[int] = []
+"""Numbers of the signals received before the run's own handling was installed."""
