@@ -210,6 +210,11 @@ def test_ctrl_c_before_the_run_starts_is_not_a_traceback(tmp_path: Path) -> None
     )
     time.sleep(0.15)
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:  # a failed test leaves no run behind
+            proc.kill()
+            proc.communicate()
     assert "Traceback" not in err, err
     assert proc.returncode in (75, 130), (proc.returncode, err)
