@@ -205,8 +205,19 @@ class PreparedJob:
             return
         yield from StepParameterSpaceIterator(space=space)
 
-    def plan_step(self, step_name: str, records: Iterable[TaskRecord] = ()) -> list[TaskSpec]:
+    def plan_step(
+        self,
+        step_name: str,
+        records: Iterable[TaskRecord] = (),
+        *,
+        tasks: Iterable[Mapping[str, ParameterValue]] | None = None,
+    ) -> list[TaskSpec]:
         """The tasks of a step still to run, given the records of earlier attempts.
+
+        ``tasks`` limits the plan to those original tasks (parameter sets of the step's
+        parameter space; default: all of it) and ``records`` should then be theirs: a scheduler
+        that maps over a step's tasks in groups plans one group in time proportional to its
+        size, not the step's.
 
         Rules (seed 000, "Semantics", and docs/decisions.md):
           1. a task whose record succeeded is not run again;
@@ -264,7 +275,11 @@ class PreparedJob:
         resumed_keys = {s.task_key for s in specs}
 
         # 1 and 3: the parameter space, less what is done or claimed.
-        for params in self.iter_tasks(step_name):
+        space: Iterable[Mapping[str, ParameterValue]] = (
+            self.iter_tasks(step_name) if tasks is None else tasks
+        )
+        for given in space:
+            params = dict(given)
             key = task_key_of(params)
             prior = by_key.get(key)
             if key in resumed_keys or (prior is not None and prior.status.value == "succeeded"):

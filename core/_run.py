@@ -482,6 +482,10 @@ def attempt_records(store: CheckpointStore, job: PreparedJob, run: RunRecord) ->
     """The run's task records as this attempt plans with them: finally tasks that succeeded in
     an earlier attempt are left out, because finally steps run again on every attempt."""
     records, _ = store.read_tasks(run.job_key, run.run_id)
+    return _for_attempt(job, run, records)
+
+
+def _for_attempt(job: PreparedJob, run: RunRecord, records: list[TaskRecord]) -> list[TaskRecord]:
     return [
         r
         for r in records
@@ -730,9 +734,10 @@ def plan_group(
     if not originals:
         return []
     step = originals[0].step_name
-    keys = {s.task_key for s in originals}
-    planned = plan_step(store, job, run_id, step)
-    return [s for s in planned if s.task_key.split("#", 1)[0] in keys]
+    run = _read_run(store, job, run_id)
+    records, _ = store.read_task_family(job.job_key, run_id, step, [s.task_key for s in originals])
+    records = _for_attempt(job, run, records)
+    return job.plan_step(step, records, tasks=[s.parameters for s in originals])
 
 
 def record_task_done(

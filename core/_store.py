@@ -28,7 +28,7 @@ import socket
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -271,8 +271,15 @@ def is_run_id(text: str) -> bool:
 
 
 def task_id_for(step: str, task_key: str) -> str:
-    """The file name stem of a task's record: a hash of its step name and task key."""
-    return sha256_hex(canonical_json([step, task_key]))[:24]
+    """The file name stem of a task's record: a hash of its step name and task key. A chunk's
+    remainder piece (task key ``ORIGINAL#FRAMES``) gets its original's stem, a dash and a hash
+    of its own, so that the records of one original task and its pieces are found by name
+    (``CheckpointStore.read_task_family``) without reading the whole run."""
+    base, sep, _piece = task_key.partition("#")
+    stem = sha256_hex(canonical_json([step, base]))[:24]
+    if not sep:
+        return stem
+    return stem + "-" + sha256_hex(canonical_json([step, task_key]))[:12]
 
 
 def new_run_id() -> str:
@@ -794,6 +801,34 @@ class CheckpointStore:
                 warnings.append(str(exc))
                 continue
             if rec is not None:
+                tasks.append(rec)
+        return tasks, warnings
+
+    def read_task_family(
+        self, job_key: str, run_id: str, step: str, task_keys: Iterable[str]
+    ) -> tuple[list[TaskRecord], list[str]]:
+        """The readable records of the given original tasks of a step and of their chunk
+        remainder pieces (``ORIGINAL#FRAMES``), and a warning for each unreadable one: what
+        ``read_tasks`` gives for those tasks, found by file name, so that planning a few tasks
+        of a step of thousands reads a few records, not thousands.
+
+        Raises:
+            StoreError: the run's folder cannot be listed.
+        """
+        stems = {task_id_for(step, key) for key in task_keys}
+        tasks: list[TaskRecord] = []
+        warnings: list[str] = []
+        tdir = posixpath.join(self._run_dir(job_key, run_id), "tasks")
+        for name in self._ls_names(tdir):
+            stem, dot, suffix = name.partition(".")
+            if suffix != "json" or stem.partition("-")[0] not in stems:
+                continue
+            try:
+                rec = self._read(posixpath.join(tdir, name), TaskRecord)
+            except StoreError as exc:
+                warnings.append(str(exc))
+                continue
+            if rec is not None and rec.step == step:
                 tasks.append(rec)
         return tasks, warnings
 

@@ -134,3 +134,65 @@ def test_pieces_of_a_second_interruption_combine() -> None:
     )  # fmt: skip
     again = job.plan_step("R", [first, second])
     assert values(again)[0] == ("6-10", "a", False)
+
+
+@pytest.mark.parametrize("constraint", ["CONTIGUOUS", "NONCONTIGUOUS"])
+@pytest.mark.parametrize("resumable", [True, False])
+def test_plan_group_reads_only_its_tasks_and_plans_as_the_whole_step(
+    tmp_path, constraint: str, resumable: bool
+) -> None:
+    """``core.plan_group`` over any slice of the original tasks gives what planning the whole
+    step gives for that slice, whatever mix of finished, interrupted, checkpointed and
+    piece records the run holds; and it never reads another task's record (an unreadable one
+    is neither reported nor set aside)."""
+    import random
+
+    from core import CheckpointStore, begin_attempt, plan_group
+    from core._run import plan_step as run_plan_step
+    from core._store import task_id_for
+
+    job = chunk_job(constraint, resumable, count=3)
+    st = CheckpointStore(tmp_path / "store")
+    run_id = begin_attempt(st, job, external_key="group").run_id
+    originals = job.plan_step("R")
+    rng = random.Random(f"{constraint}{resumable}")
+    for spec in originals:
+        frames = sorted(spec.chunk_frames)
+        kind = rng.choice(["none", "done", "part", "checkpoint", "piece"])
+        if kind == "none":
+            continue
+        status = TaskStatus.SUCCEEDED if kind == "done" else TaskStatus.INTERRUPTED
+        reported = frames[: rng.randrange(len(frames))] if kind != "done" else frames
+        if kind == "piece":
+            reported = frames[:1]  # an interrupted chunk whose remainder ran as a piece
+        cp = (
+            CheckpointData(generation=1, state="s", saved_at=0, attempt=1)
+            if kind == "checkpoint"
+            else None
+        )
+        first = rec(job, spec.parameters, status, reported, cp)
+        first.run_id = run_id
+        st.write_task(first)
+        if kind == "piece":
+            planned = job.plan_step("R", [first])
+            piece = next(s for s in planned if s.task_key.startswith(spec.task_key + "#"))
+            stem = task_id_for("R", spec.task_key)
+            assert task_id_for("R", piece.task_key).startswith(stem + "-")
+            second = TaskRecord(
+                job_key=job.job_key, run_id=run_id, step="R", task_key=piece.task_key,
+                parameters=params_to_record(piece.parameters), status=TaskStatus.INTERRUPTED,
+                chunk_parameter="Frame", completed_frames=sorted(piece.chunk_frames)[:1],
+            )  # fmt: skip
+            st.write_task(second)
+    whole = run_plan_step(st, job, run_id, "R")
+    for start in range(0, len(originals), 2):
+        group = originals[start : start + 2]
+        keys = {s.task_key for s in group}
+        expected = [s for s in whole if s.task_key.split("#", 1)[0] in keys]
+        assert plan_group(st, job, run_id, group) == expected
+    # A record of another task that cannot be read does not concern this group.
+    tasks_dir = tmp_path / "store" / "jobs" / job.job_key / "runs" / run_id / "tasks"
+    bad = tasks_dir / f"{task_id_for('R', originals[-1].task_key)}.json"
+    bad.write_text("{not json")
+    plan_group(st, job, run_id, originals[:2])
+    assert bad.read_text() == "{not json"
