@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ._chunks import AdaptiveChunker
     from ._errors import OpenJDCheckpointError, RunError, StoreError, TemplateError
+    from ._groups import group_label, group_tasks
     from ._job import PreparedJob, TaskSpec, load_path_mapping_rules, prepare_job
     from ._messages import (
         DEFAULT_MAX_LINE_BYTES,
@@ -125,6 +126,8 @@ _EXPORTS = {
     "parse_line": "._messages",
     "parse_template": "._template",
     "prepare_job": "._job",
+    "group_label": "._groups",
+    "group_tasks": "._groups",
 }
 
 __all__ = (
@@ -170,6 +173,8 @@ __all__ = (
     "default_store_location",
     "enter_finally",
     "finish_attempt",
+    "group_label",
+    "group_tasks",
     "host_id",
     "load_path_mapping_rules",
     "load_template",

@@ -11,6 +11,7 @@ reported complete run through ``onRun`` (split into contiguous pieces where the 
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -336,6 +337,45 @@ class PreparedJob:
             )
         chunker = AdaptiveChunker.for_step(self, step_name, done=done)
         return resumed, chunker
+
+    def task_count(self, step_name: str) -> int:
+        """How many tasks (chunks, for a chunked step) the step's parameter space defines: the
+        length of ``plan_step(step_name)`` with no records."""
+        space = self.step(step_name).parameterSpace
+        if space is None:
+            return 1
+        walker = StepParameterSpaceIterator(space=space)
+        try:
+            return len(walker)
+        except ValueError:  # adaptive chunking: no length, count them
+            return sum(1 for _ in walker)
+
+    def original_tasks(
+        self, step_name: str, start: int = 0, stop: int | None = None
+    ) -> list[TaskSpec]:
+        """``plan_step(step_name)[start:stop]`` (the step's fresh tasks, with no records)
+        without building the others: a scheduler that maps over a step of thousands of tasks
+        in groups passes each group a range of indexes, not the tasks, and each group builds
+        its own in time proportional to its size (openjd-model's random access into the
+        parameter space; a step with adaptive chunking, which has none, is walked instead).
+
+        Args:
+            start, stop: indexes into the step's task list (0-based, ``stop`` excluded, None:
+                to the end); not negative.
+
+        Raises:
+            KeyError: no such step.
+        """
+        space = self.step(step_name).parameterSpace
+        if space is None:
+            return [self.spec_for(step_name, {})][start:stop]
+        walker = StepParameterSpaceIterator(space=space)
+        try:
+            first, last, _ = slice(start, stop).indices(len(walker))
+            chosen = [walker[i] for i in range(first, last)]
+        except (ValueError, RuntimeError):  # adaptive chunking: no random access
+            chosen = list(itertools.islice(walker, start, stop))
+        return [self.spec_for(step_name, params) for params in chosen]
 
     def spec_for(self, step_name: str, params: Mapping[str, ParameterValue]) -> TaskSpec:
         """A fresh task (``onRun``) of ``step_name`` with these task parameter values."""

@@ -196,3 +196,30 @@ def test_plan_group_reads_only_its_tasks_and_plans_as_the_whole_step(
     bad.write_text("{not json")
     plan_group(st, job, run_id, originals[:2])
     assert bad.read_text() == "{not json"
+
+
+@pytest.mark.parametrize(
+    ("template", "params"),
+    [
+        ("tests/data/adaptive.yaml", {}),
+        ("tests/data/three_steps.yaml", {"Out": "/tmp"}),
+        ("tests/airflow/data/large_step.yaml", {"Log": "/tmp/log", "Frames": 50}),
+        ("examples/chunked-frames/chunked-frames.yaml", {}),
+    ],
+)
+def test_original_tasks_are_slices_of_the_fresh_plan(template: str, params: dict) -> None:
+    """``original_tasks(step, start, stop)`` and ``task_count`` agree with
+    ``plan_step(step)`` with no records, for plain, chunked and adaptive steps."""
+    from pathlib import Path
+
+    from core import load_template
+
+    root = Path(__file__).resolve().parents[1]
+    tpl = load_template(root / template)
+    job = prepare_job(tpl, params)
+    for step in [*tpl.regular_steps, *tpl.finally_steps]:
+        full = job.plan_step(step)
+        n = job.task_count(step)
+        assert n == len(full)
+        for start, stop in [(0, None), (1, 3), (2, 2), (n - 1, n + 5), (n, None)]:
+            assert job.original_tasks(step, start, stop) == full[start:stop]

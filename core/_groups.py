@@ -1,0 +1,76 @@
+"""Grouping a step's tasks for a scheduler that caps how many task instances or task runs one
+step may have (Airflow's ``[core] max_map_length``, a Prefect flow's ``max_task_runs_per_step``):
+contiguous, balanced groups of the step's original tasks, and the name a group is shown by.
+
+Each group runs its tasks one after the other in one session (``core.run_tasks``); resume stays
+per OpenJD task (``core.plan_group``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from openjd.model import IntRangeExpr
+
+from ._job import TaskSpec
+
+__all__ = ("MAX_LABEL_CHARS", "group_label", "group_tasks")
+
+#: Names are cut to this many characters (Airflow's ``rendered_map_index`` holds 250).
+MAX_LABEL_CHARS = 250
+
+
+def group_tasks(specs: Sequence[TaskSpec], max_groups: int) -> list[list[TaskSpec]]:
+    """Split a step's tasks into at most ``max_groups`` contiguous groups, in order, whose sizes
+    differ by at most one, larger ones first: as many groups as allowed, for the most
+    parallelism (3,000 tasks in at most 1,024 groups: 952 groups of 3, then 72 of 2). No group
+    is empty; no tasks, no groups.
+
+    Raises:
+        ValueError: ``max_groups`` is below 1.
+    """
+    if max_groups < 1:
+        raise ValueError(f"the most groups per step must be 1 or more, not {max_groups}")
+    n = len(specs)
+    count = min(n, max_groups)
+    groups: list[list[TaskSpec]] = []
+    start = 0
+    for i in range(count):
+        size = n // count + (1 if i < n % count else 0)
+        groups.append(list(specs[start : start + size]))
+        start += size
+    return groups
+
+
+def group_label(specs: Sequence[TaskSpec]) -> str:
+    """How a group is shown (a map index name, a task run name), at most ``MAX_LABEL_CHARS``:
+
+    - one task: its label (``Render[Frame=1-4]``);
+    - several tasks of one integer or chunk parameter: the union of their values and the count
+      (``Render[Frame=1-3] (3 tasks)``);
+    - otherwise the first and last tasks and the count
+      (``Render[Cam=a, Frame=1] .. Render[Cam=b, Frame=9] (18 tasks)``).
+
+    Raises:
+        ValueError: ``specs`` is empty.
+    """
+    if not specs:
+        raise ValueError("a group has at least one task")
+    step = specs[0].step_name
+    if len(specs) == 1:
+        label = specs[0].label
+    else:
+        label = f"{specs[0].label} .. {specs[-1].label} ({len(specs)} tasks)"
+        names = list(specs[0].parameters)
+        if len(names) == 1:
+            try:
+                values: set[int] = set()
+                for spec in specs:
+                    values.update(IntRangeExpr.from_str(str(spec.parameters[names[0]].value)))
+                span = IntRangeExpr.from_list(sorted(values))
+                label = f"{step}[{names[0]}={span}] ({len(specs)} tasks)"
+            except (ValueError, TypeError):
+                pass
+    if len(label) > MAX_LABEL_CHARS:
+        label = label[: MAX_LABEL_CHARS - 3] + "..."
+    return label
