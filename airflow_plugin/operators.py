@@ -16,8 +16,9 @@ call them and map their answers onto Airflow task states:
 - ``OpenJDFinishOperator`` (the last teardown): ``core.finish_attempt``; fails the DAG run when
   the core's outcome is not success.
 
-XCom carries references only: the attempt (job key, run id) and the groups' task descriptions
-(``TaskSpec.to_dict()``), never templates or checkpoint states.
+XCom carries references only: the attempt (job key, run id) and each group's label and range
+of indexes into the step's original task list, never task descriptions, templates or
+checkpoint states.
 """
 
 from __future__ import annotations
@@ -41,8 +42,6 @@ from ._config import BEGIN_TASK_ID, RESUME_PARAM, STATE_STORE_KEY, store_locatio
 KILL_BUDGET_SECONDS = 4.0
 """How long after ``on_kill`` the task's processes must be gone, in seconds: inside the 5 s
 between the supervisor's SIGTERM and its SIGKILL (``supervisor.py``, ``escalation_delay``)."""
-
-MAX_LABEL_CHARS = 250
 
 
 def _attempt(context: Any, begin_task_id: str = BEGIN_TASK_ID) -> core.Attempt:
@@ -85,39 +84,39 @@ def _wait_released(
 
 
 def group_tasks(specs: Sequence[core.TaskSpec], limit: int) -> list[dict[str, Any]]:
-    """Split a step's original tasks into at most ``limit`` groups of consecutive tasks.
+    """Split a step's original tasks into at most ``limit`` groups of consecutive tasks
+    (``core.group_tasks``), one per mapped task instance.
 
-    Returns one JSON-serializable item per group: ``{"step", "label", "tasks"}`` where
-    ``tasks`` are ``TaskSpec.to_dict()`` descriptions and ``label`` is the task's label
-    (``Render[Frame=1-4]``), or for a group of several ``first .. last (N tasks)``.
+    Returns one small JSON-serializable item per group: ``{"step", "label", "start",
+    "stop"}``, where ``start``/``stop`` index the step's original task list
+    (``PreparedJob.original_tasks``) and ``label`` (the map index name) is
+    ``core.group_label``: ``Render[Frame=1-4]``, or for several tasks
+    ``Render[Frame=1-3] (3 tasks)``. Every mapped task instance pulls the whole list, so it
+    carries indexes, not task descriptions: 1,024 items stay a few tens of kilobytes.
 
     Raises:
         ValueError: ``limit`` is below 1.
     """
-    if limit < 1:
-        raise ValueError(f"limit must be at least 1, got {limit}")
-    n = len(specs)
-    count = min(n, limit)
-    groups: list[dict[str, Any]] = []
+    items: list[dict[str, Any]] = []
     start = 0
-    for i in range(count):
-        size = n // count + (1 if i < n % count else 0)
-        chunk = list(specs[start : start + size])
-        start += size
-        if len(chunk) == 1:
-            label = chunk[0].label
-        else:
-            label = f"{chunk[0].label} .. {chunk[-1].label} ({len(chunk)} tasks)"
-        if len(label) > MAX_LABEL_CHARS:
-            label = label[: MAX_LABEL_CHARS - 3] + "..."
-        groups.append(
+    for group in core.group_tasks(specs, limit):
+        items.append(
             {
-                "step": chunk[0].step_name,
-                "label": label,
-                "tasks": [s.to_dict() for s in chunk],
+                "step": group[0].step_name,
+                "label": core.group_label(group),
+                "start": start,
+                "stop": start + len(group),
             }
         )
-    return groups
+        start += len(group)
+    return items
+
+
+def _group_originals(
+    job: core.PreparedJob, step: str, group: dict[str, Any]
+) -> list[core.TaskSpec]:
+    """The original tasks of one mapped instance's group (``group_tasks``'s item)."""
+    return job.original_tasks(step, int(group["start"]), int(group["stop"]))
 
 
 # ------------------------------------------------------------------------------------ begin
@@ -445,7 +444,7 @@ class OpenJDTaskOperator(BaseOperator):
         store = core.CheckpointStore(store_location(self.store))
         job = _job(store, attempt)
         run_id = attempt.run_id
-        originals = [core.TaskSpec.from_dict(d) for d in self.group["tasks"]]
+        originals = _group_originals(job, self.step, self.group)
         if job.template.is_finally(self.step):
             # Airflow starts teardowns as soon as a task is marked failed, while the killed
             # task may still be checkpointing: the finally phase begins once none runs.
@@ -600,6 +599,14 @@ class OpenJDTaskOperator(BaseOperator):
         originals: list[core.TaskSpec],
         specs: list[core.TaskSpec],
     ) -> None:
+        self.log.info(
+            "core run %s (attempt %d) of job %s on host %s (store %s)",
+            attempt.run_id,
+            attempt.attempt,
+            attempt.job_key,
+            core.host_id(),
+            store.location,
+        )
         base_keys = {s.task_key.split("#", 1)[0] for s in specs}
         for orig in originals:
             if orig.task_key not in base_keys:
