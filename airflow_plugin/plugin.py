@@ -169,6 +169,7 @@ async function load() {{
     return;
   }}
   const data = await r.json();
+  document.getElementById("error").textContent = "";
   document.getElementById("job-run").textContent = data.run_id;
   document.getElementById("status").textContent = data.status;
   document.getElementById("condition").textContent =

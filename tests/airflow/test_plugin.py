@@ -52,27 +52,48 @@ def _ts(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
-@pytest.mark.parametrize(
-    ("mode", "core_status", "cleanup"),
-    [("Suspended", "interrupted", None), ("CancelledRunFinally", "canceled", "Cancelled\n")],
-)
+# mode -> (the core run's status, what the finally step writes to cleanup-status or None when
+# it must not run, the status of the Render task that was running when the request came).
+# Cancelled runs no finally step; StoppedRunFinally lets the running task finish and starts no
+# new one, then runs the finally step; CancelledRunFinally cancels it, then runs the finally
+# step; Suspended checkpoints it and runs no finally step (core/_termination.py, finish_attempt).
+MODES = {
+    "Suspended": ("interrupted", None, "interrupted"),
+    "StoppedRunFinally": ("stopped", "Stopped\n", "succeeded"),
+    "CancelledRunFinally": ("canceled", "Cancelled\n", "canceled"),
+    "Cancelled": ("canceled", None, "canceled"),
+}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
 def test_termination_mode_through_the_plugin(
-    airflow_live: ah.AirflowStack, tmp_path: Path, mode: str, core_status: str, cleanup: str | None
+    airflow_live: ah.AirflowStack, tmp_path: Path, mode: str
 ) -> None:
+    core_status, cleanup, caught_status = MODES[mode]
     client = airflow_live.client
     dag_id = f"plugin_{mode.lower()}"
     out, store = tmp_path / "out", tmp_path / "store"
     out.mkdir()
     source = DAG_FILE.format(template=str(THREE_STEPS), dag_id=dag_id, store=str(store))
     airflow_live.add_dag(f"{dag_id}.py", source, dag_id=dag_id)
-    run_id = client.trigger(dag_id, conf={"Out": str(out), "FrameSeconds": 2.0})
+    # Each Render chunk takes 2 frames x FrameSeconds. The request is sent once a chunk has
+    # finished its first frame: its script has set its signal handlers by then (a signal
+    # before that kills it, with no checkpoint), and its second frame leaves the request
+    # (applied within about a second) time to reach it while it runs. StoppedRunFinally
+    # waits for that frame: a shorter one there.
+    seconds = 2.0 if mode == "StoppedRunFinally" else 4.0
+    run_id = client.trigger(dag_id, conf={"Out": str(out), "FrameSeconds": seconds})
     base = f"/openjd/dags/{dag_id}/dagRuns/{run_id}"
 
-    def rendering() -> bool:
-        runs = list(store.glob("jobs/*/runs/*/tasks/*.json"))
-        return any(json.loads(p.read_text())["status"] == "running" for p in runs)
+    def rendering() -> Path | None:
+        for p in store.glob("jobs/*/runs/*/tasks/*.json"):
+            if ".gen-" not in p.name:
+                rec = json.loads(p.read_text())
+                if rec["status"] == "running" and rec["completed_frames"]:
+                    return p
+        return None
 
-    ah.wait_until(rendering, timeout=120, what="a Render task to run")
+    caught = ah.wait_until(rendering, timeout=120, what="a Render task to finish a frame")
     resp = client.request("POST", base + "/termination", json={"mode": mode})
     assert resp.json()["mode"] == mode
     again = client.request(
@@ -86,15 +107,38 @@ def test_termination_mode_through_the_plugin(
     listing = client.request("GET", base + "/checkpoints").json()
     assert listing["status"] == core_status
     assert listing["condition"]["reason"] == mode
+    assert listing["termination"] == mode
     renders = [t for t in listing["tasks"] if t["step"] == "Render"]
     assert renders and all(t["status"] != "running" for t in renders)
+    caught_record = json.loads(caught.read_text())
+    assert caught_record["status"] == caught_status, caught_record
+    # No regular task starts once the request is in: Assemble (after Render) never runs.
+    assert not [t for t in listing["tasks"] if t["step"] == "Assemble"], listing
+    assert all(t["state"] != "success" for k, t in tis.items() if k[0] == "Assemble"), tis
     if mode == "Suspended":
-        assert any(t["checkpoints"] for t in renders), listing  # stopped with checkpoints
+        assert caught_record["checkpoint"], caught_record  # stopped with a checkpoint
+        assert caught_record["completed_frames"], caught_record  # and its finished frame
+        assert any(t["checkpoints"] for t in renders), listing
         assert all(t["status"] in ("interrupted", "succeeded") for t in renders), listing
+    elif mode == "StoppedRunFinally":  # let finish, not signalled: every frame of it is done
+        frames = caught_record["parameters"]["Frame"]["value"]
+        lo, _, hi = frames.partition("-")
+        done = list(range(int(lo), int(hi or lo) + 1))
+        assert caught_record["completed_frames"] == done
+        assert all((out / f"frame-{f}").read_text() == "x" for f in done)
+        assert all(t["status"] in ("succeeded", "pending") for t in renders), listing
+    else:
+        assert all(t["status"] in ("canceled", "succeeded", "pending") for t in renders), listing
+    if cleanup is None:  # no finally step: its command never ran
         assert tis[("Cleanup", 0)]["state"] == "skipped"
         assert not (out / "cleanup-status").exists()
-    else:
+        assert not [t for t in listing["tasks"] if t["step"] == "Cleanup"], listing
+        log = client.task_log(dag_id, run_id, "Cleanup", 1, map_index=0)
+        assert f"(not run: {mode})" in log, log[-3000:]
+        assert "CLEANUP status" not in log
+    else:  # the finally step ran, with Job.Status from the mode, after every Render task ended
         assert (out / "cleanup-status").read_text() == cleanup
+        assert tis[("Cleanup", 0)]["state"] == "success"
         cleanup_start = _ts(tis[("Cleanup", 0)]["start_date"])
         render_ends = [_ts(t["end_date"]) for k, t in tis.items() if k[0] == "Render"]
         assert cleanup_start >= max(render_ends)
