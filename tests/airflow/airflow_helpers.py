@@ -1032,3 +1032,202 @@ class AirflowStack:
             parts.append(tail(path, lines))
         parts.append(f"===== task logs under {self.logs_folder}")
         return "\n".join(parts)
+
+
+# ------------------------------------------------------------------------------ Celery hosts
+
+
+def redis_server_binary() -> str | None:
+    """Debian's ``redis-server`` (the Celery broker of the several-hosts tests), or None."""
+    return shutil.which("redis-server") or (
+        "/usr/bin/redis-server" if Path("/usr/bin/redis-server").exists() else None
+    )
+
+
+@dataclass
+class RedisServer:
+    """``redis-server`` on 127.0.0.1 and a free port: no persistence, its files in ``folder``."""
+
+    folder: Path
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    def url(self, db: int = 0) -> str:
+        return f"redis://127.0.0.1:{self.port}/{db}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.folder / "redis.log"
+
+    def start(self, timeout: float = 30.0) -> None:
+        binary = redis_server_binary()
+        if binary is None:
+            raise StackError("redis-server is not installed (Debian package redis-server)")
+        self.folder.mkdir(parents=True, exist_ok=True)
+        args = ["--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly"]
+        args += ["no", "--dir", str(self.folder), "--daemonize", "no"]
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [binary, *args],
+                cwd=self.folder,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + timeout
+        while not self.ping():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise StackError(f"redis-server did not start:\n{tail(self.log_path)}")
+            time.sleep(0.1)
+
+    def ping(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=2) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(64).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+
+@dataclass
+class CeleryWorker:
+    """``airflow celery worker`` standing in for one host: its own folder (cwd, ``TMPDIR``
+    ``<folder>/tmp``), its own ``OPENJD_CHECKPOINT_HOST_ID`` (which every task it runs
+    inherits), its own Celery hostname; it consumes the ``default`` queue.
+
+    ``env`` is the stack's environment (``AirflowStack.env``: the Celery settings with it).
+    Logs serving is off (``--skip-serve-logs``): both workers share the stack's logs folder
+    and port 8793 would clash; the api-server reads the task logs from the files.
+    """
+
+    host: str
+    folder: Path
+    env: dict[str, str]
+    concurrency: int = 1
+    queues: str = "default"
+    proc: subprocess.Popen[bytes] | None = None
+    leftovers: list[str] = field(default_factory=list)
+    starts: int = 0
+    _log_offset: int = 0
+
+    @property
+    def log_path(self) -> Path:
+        return self.folder / "worker.log"
+
+    def start(self) -> None:
+        """Start the worker (not waiting for it: see ``wait_ready``)."""
+        if self.running():
+            return
+        (self.folder / "tmp").mkdir(parents=True, exist_ok=True)
+        env = {
+            **self.env,
+            "OPENJD_CHECKPOINT_HOST_ID": self.host,
+            "TMPDIR": str(self.folder / "tmp"),
+            "PYTHONUNBUFFERED": "1",
+        }
+        cmd = [str(AIRFLOW_BIN), "celery", "worker", "--celery-hostname", self.host]
+        cmd += ["--concurrency", str(self.concurrency), "--queues", self.queues]
+        cmd += ["--skip-serve-logs", "--pid", str(self.folder / "worker.pid")]
+        cmd += ["--without-mingle", "--without-gossip"]  # no chatter between the workers
+        self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                cmd,
+                env=env,
+                cwd=self.folder,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.starts += 1
+
+    def log_since_start(self) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self._log_offset)
+                return f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        """Wait for Celery's ``celery@<host> ready.`` (connected, consuming)."""
+        deadline = time.monotonic() + timeout
+        while f"@{self.host} ready." not in self.log_since_start():
+            if self.proc is None or self.proc.poll() is not None:
+                code = None if self.proc is None else self.proc.returncode
+                raise StackError(f"celery worker {self.host} exited {code}:\n{tail(self.log_path)}")
+            if time.monotonic() > deadline:
+                raise StackError(f"celery worker {self.host} not ready in {timeout:.0f} s")
+            time.sleep(0.25)
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def tree(self) -> list[psutil.Process]:
+        """The worker's main process and all its live descendants (Celery's pool processes,
+        the task supervisors, task runners and the OpenJD task processes under them)."""
+        if self.proc is None:
+            return []
+        try:
+            root = psutil.Process(self.proc.pid)
+            return [p for p in [root, *root.children(recursive=True)] if _alive(p)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def kill_tree(self, spare: Callable[[psutil.Process], bool] = lambda p: False) -> list[int]:
+        """SIGKILL the worker and every descendant (collected first), except those ``spare``
+        says to leave; return the pids killed. With nothing spared, the host died."""
+        victims = [p for p in self.tree() if not spare(p)]
+        for p in victims:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(victims, timeout=10)
+        if self.proc is not None and any(p.pid == self.proc.pid for p in victims):
+            self.proc.wait(10)  # reap the main process (our child)
+            self.proc = None  # gone: start() starts it again
+        return [p.pid for p in victims]
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM (Celery's warm shutdown), then SIGKILL to what is left after ``timeout``;
+        afterwards no process of the worker is alive (``leftovers`` tells what was killed)."""
+        if self.proc is None:
+            return
+        before = self.tree()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.leftovers.append(f"worker {self.host} still running {timeout} s after SIGTERM")
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+        stray = [p for p in before if _alive(p)]
+        if stray:
+            self.leftovers.extend(f"SIGKILLed {d}" for d in describe(stray))
+            for p in stray:
+                try:
+                    p.kill()
+                except psutil.NoSuchProcess:
+                    pass
+            psutil.wait_procs(stray, timeout=5)
+        self.proc = None
