@@ -80,9 +80,9 @@ def test_the_default_plan_of_3000_tasks_fits_max_map_length(
     dag_tester: ah.DagTester, tmp_path: Path
 ) -> None:
     """With no ``max_map_length`` given, the plan task groups the 3,000 tasks into at most
-    Airflow's ``[core] max_map_length`` (1,024) mapped instances: 952 of 3, then 72 of 2. Only the setup
-    and plan tasks run (``dag.partial_subset``; and the finish teardown), and the plan's XCom
-    stays small."""
+    Airflow's ``[core] max_map_length`` (1,024) mapped instances: 952 of 3, then 72 of 2.
+    Only the setup and plan tasks run (``dag.partial_subset``; and the finish teardown), and
+    the plan's XCom stays small."""
     import json
 
     from airflow.models.xcom import XComModel
