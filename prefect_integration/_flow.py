@@ -63,7 +63,7 @@ from ._cancel import (
     mode_of_state,
 )
 from ._params import RESUME_PARAMETER, flow_signature, path_defaults
-from ._tasks import cache_key, group_name, group_tasks, remember_job, run_group
+from ._tasks import cache_key, remember_job, run_group
 
 __all__ = (
     "DEFAULT_MAX_TASK_RUNS_PER_STEP",
@@ -219,9 +219,9 @@ def _submit_step(
         {t for r in _requirements(job, step) for t in config.host_requirements.get(r, [])}
     )
     futures = []
-    for group in group_tasks(originals, config.max_task_runs_per_step):
+    for group in core.group_tasks(originals, config.max_task_runs_per_step):
         options: dict[str, Any] = {
-            "task_run_name": group_name(step, group),
+            "task_run_name": core.group_label(group),
             "retries": config.task_retries,
             "retry_delay_seconds": config.task_retry_delay_seconds,
         }

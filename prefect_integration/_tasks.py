@@ -1,7 +1,7 @@
 """The Prefect task that runs a group of one step's OpenJD tasks (translation only).
 
 One Prefect task run stands for a fixed group of a step's *original* tasks
-(``PreparedJob.plan_step`` with no records, sliced by ``group_tasks``). In its body the core
+(``PreparedJob.plan_step`` with no records, sliced by ``core.group_tasks``). In its body the core
 decides what runs now (``core.plan_group``: finished tasks drop out, checkpointed tasks resume,
 interrupted chunks keep their unfinished frames) and runs it in one OpenJD session
 (``core.run_tasks``), under per-task leases and the run's termination requests.
@@ -14,7 +14,6 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from openjd.model import IntRangeExpr
 from prefect import get_run_logger, task
 from prefect.states import Cancelled
 from prefect.transactions import get_transaction
@@ -22,7 +21,7 @@ from prefect.transactions import get_transaction
 import core
 from core import CheckpointStore, PreparedJob, TaskOutcome, TaskSpec
 
-__all__ = ("group_name", "group_tasks", "job_for", "remember_job", "run_group")
+__all__ = ("job_for", "remember_job", "run_group")
 
 _JOBS: dict[tuple[str, str], PreparedJob] = {}
 _JOBS_LOCK = threading.Lock()
@@ -47,46 +46,6 @@ def job_for(store: CheckpointStore, job_key: str, run_id: str) -> PreparedJob:
         job = core.prepare_run_job(store, job_key, run_id)
         remember_job(job, run_id)
     return job
-
-
-def group_tasks(specs: Sequence[TaskSpec], max_groups: int) -> list[list[TaskSpec]]:
-    """Split a step's tasks into at most ``max_groups`` contiguous, balanced groups (sizes
-    differ by at most one), in order.
-
-    Raises:
-        ValueError: ``max_groups`` < 1.
-    """
-    if max_groups < 1:
-        raise ValueError(f"max_task_runs_per_step must be 1 or more, not {max_groups}")
-    n = len(specs)
-    count = min(n, max_groups)
-    groups: list[list[TaskSpec]] = []
-    start = 0
-    for i in range(count):
-        size = n // count + (1 if i < n % count else 0)
-        groups.append(list(specs[start : start + size]))
-        start += size
-    return groups
-
-
-def group_name(step: str, specs: Sequence[TaskSpec]) -> str:
-    """A group's task run name: the task's label (``Render[Frame=1-4]``) for one task; for
-    several tasks of one integer (or chunk) parameter, the union of their values
-    (``Render[Frame=1-100]``); otherwise the first and last labels (``Step[A=x .. A=z]``)."""
-    if len(specs) == 1:
-        return specs[0].label
-    names = list(specs[0].parameters)
-    if len(names) == 1:
-        try:
-            frames: set[int] = set()
-            for spec in specs:
-                frames.update(IntRangeExpr.from_str(str(spec.parameters[names[0]].value)))
-            return f"{step}[{names[0]}={IntRangeExpr.from_list(sorted(frames))}]"
-        except (ValueError, TypeError):
-            pass
-    first = specs[0].label[len(step) + 1 : -1]
-    last = specs[-1].label[len(step) + 1 : -1]
-    return f"{step}[{first} .. {last}]"
 
 
 def cache_key(

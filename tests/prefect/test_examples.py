@@ -34,7 +34,12 @@ def test_chunked_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     names = sorted(r.name for r in ph.task_runs(state.state_details.flow_run_id))
     # 6 chunks of 2 frames in at most 4 task runs: 2, 2, 1 and 1 chunks
     assert names == sorted(
-        ["Render[Frame=1-4]", "Render[Frame=5-8]", "Render[Frame=9-10]", "Render[Frame=11-12]"]
+        [
+            "Render[Frame=1-4] (2 tasks)",
+            "Render[Frame=5-8] (2 tasks)",
+            "Render[Frame=9-10]",
+            "Render[Frame=11-12]",
+        ]
     )
     assert len(list(out.iterdir())) == 12
     ph.wait_for_logs(state.state_details.flow_run_id, "rendering 12 frames")
