@@ -590,3 +590,124 @@ def artifacts(flow_run_id: uuid.UUID) -> list[Artifact]:
         return client.read_artifacts(
             flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
         )
+
+
+# --------------------------------------------------------------------------- partitions
+
+
+def kill_tree_sparing(proc: ManagedProcess, spare_pgid: int, timeout: float = 30.0) -> list[int]:
+    """SIGKILL ``proc`` and every descendant except the members of process group
+    ``spare_pgid`` (a task process in a session of its own that outlives its runner: the runner
+    died, or its host dropped off the network). Waits until the killed ones are gone (or
+    zombies) and returns their pids; fails if one is still alive after ``timeout`` seconds."""
+    victims: list[psutil.Process] = []
+    for p in proc.tree():
+        try:
+            if os.getpgid(p.pid) != spare_pgid:
+                victims.append(p)
+        except ProcessLookupError:
+            continue
+    groups = set()
+    for p in victims:
+        try:
+            groups.add(os.getpgid(p.pid))
+        except ProcessLookupError:
+            continue
+    for group in groups - {spare_pgid}:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for p in victims:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    proc.proc.wait(timeout=10)
+    deadline = time.monotonic() + timeout
+    while any(not exited(p.pid) for p in victims):
+        if time.monotonic() > deadline:
+            alive = [p.pid for p in victims if not exited(p.pid)]
+            raise AssertionError(f"processes {alive} of {proc.name} survived SIGKILL")
+        time.sleep(0.1)
+    return [p.pid for p in victims]
+
+
+def exited(pid: int) -> bool:
+    """True once ``pid`` and all its threads have exited (it may be an unreaped zombie). The
+    leader of a thread group shows as a zombie while its other threads still exit and still
+    hold the process's descriptors (and so its locks); this waits for those threads too."""
+    try:
+        if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+            return False
+        return len(os.listdir(f"/proc/{pid}/task")) <= 1
+    except (psutil.NoSuchProcess, FileNotFoundError):
+        return True
+
+
+def flock_holders(path: Path) -> list[int]:
+    """The pids that took the ``flock``s held on ``path`` (Linux ``/proc/locks``), for a
+    failure message."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return []
+    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    pids = []
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == inode:
+            pids.append(int(fields[4]))
+    return pids
+
+
+def freeze_group(pgid: int, timeout: float = 30.0) -> None:
+    """SIGSTOP process group ``pgid`` and wait until its leader is stopped. A frozen process
+    neither ends on its own nor handles a signal: any signal but SIGKILL sent to it stays
+    pending (``signals_pending``) and a SIGKILL makes it disappear, so whoever signals it later
+    is seen."""
+    os.killpg(pgid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout
+    while psutil.Process(pgid).status() != psutil.STATUS_STOPPED:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"process {pgid} did not stop on SIGSTOP")
+        time.sleep(0.05)
+
+
+def signals_pending(pid: int) -> list[str]:
+    """The signals sent to ``pid`` (any of its threads) and not handled yet, by name (Linux:
+    the ``SigPnd``/``ShdPnd`` masks of ``/proc``). Empty for a frozen process nobody signalled."""
+    mask = 0
+    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+        try:
+            text = status.read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            key, _, value = line.partition(":")
+            if key in ("SigPnd", "ShdPnd"):
+                mask |= int(value.strip(), 16)
+    names = []
+    for bit in range(64):
+        if mask & (1 << bit):
+            try:
+                names.append(signal.Signals(bit + 1).name)
+            except ValueError:
+                names.append(f"signal {bit + 1}")
+    return names
+
+
+def kill_group_and_wait(leader: psutil.Process, timeout: float = 30.0) -> None:
+    """SIGKILL the process group that ``leader`` leads (also a frozen one) and wait until the
+    leader is gone. Nothing is signalled once the leader is gone (its pid may be reused)."""
+    if not leader.is_running():  # compares the start time too
+        return
+    try:
+        os.killpg(leader.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while pid_alive(leader.pid):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"process group {leader.pid} survived SIGKILL")
+        time.sleep(0.1)
