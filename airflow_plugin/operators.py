@@ -464,7 +464,8 @@ class OpenJDTaskOperator(BaseOperator):
         self._log_plan(store, attempt, originals, specs)
         writer = _StateStoreWriter(context.get("task_state_store"), self.log)
         labels = [s.label for s in originals]
-        self._write_summary(store, attempt, originals, labels, writer)
+        if specs != originals:  # what an earlier try left, shown from the start
+            self._write_summary(store, attempt, originals, labels, writer)
         if not specs:
             self.log.info("nothing left to run: every task of this group finished earlier")
             writer.close()

@@ -1,0 +1,33 @@
+"""Job templates the benchmarks share."""
+
+from __future__ import annotations
+
+STEP = """\
+specificationVersion: 'jobtemplate-2023-09'
+{extensions}name: Bench
+parameterDefinitions:
+- {{name: Frames, type: INT, default: {frames}}}
+steps:
+- name: Render
+  parameterSpace:
+    taskParameterDefinitions:
+    - {{name: Frame, type: INT, range: "1-{{{{Param.Frames}}}}"}}
+  script:
+    actions:
+      onRun: {{command: bash, args: ["-c", "true"]}}
+"""
+
+FINALLY = """\
+finally:
+- name: Cleanup
+  script:
+    actions:
+      onRun: {command: bash, args: ["-c", "true"]}
+"""
+
+
+def trivial_template(frames: int, *, with_finally: bool = False) -> str:
+    """A step of ``frames`` tasks that each run ``bash -c true`` (and a finally step that does
+    the same, with ``with_finally``)."""
+    text = STEP.format(frames=frames, extensions="extensions: [FINALLY]\n" if with_finally else "")
+    return text + (FINALLY if with_finally else "")

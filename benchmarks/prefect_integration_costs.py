@@ -1,0 +1,158 @@
+"""The Prefect integration's costs, each printed beside a baseline measured in the same run
+(no pass/fail: goals are printed, not asserted).
+
+1. Building the flow of a 10,000-task template (``flow_from_template``) and planning its
+   tasks into task runs (what a flow run does before it submits anything), against
+   openjd-model alone doing the least it can (decode the template, create the job, iterate
+   the step's parameter space).
+2. A trivial task (``bash -c true``) through the integration against a plain Prefect task
+   running the same command in a subprocess, both in flows of TASKS task runs on Prefect's
+   ephemeral server: the median task run time (Prefect's ``total_run_time``, seconds) and the
+   whole flow run. Goal: within 10 %.
+
+Usage (in the Prefect virtualenv):
+    .venv-prefect/bin/python benchmarks/prefect_integration_costs.py [TASKS]   (default 30)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+TASKS = int(sys.argv[1]) if len(sys.argv) > 1 else 30
+HOME = Path(tempfile.mkdtemp(prefix="openjd-prefect-bench-"))
+os.environ["PREFECT_HOME"] = str(HOME / "prefect")
+os.environ.pop("PREFECT_API_URL", None)  # Prefect's ephemeral server
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")  # migrations
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+from _templates import trivial_template  # noqa: E402  (benchmarks/, the script's folder)
+from prefect import flow, get_client, task  # noqa: E402
+from prefect.task_runners import ThreadPoolTaskRunner  # noqa: E402
+
+
+def model_floor(path: Path) -> float:
+    """openjd-model alone: decode, create the job, walk the parameter space."""
+    import yaml
+    from openjd.model import (
+        StepParameterSpaceIterator,
+        create_job,
+        decode_job_template,
+        preprocess_job_parameters,
+    )
+
+    started = time.perf_counter()
+    template = decode_job_template(template=yaml.safe_load(path.read_text()))
+    params = preprocess_job_parameters(
+        job_template=template,
+        job_parameter_values={},
+        environment_templates=[],
+        job_template_dir=path.parent,
+        current_working_dir=path.parent,
+    )
+    job = create_job(job_template=template, job_parameter_values=params)
+    count = sum(1 for _ in StepParameterSpaceIterator(space=job.steps[0].parameterSpace))
+    assert count == 10_000
+    return time.perf_counter() - started
+
+
+def ours_build_and_plan(path: Path) -> float:
+    import core
+    from prefect_integration import flow_from_template
+
+    started = time.perf_counter()
+    flow_from_template(path, store=str(HOME / "store"))
+    job = core.prepare_job(path, {})
+    groups = core.group_tasks(job.plan_step("Render"), 100)
+    [core.group_label(g) for g in groups]
+    assert sum(len(g) for g in groups) == 10_000
+    return time.perf_counter() - started
+
+
+@task
+def plain_task(command: str) -> int:
+    return subprocess.run(["bash", "-c", command], check=True).returncode
+
+
+@flow(task_runner=ThreadPoolTaskRunner(max_workers=1))
+def plain_flow(tasks: int) -> None:
+    futures = [plain_task.submit("true") for _ in range(tasks)]
+    for f in futures:
+        f.result()
+
+
+async def run_times(flow_run_id) -> list[float]:
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    async with get_client() as client:
+        runs = await client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+        )
+    wanted = [r for r in runs if r.name.startswith(("Render", "plain")) and r.end_time]
+    return [r.total_run_time.total_seconds() for r in wanted]
+
+
+def timed(fn, **params) -> tuple[list[float], float]:
+    started = time.perf_counter()
+    state = fn(return_state=True, **params)
+    seconds = time.perf_counter() - started
+    assert state.is_completed(), state
+    deadline = time.monotonic() + 120  # the server records task runs from events, in batches
+    while len(times := asyncio.run(run_times(state.state_details.flow_run_id))) < TASKS:
+        assert time.monotonic() < deadline, f"{len(times)} of {TASKS} task runs recorded"
+        time.sleep(0.5)
+    return times, seconds
+
+
+def main() -> None:
+    big = HOME / "big.yaml"
+    big.write_text(trivial_template(10_000))
+    small = HOME / "small.yaml"
+    small.write_text(trivial_template(TASKS))
+
+    model_floor(big)  # imports
+    ours_build_and_plan(big)
+    floor = statistics.median(model_floor(big) for _ in range(3))
+    ours = statistics.median(ours_build_and_plan(big) for _ in range(3))
+    print("\n1. a 10,000-task template: build the flow and plan its tasks (median of 3)")
+    print(f"   openjd-model alone (decode, create, iterate)  {floor * 1000:8.1f} ms")
+    print(f"   flow_from_template + plan + group (ours)      {ours * 1000:8.1f} ms"
+          f"   ratio {ours / floor:.2f}")  # fmt: skip
+
+    from prefect_integration import flow_from_template
+
+    ours_flow = flow_from_template(
+        small, store=str(HOME / "store"), max_task_runs_per_step=TASKS, max_workers=1
+    )
+    print(f"\nstarting Prefect's ephemeral server and running {TASKS}-task flows...", flush=True)
+    results: dict[str, list[tuple[list[float], float]]] = {"plain": [], "ours": []}
+    timed(plain_flow, tasks=TASKS)  # warm-up (the server starts), not counted
+    timed(ours_flow)
+    for name in ("plain", "ours", "plain", "ours"):  # interleaved
+        if name == "plain":
+            results[name].append(timed(plain_flow, tasks=TASKS))
+        else:
+            results[name].append(timed(ours_flow))
+    print(f"\n2. a trivial task (bash -c true), {TASKS} task runs per flow run, x2")
+    per = {}
+    for name, label in (("plain", "plain Prefect task"), ("ours", "prefect_integration")):
+        per[name] = statistics.median(t for times, _ in results[name] for t in times)
+        whole = statistics.median(s for _, s in results[name])
+        print(f"   {label:20s} per task run {per[name] * 1000:7.1f} ms   "
+              f"whole flow run {whole:6.2f} s")  # fmt: skip
+    ratio = per["ours"] / per["plain"]
+    print(f"   ratio per task run {ratio:.2f}   goal <= 1.10: "
+          f"{'met' if ratio <= 1.10 else 'NOT met'}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
