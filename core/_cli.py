@@ -499,6 +499,10 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument(
+        "--store",
+        help="checkpoint store, for any command (also accepted after the command)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     check = sub.add_parser("check", help="validate a job template")
@@ -519,7 +523,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME=VALUE",
         help="a job parameter value (repeatable), or @FILE of name: value pairs",
     )
-    run.add_argument("--store", help=f"checkpoint store (default: {default_store_location()})")
+    run.add_argument(
+        "--store",
+        help=f"checkpoint store (default: {default_store_location()})",
+        default=argparse.SUPPRESS,
+    )
     run.add_argument(
         "--fresh", action="store_true", help="requeue: run from the top; do not resume"
     )
@@ -570,7 +578,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="resume checkpointed tasks from checkpoint generation N",
     )
-    resume.add_argument("--store", help="checkpoint store")
+    resume.add_argument("--store", help="checkpoint store", default=argparse.SUPPRESS)
     _add_run_options(resume)
     resume.set_defaults(func=_cmd_resume)
 
@@ -595,11 +603,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="wait up to SECONDS for the run to end",
     )
-    stop.add_argument("--store", help="checkpoint store")
+    stop.add_argument("--store", help="checkpoint store", default=argparse.SUPPRESS)
     stop.set_defaults(func=_cmd_stop)
 
     runs = sub.add_parser("runs", help="list stored runs with their states")
-    runs.add_argument("--store", help="checkpoint store")
+    runs.add_argument("--store", help="checkpoint store", default=argparse.SUPPRESS)
     runs.set_defaults(func=_cmd_runs)
 
     gc = sub.add_parser("gc", help="delete runs (and checkpoints) older than the retention")
@@ -610,11 +618,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DAYS",
         help="keep runs updated within DAYS (default: %(default)s)",
     )
-    gc.add_argument("--store", help="checkpoint store")
+    gc.add_argument("--store", help="checkpoint store", default=argparse.SUPPRESS)
     gc.set_defaults(func=_cmd_gc)
 
     ck = sub.add_parser("checkpoints", help="list, show or delete stored runs and checkpoints")
-    ck.add_argument("--store", help="checkpoint store")
+    ck.add_argument("--store", help="checkpoint store", default=argparse.SUPPRESS)
     cks = ck.add_subparsers(dest="action", required=True)
     ls = cks.add_parser("list", help="list stored runs")
     ls.set_defaults(func=_cmd_runs)
