@@ -266,14 +266,18 @@ class OpenJDFinishOperator(BaseOperator):
         outcome = core.finish_attempt(store, job, attempt.run_id)
         cond = outcome.condition
         self.log.info(
-            "core run %s ended %s (%s: %s)",
+            "core run %s ended %s (%s%s)",
             attempt.run_id,
             outcome.status.value,
             cond.reason,
-            cond.message,
+            f": {cond.message}" if cond.message else "",
         )
         if outcome.skipped:
-            self.log.info("not run: %s", ", ".join(outcome.skipped))
+            self.log.info(
+                "not finished (clearing the DAG run's failed tasks, or a new DAG run with "
+                "resume=latest, resumes them): %s",
+                ", ".join(outcome.skipped),
+            )
         if outcome.status != core.RunStatus.SUCCEEDED:
             raise AirflowFailException(
                 f"core run {attempt.run_id} ended {outcome.status.value} "
@@ -562,7 +566,8 @@ class OpenJDTaskOperator(BaseOperator):
         if self._killed_at is not None:
             raise AirflowException(
                 f"stopped by on_kill ({self._kill_reason or 'reason unknown'}); "
-                "what the tasks reported is stored and the next try resumes from it"
+                "what the tasks reported is stored: the next try of this task instance (a "
+                "retry, or clearing it) resumes from it"
             )
         if core.TaskOutcome.FAILED in outcomes:
             failed = [r for r in results if r.outcome == core.TaskOutcome.FAILED]
@@ -693,8 +698,13 @@ class OpenJDTaskOperator(BaseOperator):
                     )
         self._write_summary(store, attempt, originals, labels, writer)
         writer.close(timeout=2.0 if self._killed_at is not None else 10.0)
-        for err in writer.errors:
-            self.log.warning("checkpoint summary not written to the task state store: %s", err)
+        if writer.errors:
+            self.log.warning(
+                "checkpoint summary not written to the task state store (%d time(s); expected "
+                "when the task instance was cleared while it ran: its id is gone): %s",
+                len(writer.errors),
+                writer.errors[0],
+            )
 
     # -- being killed
     def on_kill(self) -> None:
