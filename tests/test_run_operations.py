@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -377,7 +378,9 @@ def test_a_stop_deadline_shortens_the_notify_period(tmp_path: Path) -> None:
     assert ended < deadline, f"still running {ended - deadline:.2f} s after the deadline"
     assert ended - started > 1.0  # after the shortened notify period, not at once
     warning = next(w for w in ex.warnings if "would outlast the stop deadline" in w)
-    assert "notifyPeriodInSeconds 10 s" in warning and "2.0 s from now" in warning
+    assert "notifyPeriodInSeconds 10 s" in warning
+    seconds = float(re.search(r"deadline, ([0-9.]+) s from now", warning).group(1))
+    assert 0 < seconds <= 2.0  # the time left when the stop was applied, as it was then
 
 
 def test_a_stop_request_with_a_deadline_reaches_another_process(tmp_path: Path) -> None:
@@ -768,7 +771,9 @@ def test_stopped_run_finally_starts_no_more_tasks_of_a_group(tmp_path: Path) -> 
     log = tmp_path / "log"
     job = prepare_job(DATA / "sessions_job_env.yaml", {"Log": str(log)})
     attempt = begin_attempt(st, job, external_key="srf-group")
-    specs = job.plan_step("Work")[:3]
+    # Eight tasks of at least 0.2 s: the request (seen within about 0.5 s) lands before the
+    # last one starts, however loaded the machine.
+    specs = job.plan_step("Work")
     box: dict = {}
     t = threading.Thread(
         target=lambda: box.setdefault("r", run_tasks(st, job, attempt.run_id, specs))
