@@ -296,7 +296,7 @@ OPS = st.lists(
 
 
 @settings(
-    max_examples=60,
+    max_examples=200,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
