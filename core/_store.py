@@ -12,6 +12,15 @@ fsync); elsewhere through fsspec's ``pipe_file``, which object stores commit who
 instant leaves the previous version readable. A record that cannot be read is moved aside to
 ``<name>.unreadable-<time>`` and reported; it is never overwritten.
 
+The store never writes, moves or deletes anything outside its root. Every path it touches goes
+through one check (``_checked``): a name below the root with no empty, ``.`` or ``..``
+component; on a local store also no symbolic link in any folder on the way (the root itself
+may be a link: it is what the user named). Record files are opened with ``O_NOFOLLOW``, read
+only when they are regular files of at most ``MAX_RECORD_BYTES``, and folders are made one
+component at a time. Anything else is refused with a ``StoreError`` naming the path and why, or,
+for a record, set aside like any unreadable record. Every operating-system error becomes a
+``StoreError`` naming the path and the reason.
+
 Implements the storage side of the CHECKPOINT RFC idea (seed 000: "each save supersedes the
 previous one"; a scheduler "could offer a history of checkpoints") and Trax's "a run that
 completes deletes its checkpoints" (seed 001).
@@ -20,11 +29,14 @@ completes deletes its checkpoints" (seed 001).
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import posixpath
 import re
+import shutil
 import socket
+import stat
 import tempfile
 import time
 import uuid
@@ -64,6 +76,17 @@ SCHEMA_VERSION = 1
 
 DEFAULT_KEEP_GENERATIONS = 3
 """How many checkpoint generations of each task the store keeps."""
+
+
+MAX_RECORD_BYTES = 64 * 1024 * 1024
+"""The largest file the store reads as a record. A record holds at most a few checkpoint states
+of ``DEFAULT_MAX_STATE_BYTES`` (128 KiB) and file lists; anything larger is not a record: it is
+set aside unread, like any unreadable record."""
+
+
+class _NotARecordError(Exception):
+    """A record path holds something the store does not read (a link, a FIFO, a folder, a file
+    over ``MAX_RECORD_BYTES``): it is set aside like an unreadable record."""
 
 
 HOST_ID_VARIABLE = "OPENJD_CHECKPOINT_HOST_ID"
@@ -349,48 +372,160 @@ class CheckpointStore:
             self._run_dir(job_key, run_id), "tasks", f"{task_id}.gen-{gen:06d}.json"
         )
 
-    # --- low level -----------------------------------------------------------------------------
+    # --- low level: every path the store touches goes through these -------------------------
+    def _checked(self, path: str, *, whole: bool = False) -> str:
+        """``path`` if the store may touch it, else StoreError.
+
+        Any store: ``path`` is a name strictly below the root with no empty, ``.`` or ``..``
+        component. Local store: no folder between the root and ``path`` (and, with ``whole``,
+        not ``path`` itself) is a symbolic link or anything but a folder, so nothing the store
+        does through ``path`` reaches outside the root."""
+        prefix = self.root if self.root.endswith("/") else self.root + "/"
+        parts = path[len(prefix) :].split("/") if path.startswith(prefix) else []
+        if not parts or any(part in ("", ".", "..") for part in parts):
+            raise StoreError(
+                f"checkpoint store {self.location!r}: refusing {path!r}: not a name inside the "
+                "store"
+            )
+        if not self._local:
+            return path
+        current = self.root
+        for index, part in enumerate(parts):
+            current = posixpath.join(current, part)
+            last = index == len(parts) - 1
+            if last and not whole:
+                break
+            try:
+                mode = os.lstat(current).st_mode
+            except FileNotFoundError:
+                break
+            except OSError as exc:
+                raise StoreError(f"cannot use {self._where(current)}: {_reason(exc)}") from None
+            if stat.S_ISLNK(mode):
+                raise StoreError(self._link_refused(current))
+            if not last and not stat.S_ISDIR(mode):
+                raise StoreError(f"cannot use {self._where(current)}: it is not a folder")
+        return path
+
+    def _link_refused(self, path: str) -> str:
+        try:
+            target = os.readlink(path)
+        except OSError:
+            target = "?"
+        return (
+            f"checkpoint store {self.location!r}: {path} is a symbolic link (to {target}); the "
+            "store follows no links below its root, so that it never writes, moves or deletes "
+            "anything outside it: replace the link with a folder (or remove it)"
+        )
+
+    def _makedirs(self, directory: str) -> None:
+        """Make ``directory`` and its missing parents below the root, one component at a time,
+        refusing links (OSError is the caller's to turn into a StoreError)."""
+        if not self._local:
+            self.fs.makedirs(directory, exist_ok=True)
+            return
+        self._checked(directory, whole=True)
+        current = self.root
+        for part in directory[len(self.root) :].strip("/").split("/"):
+            current = posixpath.join(current, part)
+            try:
+                os.mkdir(current, 0o777)
+            except FileExistsError:
+                pass
+            mode = os.lstat(current).st_mode
+            if stat.S_ISLNK(mode):
+                raise StoreError(self._link_refused(current))
+            if not stat.S_ISDIR(mode):
+                raise StoreError(f"cannot use {self._where(current)}: it is not a folder")
+
     def _write(self, path: str, data: dict[str, Any]) -> None:
         payload = (json.dumps(data, indent=1, sort_keys=True) + "\n").encode("utf-8")
+        self._checked(path)
         parent = posixpath.dirname(path)
         try:
+            self._makedirs(parent)
             if self._local:
-                os.makedirs(parent, exist_ok=True)
                 fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=parent)
                 try:
                     with os.fdopen(fd, "wb") as fh:
                         fh.write(payload)
                         fh.flush()
                         os.fsync(fh.fileno())
-                    os.replace(tmp, path)
+                    os.replace(tmp, path)  # replaces a link at ``path`` itself, never its target
                 except BaseException:
                     try:
                         os.unlink(tmp)
                     except OSError:
                         pass
                     raise
-                dfd = os.open(parent, os.O_RDONLY)
+                dfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
                 try:
                     os.fsync(dfd)
                 finally:
                     os.close(dfd)
             else:
-                self.fs.makedirs(parent, exist_ok=True)
                 self.fs.pipe_file(path, payload)
         except OSError as exc:
-            raise StoreError(f"cannot write {self._where(path)}: {exc}") from None
+            raise StoreError(f"cannot write {self._where(path)}: {_reason(exc)}") from None
 
     def _where(self, path: str) -> str:
         return f"checkpoint store {self.location!r}, record {path}"
 
-    def _read(self, path: str, model: type[Any]) -> Any:
+    def _read_bytes(self, path: str) -> bytes | None:
+        """The bytes of the record file at ``path``, None if there is none.
+
+        Raises:
+            _NotARecordError: not a regular file, or larger than ``MAX_RECORD_BYTES`` (never read).
+            StoreError: it cannot be read (the operating system's reason).
+        """
+        self._checked(path)
         try:
-            raw = self.fs.cat_file(path)
+            if not self._local:
+                info = self.fs.info(path)
+                if info.get("type") != "file":
+                    raise _NotARecordError(f"not a regular file but a {info.get('type')}")
+                if int(info.get("size") or 0) > MAX_RECORD_BYTES:
+                    raise _NotARecordError(_too_large(int(info["size"])))
+                raw = self.fs.cat_file(path)
+                if len(raw) > MAX_RECORD_BYTES:
+                    raise _NotARecordError(_too_large(len(raw)))
+                return bytes(raw)
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+            try:
+                fd = os.open(path, flags)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENXIO, errno.EOPNOTSUPP):
+                    raise _NotARecordError(f"not a regular file ({_reason(exc)})") from None
+                raise
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    raise _NotARecordError(f"not a regular file but a {_kind(st.st_mode)}")
+                if st.st_size > MAX_RECORD_BYTES:
+                    raise _NotARecordError(_too_large(st.st_size))
+                chunks: list[bytes] = []
+                size = 0
+                while True:
+                    chunk = os.read(fd, min(1 << 20, MAX_RECORD_BYTES + 1 - size))
+                    if not chunk:
+                        break
+                    chunks.append(chunk)
+                    size += len(chunk)
+                    if size > MAX_RECORD_BYTES:
+                        raise _NotARecordError(_too_large(size))
+                return b"".join(chunks)
+            finally:
+                os.close(fd)
         except FileNotFoundError:
             return None
         except OSError as exc:
-            raise StoreError(f"cannot read {self._where(path)}: {exc}") from None
+            raise StoreError(f"cannot read {self._where(path)}: {_reason(exc)}") from None
+
+    def _read(self, path: str, model: type[Any]) -> Any:
         try:
+            raw = self._read_bytes(path)
+            if raw is None:
+                return None
             obj = json.loads(raw.decode("utf-8"))
             if (
                 isinstance(obj, dict)
@@ -415,7 +550,7 @@ class CheckpointStore:
                             f"{parts[index]!r}"
                         )
             return rec
-        except (ValueError, RecursionError, ValidationError) as exc:
+        except (_NotARecordError, ValueError, RecursionError, ValidationError) as exc:
             # ValueError covers UnicodeDecodeError, JSONDecodeError and over-long integers
             aside = self._move_aside(path)
             raise StoreError(
@@ -423,12 +558,71 @@ class CheckpointStore:
             ) from None
 
     def _move_aside(self, path: str) -> str:
-        aside = f"{path}.unreadable-{int(time.time())}"
+        """Rename ``path`` (whatever it is: a link is moved, not followed) to a fresh
+        ``<path>.unreadable-<time>`` beside it; ``path`` itself if that fails."""
+        stamp = int(time.time())
         try:
-            self.fs.mv(path, aside)
-        except OSError:
-            return path
-        return aside
+            self._checked(path)
+            for n in range(100):
+                aside = f"{path}.unreadable-{stamp}" + (f"-{n}" if n else "")
+                if self._local:
+                    if os.path.lexists(aside):
+                        continue
+                    os.rename(path, aside)
+                else:
+                    if self.fs.exists(aside):
+                        continue
+                    self.fs.mv(path, aside, recursive=True)
+                return aside
+        except (OSError, StoreError):
+            pass
+        return path
+
+    def _remove_file(self, path: str) -> None:
+        """Delete the file (or link: never its target) at ``path`` if there is one; a folder
+        there is left alone (the store makes none at a file's name). OSError is the caller's."""
+        self._checked(path)
+        if self._local:
+            try:
+                if stat.S_ISDIR(os.lstat(path).st_mode):
+                    return
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            return
+        if self.fs.exists(path) and not self.fs.isdir(path):
+            self.fs.rm(path)
+
+    def _remove_tree(self, path: str) -> None:
+        """Delete the folder ``path`` and everything in it (a link inside is removed, never
+        followed; ``path`` itself must not be a link). OSError is the caller's."""
+        self._checked(path, whole=True)
+        if self._local:
+            if os.path.lexists(path):
+                shutil.rmtree(path)
+            return
+        if self.fs.exists(path):
+            self.fs.rm(path, recursive=True)
+
+    def _open_lock(self, path: str) -> int:
+        """An open descriptor of the regular lock file ``path`` (made if missing) on a local
+        store. OSError is the caller's; a link or a non-file there is a StoreError."""
+        self._checked(path)
+        self._makedirs(posixpath.dirname(path))
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+        try:
+            fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0), 0o600)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise StoreError(self._link_refused(path)) from None
+            raise
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            os.close(fd)
+            raise StoreError(
+                f"cannot lock {self._where(path)}: it is a {_kind(mode)}, not a regular file"
+            )
+        return fd
 
     # --- runs ----------------------------------------------------------------------------------
     def write_run(self, record: RunRecord) -> None:
@@ -448,7 +642,12 @@ class CheckpointStore:
         for key in keys:
             if not _JOB_KEY.fullmatch(key):
                 continue
-            for run_id in self._ls_names(posixpath.join(self.root, "jobs", key, "runs")):
+            try:
+                run_ids = self._ls_names(posixpath.join(self.root, "jobs", key, "runs"))
+            except StoreError as exc:
+                warnings.append(str(exc))
+                continue
+            for run_id in run_ids:
                 if not is_run_id(run_id):
                     continue
                 try:
@@ -477,19 +676,28 @@ class CheckpointStore:
         """Delete a run with its task records and checkpoints."""
         path = self._run_dir(job_key, run_id)
         try:
-            if self.fs.exists(path):
-                self.fs.rm(path, recursive=True)
+            self._remove_tree(path)
         except OSError as exc:
-            raise StoreError(f"cannot delete {self._where(path)}: {exc}") from None
+            raise StoreError(f"cannot delete {self._where(path)}: {_reason(exc)}") from None
 
     def _ls_names(self, path: str) -> list[str]:
+        """The names in the folder ``path`` (none if it is missing).
+
+        Raises:
+            StoreError: it is a link, not a folder, or cannot be listed."""
+        self._checked(path, whole=True)
         try:
-            entries = self.fs.ls(path, detail=False)
+            if self._local:
+                names = os.listdir(path)
+            else:
+                names = [
+                    posixpath.basename(str(e).rstrip("/")) for e in self.fs.ls(path, detail=False)
+                ]
         except FileNotFoundError:
             return []
         except OSError as exc:
-            raise StoreError(f"cannot list {self._where(path)}: {exc}") from None
-        return sorted(posixpath.basename(str(e).rstrip("/")) for e in entries)
+            raise StoreError(f"cannot list {self._where(path)}: {_reason(exc)}") from None
+        return sorted(n for n in names if n not in ("", ".", "..") and "/" not in n)
 
     def delete_checkpoints(self, run: RunRecord) -> None:
         """Delete a run's task records and checkpoints, keeping its run record (the tombstone
@@ -498,9 +706,9 @@ class CheckpointStore:
         try:
             for name in self._ls_names(path):
                 if ".unreadable-" not in name:  # kept for a person to look at
-                    self.fs.rm(posixpath.join(path, name))
+                    self._remove_file(posixpath.join(path, name))
         except OSError as exc:
-            raise StoreError(f"cannot delete {self._where(path)}: {exc}") from None
+            raise StoreError(f"cannot delete {self._where(path)}: {_reason(exc)}") from None
 
     # --- concurrent updates, stop requests and leases -------------------------------------------
     @contextlib.contextmanager
@@ -525,10 +733,9 @@ class CheckpointStore:
         import fcntl
 
         try:
-            os.makedirs(posixpath.dirname(path), exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            fd = self._open_lock(path)
         except OSError as exc:
-            raise StoreError(f"cannot lock {self._where(path)}: {exc}") from None
+            raise StoreError(f"cannot lock {self._where(path)}: {_reason(exc)}") from None
         try:
             end = time.monotonic() + timeout
             while True:
@@ -642,10 +849,9 @@ class CheckpointStore:
         base = self._session_base(job_key, run_id, session_id)
         try:
             for suffix in (".json", ".lock", ".lease.json"):
-                if self.fs.exists(base + suffix):
-                    self.fs.rm(base + suffix)
+                self._remove_file(base + suffix)
         except OSError as exc:
-            raise StoreError(f"cannot delete {self._where(base)}: {exc}") from None
+            raise StoreError(f"cannot delete {self._where(base)}: {_reason(exc)}") from None
 
     def list_sessions(self, job_key: str, run_id: str) -> list[SessionRecord]:
         """The open (or abandoned) sessions of a run; unreadable records are set aside."""
@@ -687,8 +893,7 @@ class CheckpointStore:
             if self._local:
                 import fcntl
 
-                os.makedirs(posixpath.dirname(base), exist_ok=True)
-                fd = os.open(base + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+                fd = self._open_lock(base + ".lock")
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except OSError:
@@ -696,13 +901,14 @@ class CheckpointStore:
                     return None
                 return Lease(self, base, fd=fd, ttl=ttl_seconds)
         except OSError as exc:
-            raise StoreError(f"cannot take the lease {self._where(base)}: {exc}") from None
+            raise StoreError(f"cannot take the lease {self._where(base)}: {_reason(exc)}") from None
         path = base + ".lease.json"
         try:
-            current = json.loads(self.fs.cat_file(path))
+            raw = self._read_bytes(path)
+            current = json.loads(raw) if raw is not None else {}
             if float(current.get("expires_at", 0)) > time.time():
                 return None
-        except (FileNotFoundError, ValueError, OSError):
+        except (_NotARecordError, ValueError, TypeError, AttributeError):
             pass
         lease = Lease(self, base, fd=None, ttl=ttl_seconds)
         lease.renew()
@@ -760,9 +966,9 @@ class CheckpointStore:
         try:
             for name in self._ls_names(tdir):
                 if name == f"{tid}.json" or name.startswith(f"{tid}.gen-"):
-                    self.fs.rm(posixpath.join(tdir, name))
+                    self._remove_file(posixpath.join(tdir, name))
         except OSError as exc:
-            raise StoreError(f"cannot delete {self._where(tdir)}: {exc}") from None
+            raise StoreError(f"cannot delete {self._where(tdir)}: {_reason(exc)}") from None
 
     def commit_checkpoint(self, record: TaskRecord, checkpoint: CheckpointData) -> None:
         """Store a new checkpoint generation, then the task record that points at it; drop
@@ -776,10 +982,8 @@ class CheckpointStore:
         if old >= 1:
             try:
                 for gen in range(max(1, old - 2), old + 1):
-                    p = self._gen_path(record.job_key, record.run_id, tid, gen)
-                    if self.fs.exists(p):
-                        self.fs.rm(p)
-            except OSError:
+                    self._remove_file(self._gen_path(record.job_key, record.run_id, tid, gen))
+            except (OSError, StoreError):
                 pass  # history clean-up is best effort; the record is already committed
 
     def read_tasks(self, job_key: str, run_id: str) -> tuple[list[TaskRecord], list[str]]:
@@ -874,8 +1078,8 @@ class Lease:
             self._fd = None
             return
         try:
-            self._store.fs.rm(self._base + ".lease.json")
-        except OSError:
+            self._store._remove_file(self._base + ".lease.json")
+        except (OSError, StoreError):
             pass
 
 
@@ -903,3 +1107,28 @@ def _short(exc: BaseException) -> str:
         )
     text = str(exc).splitlines()
     return text[0] if text else type(exc).__name__
+
+
+def _reason(exc: OSError) -> str:
+    """The operating system's reason, without repeating the path the message names already."""
+    if exc.strerror:
+        return exc.strerror if exc.errno is None else f"{exc.strerror} (errno {exc.errno})"
+    return str(exc) or type(exc).__name__
+
+
+def _too_large(size: int) -> str:
+    return f"{size} bytes, more than the {MAX_RECORD_BYTES} bytes a record may have; not read"
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISDIR, "folder"),
+        (stat.S_ISFIFO, "FIFO"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+        (stat.S_ISLNK, "symbolic link"),
+    ):
+        if test(mode):
+            return name
+    return "special file"
