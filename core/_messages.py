@@ -6,6 +6,7 @@ Implements the existing 2023-09 messages (``openjd_progress``, ``openjd_status``
 RFC idea (seed 000, "Messages from the task to the scheduler"):
 
 - ``openjd_checkpoint_files: {"files": [...], "dirs": [...], "mode": "ACCUMULATE"|"RESET"}``
+  (absolute paths)
 - ``openjd_task_complete: {"<CHUNK[INT] parameter name>": <int>}``
 - ``openjd_checkpoint_save: {"state": "...", "file": "/abs/path"}`` (both keys optional)
 - ``openjd_checkpoint_resume_status: {"status": "RESUMED"|"DISCARDED"}``
@@ -216,7 +217,20 @@ def _str_list(value: Any, key: str) -> tuple[str, ...]:
     for v in value:
         if not v or "\x00" in v:
             raise _MalformedError(f"'{key}' holds an empty path or one with a NUL character")
+        if not _is_absolute(v):
+            raise _MalformedError(f"'{key}' must hold absolute paths, got {v!r}")
     return tuple(value)
+
+
+_WINDOWS_ABSOLUTE = re.compile(r"[A-Za-z]:[\\/]")
+
+
+def _is_absolute(path: str) -> bool:
+    """The one path rule of ``openjd_checkpoint_files`` and ``openjd_checkpoint_save``: a path
+    is absolute (POSIX ``/...`` or a Windows drive ``C:\\...``), else the message is refused. A
+    relative path could only mean the action's working directory, which is the session working
+    directory that is deleted when the task ends (see docs/decisions.md)."""
+    return path.startswith("/") or _WINDOWS_ABSOLUTE.match(path) is not None
 
 
 def _progress(body: str, _cap: int) -> MessageEvent:
@@ -304,7 +318,7 @@ def _save(body: str, cap: int) -> MessageEvent:
             file.encode("utf-8")
         except UnicodeEncodeError:
             raise _MalformedError("'file' holds a lone surrogate; not valid Unicode") from None
-        if not (file.startswith("/") or re.match(r"^[A-Za-z]:[\\/]", file)):
+        if not _is_absolute(file):
             raise _MalformedError(f"'file' must be an absolute path, got {file!r}")
     return CheckpointSave(state=state, file=file)
 

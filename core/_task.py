@@ -9,8 +9,8 @@ external, job and step environments entered in order (variables, embedded files,
 and exited in reverse (``onExit``), ``openjd_env``/``openjd_unset_env``/``openjd_redacted_env``
 from ``onEnter``, embedded files, action timeouts and ``cancel_info.json``. What CHECKPOINT adds
 (seed 000): ``onCheckpointResume`` with ``Task.Checkpoint.State``/``File``, the two stop intents
-(``cancelation`` abandons, ``checkpointCancelation`` preserves), and every checkpoint message
-persisted to the store as it arrives.
+(``cancelation`` abandons, ``checkpointCancelation`` preserves), and every save and finished
+frame persisted to the store as it arrives (the file dataset with each save).
 """
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ from ._store import (
 from ._template import CancelMethod
 
 __all__ = (
+    "DEFAULT_MAX_OUTPUT_WARNINGS",
     "STOP_KILL_MARGIN_SECONDS",
     "StopIntent",
     "TaskEvent",
@@ -76,6 +77,11 @@ __all__ = (
 )
 
 REDACTED = "********"
+
+DEFAULT_MAX_OUTPUT_WARNINGS = 100
+"""How many warnings about a task's output lines (malformed or refused messages, oversized
+lines) are kept and reported one by one; the rest are only counted, and one warning at the end
+of the action says how many more there were. Memory stays flat whatever a task prints."""
 
 STOP_KILL_MARGIN_SECONDS = 0.5
 """How long before a stop deadline the task's processes are killed, in seconds: the time a
@@ -153,6 +159,9 @@ class TaskExecution:
         working_root: parent directory of the session working directory (default: system temp).
         os_env: the environment the actions start from (default: ``os.environ``).
         max_line_bytes / max_state_bytes: protocol caps in bytes.
+        max_output_warnings: how many warnings about output lines are kept in ``warnings`` and
+            reported as events; the rest are counted, and one more warning at the end of each
+            action says ``... and K more``.
         job_status: the run's outcome so far (``Succeeded``, ``Failed``, ``Cancelled``,
             ``Stopped``), the value of ``{{Job.Status}}`` in finally steps.
         session: the ``Session`` to run in, whose environments stay entered for the tasks
@@ -174,6 +183,7 @@ class TaskExecution:
         os_env: dict[str, str] | None = None,
         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
         max_state_bytes: int = DEFAULT_MAX_STATE_BYTES,
+        max_output_warnings: int = DEFAULT_MAX_OUTPUT_WARNINGS,
         job_status: str | None = None,
         session: Session | None = None,
     ) -> None:
@@ -190,6 +200,11 @@ class TaskExecution:
         self._os_env = dict(os.environ if os_env is None else os_env)
         self._max_line = max_line_bytes
         self._max_state = max_state_bytes
+        self._max_output_warnings = max_output_warnings
+        self._output_warnings = 0
+        """Warnings about output lines so far, kept or not."""
+        self._output_warnings_told = 0
+        """Of those over the cap, how many a summary warning has already counted."""
         self._lock = threading.RLock()
         self._stop_intent: StopIntent | None = None
         self._stop_force = False
@@ -211,7 +226,16 @@ class TaskExecution:
         self._marker = uuid.uuid4().hex
         self._dirty = False
         self._pending_save: CheckpointSave | None = None
+        # The checkpoint's file dataset so far, as insertion-ordered sets. The record's
+        # pending_files/pending_dirs are synced from them when a checkpoint is committed and
+        # when the action ends, not on every message: a message costs O(its paths).
+        self._files: dict[str, None] = dict.fromkeys(self._record.pending_files)
+        self._dirs: dict[str, None] = dict.fromkeys(self._record.pending_dirs)
+        self._dataset_changed = False
+        self._save_dataset: tuple[list[str], list[str]] | None = None
+        """The dataset as it was at the pending save, if a later message changed it since."""
         self.warnings: list[str] = []
+        """Warnings so far; those about output lines are capped (``max_output_warnings``)."""
 
     # --- thread-safe public surface -------------------------------------------------------------
     @property
@@ -236,6 +260,8 @@ class TaskExecution:
 
     @property
     def record(self) -> TaskRecord:
+        """A copy of the task's record. While an action runs, its ``pending_files`` and
+        ``pending_dirs`` are those of the last save; they are brought up to date when it ends."""
         with self._lock:
             return self._record.model_copy(deep=True)
 
@@ -537,7 +563,9 @@ class TaskExecution:
         if not env_action:
             with self._lock:
                 self._record.process = None
+                self._sync_dataset()
             self._persist(force=True)
+        self._tell_dropped_warnings()
         self._emit("action_ended", code)
         if env_action and code == 0:
             for name, value in env_changes.items():
@@ -575,7 +603,7 @@ class TaskExecution:
         texts: list[str] = []
         for line in lines:
             if line.oversized:
-                self._warn(
+                self._warn_line(
                     f"output line {line.number}: {line.size} bytes is over the "
                     f"{self._max_line}-byte line cap; the line was dropped and not parsed"
                 )
@@ -592,7 +620,7 @@ class TaskExecution:
                 if bad_utf8:
                     if stripped.startswith(b"openjd_redacted_env"):
                         text = "openjd_redacted_env: " + REDACTED
-                    self._warn(
+                    self._warn_line(
                         f"output line {line.number}: not valid UTF-8; the message was ignored"
                     )
                 else:
@@ -600,14 +628,14 @@ class TaskExecution:
                     if isinstance(result, MessageWarning):
                         if result.kind == "openjd_redacted_env":
                             text = "openjd_redacted_env: " + REDACTED
-                        self._warn(result.describe(line.number))
+                        self._warn_line(result.describe(line.number))
                     elif result is not None:
                         problem = ctx.check(result)
                         if isinstance(result, EnvSet) and result.redacted:
                             self._redacted.add(result.value)
                             text = f"openjd_redacted_env: {result.name}={REDACTED}"
                         if problem is not None:
-                            self._warn(problem.describe(line.number))
+                            self._warn_line(problem.describe(line.number))
                         else:
                             self._apply(result, line.number, env_changes)
             if self._redacted:
@@ -636,7 +664,7 @@ class TaskExecution:
             self._emit("fail", event.message)
         elif isinstance(event, (EnvSet, EnvUnset)):
             if env_changes is None:
-                self._warn(
+                self._warn_line(
                     f"output line {number}: environment variables can only be changed by an "
                     "environment's onEnter; ignored"
                 )
@@ -646,15 +674,15 @@ class TaskExecution:
                 env_changes[event.name] = None
         elif isinstance(event, CheckpointFiles):
             with self._lock:
+                if self._pending_save is not None and self._save_dataset is None:
+                    # A save waits for the end of this batch: it keeps the dataset it saw.
+                    self._save_dataset = (list(self._files), list(self._dirs))
                 if event.mode == FilesMode.RESET:
-                    rec.pending_files, rec.pending_dirs = [], []
-                for f in event.files:
-                    if f not in rec.pending_files:
-                        rec.pending_files.append(f)
-                for d in event.dirs:
-                    if d not in rec.pending_dirs:
-                        rec.pending_dirs.append(d)
-                self._dirty = True
+                    self._files.clear()
+                    self._dirs.clear()
+                self._files.update(dict.fromkeys(event.files))
+                self._dirs.update(dict.fromkeys(event.dirs))
+                self._dataset_changed = True
         elif isinstance(event, TaskComplete):
             with self._lock:
                 if event.frame not in rec.completed_frames:
@@ -671,25 +699,27 @@ class TaskExecution:
                     os.path.realpath(self._session.working_dir) + os.sep
                 )
             ):
-                self._warn(
+                self._warn_line(
                     f"output line {number}: openjd_checkpoint_save names file {event.file!r} in "
                     "the session working directory, which is deleted when the task ends; "
                     "nothing was saved and the previous checkpoint stays"
                 )
                 return
             if event.file is not None and not os.path.exists(event.file):
-                self._warn(
+                self._warn_line(
                     f"output line {number}: openjd_checkpoint_save names file {event.file!r}, "
                     "which does not exist; nothing was saved and the previous checkpoint stays"
                 )
                 return
             if any(s and s in (event.state or "") for s in self._redacted):
-                self._warn(
+                self._warn_line(
                     f"output line {number}: the checkpoint state holds a redacted value; "
                     "nothing was saved and the previous checkpoint stays"
                 )
                 return
-            self._pending_save = event  # committed once per batch of lines: the latest wins
+            with self._lock:
+                self._pending_save = event  # committed once per batch of lines: the latest wins
+                self._save_dataset = None
         elif isinstance(event, ResumeStatus):
             with self._lock:
                 rec.resume_status = event.status.value
@@ -700,19 +730,22 @@ class TaskExecution:
         save = self._pending_save
         if save is None:
             return
-        self._pending_save = None
         with self._lock:
+            self._pending_save = None
+            files, dirs = self._save_dataset or (list(self._files), list(self._dirs))
+            self._save_dataset = None
             rec = self._record
             gen = (rec.checkpoint.generation if rec.checkpoint else 0) + 1
             data = CheckpointData(
                 generation=gen,
                 state=save.state,
                 file=save.file,
-                files=list(rec.pending_files),
-                dirs=list(rec.pending_dirs),
+                files=files,
+                dirs=dirs,
                 saved_at=time.time(),
                 attempt=self.attempt,
             )
+            self._sync_dataset()
             if self.store is not None:
                 try:
                     self.store.commit_checkpoint(rec, data)
@@ -736,6 +769,29 @@ class TaskExecution:
                 self._dirty = False
             except StoreError as exc:
                 self._warn(f"task record not stored: {exc}")
+
+    def _sync_dataset(self) -> None:
+        """Copy the file dataset into the record (under the lock), if it changed since."""
+        if self._dataset_changed:
+            self._record.pending_files = list(self._files)
+            self._record.pending_dirs = list(self._dirs)
+            self._dataset_changed = False
+            self._dirty = True
+
+    def _warn_line(self, text: str) -> None:
+        """A warning about one output line: kept and reported only up to the cap."""
+        self._output_warnings += 1
+        if self._output_warnings <= self._max_output_warnings:
+            self._warn(text)
+
+    def _tell_dropped_warnings(self) -> None:
+        over = self._output_warnings - self._max_output_warnings - self._output_warnings_told
+        if over > 0:
+            self._output_warnings_told += over
+            self._warn(
+                f"... and {over:,} more output line warning(s), not shown: only the first "
+                f"{self._max_output_warnings:,} are kept"
+            )
 
     def _warn(self, text: str) -> None:
         self.warnings.append(text)

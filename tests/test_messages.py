@@ -47,9 +47,9 @@ PREFIXES = [
     ("line", "expected"),
     [
         pytest.param(
-            'openjd_checkpoint_files: {"files": ["/a/b", "c.txt"], "dirs": ["/d"], '
+            'openjd_checkpoint_files: {"files": ["/a/b", "C:\\\\c.txt"], "dirs": ["/d"], '
             '"mode": "RESET"}',
-            CheckpointFiles(files=("/a/b", "c.txt"), dirs=("/d",), mode=FilesMode.RESET),
+            CheckpointFiles(files=("/a/b", "C:\\c.txt"), dirs=("/d",), mode=FilesMode.RESET),
             id="files-reset",
         ),
         pytest.param(
@@ -229,6 +229,18 @@ def test_resume_status_value_is_the_enum() -> None:
             "openjd_checkpoint_files",
             "empty path",
             id="files-empty-path",
+        ),
+        pytest.param(
+            'openjd_checkpoint_files: {"files": ["/a", "c.txt"]}',
+            "openjd_checkpoint_files",
+            "'files' must hold absolute paths, got 'c.txt'",
+            id="files-relative-path",
+        ),
+        pytest.param(
+            'openjd_checkpoint_files: {"dirs": ["./out"]}',
+            "openjd_checkpoint_files",
+            "'dirs' must hold absolute paths, got './out'",
+            id="dirs-relative-path",
         ),
         pytest.param(
             'openjd_checkpoint_files: {"mode": "REPLACE"}',
