@@ -136,7 +136,13 @@ class _Stopping:
     raised wherever the main thread is (possibly inside a core operation); the waits below act
     on it: the core run is asked to stop in the mode the flow run's state names (else the
     flow's ``cancel_mode``), and what still runs ``ESCALATE_AFTER_SECONDS`` later is killed,
-    before the runner's SIGKILL."""
+    before the runner's SIGKILL.
+
+    Ctrl-C (SIGINT) on a flow run called in this process does the same as SIGTERM (as the
+    CLI's first Ctrl-C, it checkpoints and stops in the flow's ``cancel_mode``, ``Suspended``
+    by default); a second Ctrl-C kills the tasks at once (``Cancelled``), as the CLI's does.
+    Without this, Python's KeyboardInterrupt left the task processes running to their end and
+    the core run recorded as running."""
 
     def __init__(self, watcher: CancelWatcher, default: TerminationMode) -> None:
         self.watcher = watcher
@@ -145,22 +151,31 @@ class _Stopping:
         self._handled = False
         self.escalated = False
         self._previous: Any = None
+        self._previous_int: Any = None
         self._installed = False
 
     def __enter__(self) -> _Stopping:
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+            self._previous_int = signal.signal(signal.SIGINT, self._on_sigint)
             self._installed = True
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self._installed:
             signal.signal(signal.SIGTERM, self._previous)
+            signal.signal(signal.SIGINT, self._previous_int)
             self._installed = False
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         if self.signal_at is None:
             self.signal_at = time.time()
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        if self.signal_at is None:
+            self.signal_at = time.time()
+        else:  # a second Ctrl-C: kill now
+            self.signal_at = min(self.signal_at, time.time() - ESCALATE_AFTER_SECONDS - 1)
 
     def tick(self) -> None:
         """Act on a SIGTERM received meanwhile (called from the main thread's waits)."""

@@ -5,10 +5,11 @@ Serve it::
 
     .venv-prefect/bin/python examples/prefect/chunked_flow.py
 
-and run it with ``prefect deployment run chunked-frames/chunked-frames -p Frames=1-40``. Each
+and run it with ``prefect deployment run chunked-frames/chunked-frames -p Frames=1-40 -p
+FrameSeconds=2`` (slow enough to cancel by hand). Each
 chunk of ``FramesPerChunk`` frames is an OpenJD task; the step's tasks are grouped into at most
-4 Prefect task runs (``Render[Frame=1-10]``, ...). Cancelled and run again with
-``-p resume=latest``, it renders only the frames not reported complete.
+4 Prefect task runs (``Render[Frame=1-10] (5 tasks)``, ...). Cancelled and run again with the
+same parameters and ``-p resume=latest``, it renders only the frames not reported complete.
 """
 
 from typing import Any

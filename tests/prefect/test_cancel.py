@@ -131,12 +131,14 @@ def _write_flow(
     return ph.write_module(flows_dir, name.replace("-", "_"), source), name
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_sigterm_to_the_flow_run_process_checkpoints_before_it_ends(
-    flows_dir: Path, proc_log_dir: Path, tmp_path: Path
+    flows_dir: Path, proc_log_dir: Path, tmp_path: Path, sig: signal.Signals
 ) -> None:
-    """A SIGTERM straight to the process running the flow (a worker shutting down, no cancel):
-    the running chunks checkpoint as for a cancel in the flow's mode (Suspended), and the flow
-    run ends only after every task process is gone."""
+    """A SIGTERM straight to the process running the flow (a worker shutting down, no cancel),
+    or a Ctrl-C (SIGINT) to a flow called in a terminal: the running chunks checkpoint as for a
+    cancel in the flow's mode (Suspended), and the flow run ends only after every task process
+    is gone."""
     out = tmp_path / "out"
     out.mkdir()
     store = CheckpointStore(tmp_path / "store")
@@ -147,7 +149,7 @@ def test_sigterm_to_the_flow_run_process_checkpoints_before_it_ends(
     flow_run_id = started.flow_run_id()
     ph.wait_for_logs(flow_run_id, "RENDER-START")
     time.sleep(0.5)
-    os.kill(started.process.pid, signal.SIGTERM)
+    os.kill(started.process.pid, sig)
     finished = started.wait(timeout=60)
     assert not task_processes()
     assert finished.state_type == "CANCELLED" and finished.state_name == "Suspended", (
