@@ -17,10 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ._early import EARLY_SIGNALS
 from ._errors import OpenJDCheckpointError, RunError, StoreError, TemplateError
+from ._inputs import read_input_file, safe_yaml_load
 from ._job import load_path_mapping_rules, prepare_job
 from ._resume import RefusalCode, ResumeHow, ResumeRefusedError
 from ._run import delete_run, request_termination
@@ -115,9 +114,9 @@ def _params(pairs: list[str]) -> dict[str, str]:
         if pair.startswith("@") or (pair.endswith((".json", ".yaml", ".yml")) and "=" not in pair):
             path = Path(pair.lstrip("@"))
             try:
-                data = yaml.safe_load(path.read_text(encoding="utf-8"))
-            except (OSError, ValueError, yaml.YAMLError, RecursionError) as exc:
-                raise TemplateError([f"-p {pair}: cannot read parameter file: {exc}"]) from None
+                data = safe_yaml_load(read_input_file(path, "parameter file"), path)
+            except TemplateError as exc:
+                raise TemplateError([f"-p {pair}: {p}" for p in exc.problems]) from None
             if not isinstance(data, dict):
                 raise TemplateError([f"-p {pair}: a parameter file must hold a mapping"])
             out.update({str(k): str(v) for k, v in data.items()})

@@ -12,7 +12,6 @@ reported complete run through ``onRun`` (split into contiguous pieces where the 
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +19,6 @@ from typing import Any
 
 from openjd.model import (
     DecodeValidationError,
-    DocumentType,
     EnvironmentTemplate,
     IntRangeExpr,
     Job,
@@ -30,12 +28,12 @@ from openjd.model import (
     StepParameterSpaceIterator,
     create_job,
     decode_environment_template,
-    document_string_to_object,
     preprocess_job_parameters,
 )
 from openjd.sessions import PathMappingRule
 
 from ._errors import TemplateError
+from ._inputs import load_document, read_input_file
 from ._store import CheckpointData, TaskRecord
 from ._template import (
     JOB_STATUS_PARAMETER,
@@ -437,17 +435,14 @@ def load_environment_template(path: str | Path) -> EnvironmentTemplate:
         TemplateError: unreadable or invalid, naming the file.
     """
     p = Path(path)
+    text = read_input_file(p, "environment template")
+    obj = load_document(text, json_format=p.suffix.lower() == ".json", source=p)
     try:
-        text = p.read_text(encoding="utf-8")
-        doc_type = DocumentType.JSON if p.suffix.lower() == ".json" else DocumentType.YAML
-        obj = document_string_to_object(document=text, document_type=doc_type)
         return decode_environment_template(template=obj)
     except DecodeValidationError as exc:
         raise TemplateError([str(exc)], source=str(p)) from None
-    except (OSError, ValueError) as exc:
-        raise TemplateError(
-            [f"cannot read the environment template: {exc}"], source=str(p)
-        ) from None
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise TemplateError([f"not a valid environment template: {exc}"], source=str(p)) from None
 
 
 def load_path_mapping_rules(
@@ -462,12 +457,15 @@ def load_path_mapping_rules(
     try:
         obj: Any = source
         if isinstance(source, (str, Path)):
-            obj = json.loads(Path(source).read_text(encoding="utf-8"))
+            text = read_input_file(source, "path mapping rules file")
+            obj = load_document(text, json_format=True, source=source)
         if isinstance(obj, dict):
             obj = obj.get("path_mapping_rules", [])
         if not isinstance(obj, list):
             raise ValueError("expected a list of rules")
         return [PathMappingRule.from_dict(rule=r) for r in obj]
+    except TemplateError:
+        raise
     except (OSError, ValueError, TypeError, KeyError) as exc:
         raise TemplateError([f"path mapping rules: {exc}"], source=str(source)) from None
 
