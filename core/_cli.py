@@ -17,10 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ._early import EARLY_SIGNALS
 from ._errors import OpenJDCheckpointError, RunError, StoreError, TemplateError
+from ._inputs import read_input_file, safe_yaml_load
 from ._job import load_path_mapping_rules, prepare_job
 from ._resume import RefusalCode, ResumeHow, ResumeRefusedError
 from ._run import delete_run, request_termination
@@ -115,9 +114,9 @@ def _params(pairs: list[str]) -> dict[str, str]:
         if pair.startswith("@") or (pair.endswith((".json", ".yaml", ".yml")) and "=" not in pair):
             path = Path(pair.lstrip("@"))
             try:
-                data = yaml.safe_load(path.read_text(encoding="utf-8"))
-            except (OSError, ValueError, yaml.YAMLError, RecursionError) as exc:
-                raise TemplateError([f"-p {pair}: cannot read parameter file: {exc}"]) from None
+                data = safe_yaml_load(read_input_file(path, "parameter file"), path)
+            except TemplateError as exc:
+                raise TemplateError([f"-p {pair}: {p}" for p in exc.problems]) from None
             if not isinstance(data, dict):
                 raise TemplateError([f"-p {pair}: a parameter file must hold a mapping"])
             out.update({str(k): str(v) for k, v in data.items()})
@@ -421,14 +420,14 @@ def _cmd_gc(args: argparse.Namespace) -> int:
 def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-parallel",
-        type=_positive_int,
+        type=_parallel,
         default=None,
         metavar="N",
         help="tasks of a step run at once (default: CPU count, at most 4)",
     )
     p.add_argument(
         "--timeout",
-        type=_positive_float,
+        type=_seconds,
         default=None,
         metavar="SECONDS",
         help="the regular steps' time budget; on expiry tasks are canceled and the "
@@ -436,14 +435,14 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--finally-timeout",
-        type=_positive_float,
+        type=_seconds,
         default=DEFAULT_FINALLY_TIMEOUT_SECONDS,
         metavar="SECONDS",
         help="the finally steps' own time budget (default: %(default)s)",
     )
     p.add_argument(
         "--keep-generations",
-        type=_positive_int,
+        type=_generations,
         default=3,
         metavar="K",
         help="checkpoint generations kept per task (default: %(default)s)",
@@ -451,34 +450,56 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be 1 or more")
-    return value
+MAX_PARALLEL = 1024
+"""The most tasks of a step ``--max-parallel`` may run at once (each is a process and threads)."""
+
+MAX_KEEP_GENERATIONS = 1000
+"""The most checkpoint generations ``--keep-generations`` may keep per task."""
+
+MAX_SECONDS = 366 * 86400
+"""The longest ``--timeout``, ``--finally-timeout`` or ``stop --wait``: a year, in seconds (far
+longer waits overflow the platform's timers)."""
+
+MAX_RETENTION_DAYS = 36600
+"""The longest ``gc --retention-days``: a hundred years."""
+
+MAX_GENERATION = 2**63 - 1
+"""The largest ``--generation`` number."""
 
 
-def _finite_float(text: str, *, allow_zero: bool) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    low_ok = value >= 0 if allow_zero else value > 0
-    if not (low_ok and value < float("inf")):
-        bound = "0 or more" if allow_zero else "more than 0"
-        raise argparse.ArgumentTypeError(f"{text!r} must be {bound}, and finite")
-    return value
+def _bounded_int(high: int) -> Any:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number") from None
+        if not 1 <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} must be from 1 to {high:,}")
+        return value
+
+    return parse
 
 
-def _non_negative_float(text: str) -> float:
-    return _finite_float(text, allow_zero=True)
+def _bounded_float(high: float, *, allow_zero: bool) -> Any:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number") from None
+        low_ok = value >= 0 if allow_zero else value > 0
+        if not (low_ok and value <= high):  # also refuses nan and inf
+            bound = "from 0 to" if allow_zero else "more than 0 and at most"
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} must be {bound} {high:,.0f}")
+        return value
+
+    return parse
 
 
-def _positive_float(text: str) -> float:
-    return _finite_float(text, allow_zero=False)
+_positive_int = _bounded_int(MAX_GENERATION)
+_parallel = _bounded_int(MAX_PARALLEL)
+_generations = _bounded_int(MAX_KEEP_GENERATIONS)
+_seconds = _bounded_float(MAX_SECONDS, allow_zero=False)
+_retention_days = _bounded_float(MAX_RETENTION_DAYS, allow_zero=True)
 
 
 def _version() -> str:
@@ -598,7 +619,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     stop.add_argument(
         "--wait",
-        type=_positive_float,
+        type=_seconds,
         default=None,
         metavar="SECONDS",
         help="wait up to SECONDS for the run to end",
@@ -613,7 +634,7 @@ def build_parser() -> argparse.ArgumentParser:
     gc = sub.add_parser("gc", help="delete runs (and checkpoints) older than the retention")
     gc.add_argument(
         "--retention-days",
-        type=_non_negative_float,
+        type=_retention_days,
         default=7.0,
         metavar="DAYS",
         help="keep runs updated within DAYS (default: %(default)s)",

@@ -12,7 +12,10 @@ reported complete run through ``onRun`` (split into contiguous pieces where the 
 from __future__ import annotations
 
 import itertools
-import json
+import math
+import os
+import re
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +23,6 @@ from typing import Any
 
 from openjd.model import (
     DecodeValidationError,
-    DocumentType,
     EnvironmentTemplate,
     IntRangeExpr,
     Job,
@@ -30,12 +32,12 @@ from openjd.model import (
     StepParameterSpaceIterator,
     create_job,
     decode_environment_template,
-    document_string_to_object,
     preprocess_job_parameters,
 )
 from openjd.sessions import PathMappingRule
 
 from ._errors import TemplateError
+from ._inputs import load_document, read_input_file
 from ._store import CheckpointData, TaskRecord
 from ._template import (
     JOB_STATUS_PARAMETER,
@@ -48,7 +50,14 @@ from ._template import (
 _INT64 = (-(2**63), 2**63 - 1)
 """OpenJD INT values are 64-bit (Template Schemas 2.3); openjd-model 0.14 does not check it."""
 
+MAX_TASKS_PER_STEP = 1_000_000
+"""The most tasks (chunks, for a chunked step) a step's parameter space may define, and the most
+frames a CHUNK[INT] parameter may hold. Planning a step builds every task it runs (about 20 s and
+0.7 GB for a million), so a larger space is refused when the job is prepared
+(docs/decisions.md, "Inputs")."""
+
 __all__ = (
+    "MAX_TASKS_PER_STEP",
     "PreparedJob",
     "TaskSpec",
     "load_environment_template",
@@ -437,17 +446,14 @@ def load_environment_template(path: str | Path) -> EnvironmentTemplate:
         TemplateError: unreadable or invalid, naming the file.
     """
     p = Path(path)
+    text = read_input_file(p, "environment template")
+    obj = load_document(text, json_format=p.suffix.lower() == ".json", source=p)
     try:
-        text = p.read_text(encoding="utf-8")
-        doc_type = DocumentType.JSON if p.suffix.lower() == ".json" else DocumentType.YAML
-        obj = document_string_to_object(document=text, document_type=doc_type)
         return decode_environment_template(template=obj)
     except DecodeValidationError as exc:
         raise TemplateError([str(exc)], source=str(p)) from None
-    except (OSError, ValueError) as exc:
-        raise TemplateError(
-            [f"cannot read the environment template: {exc}"], source=str(p)
-        ) from None
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise TemplateError([f"not a valid environment template: {exc}"], source=str(p)) from None
 
 
 def load_path_mapping_rules(
@@ -462,12 +468,15 @@ def load_path_mapping_rules(
     try:
         obj: Any = source
         if isinstance(source, (str, Path)):
-            obj = json.loads(Path(source).read_text(encoding="utf-8"))
+            text = read_input_file(source, "path mapping rules file")
+            obj = load_document(text, json_format=True, source=source)
         if isinstance(obj, dict):
             obj = obj.get("path_mapping_rules", [])
         if not isinstance(obj, list):
             raise ValueError("expected a list of rules")
         return [PathMappingRule.from_dict(rule=r) for r in obj]
+    except TemplateError:
+        raise
     except (OSError, ValueError, TypeError, KeyError) as exc:
         raise TemplateError([f"path mapping rules: {exc}"], source=str(source)) from None
 
@@ -522,6 +531,8 @@ def prepare_job(
         for name, value in values.items()
         if value.type == ParameterValueType.INT and not _INT64[0] <= int(value.value) <= _INT64[1]
     ]
+    problems += _value_problems(values, [tmpl.document, *(_dump(e) for e in envs)])
+    problems += _task_count_problems(job)
     if problems:
         raise TemplateError(problems, source=str(tmpl.source) if tmpl.source else None)
     return PreparedJob(
@@ -535,3 +546,118 @@ def prepare_job(
         path_mapping_rules=list(path_mapping_rules or []),
         job_key=sha256_hex(canonical_json({"name": tmpl.name}))[:16],
     )
+
+
+def _max_argument_bytes() -> int:
+    """The longest one command-line argument or environment entry ``exec`` takes, in bytes
+    (without its NUL): Linux's MAX_ARG_STRLEN (32 pages), elsewhere the whole of ARG_MAX."""
+    try:
+        arg_max = int(os.sysconf("SC_ARG_MAX"))
+    except (AttributeError, ValueError, OSError):  # pragma: no cover - not POSIX
+        arg_max = 131072
+    if sys.platform.startswith("linux"):
+        arg_max = min(arg_max, 32 * int(os.sysconf("SC_PAGE_SIZE")))
+    return arg_max - 1
+
+
+def _dump(env: EnvironmentTemplate) -> Any:
+    try:
+        return env.model_dump(exclude_none=True)
+    except AttributeError:  # pragma: no cover - not a pydantic model
+        return {}
+
+
+def _uses(documents: Iterable[Any], name: str) -> str | None:
+    """Where a command, an argument or an environment variable of these documents refers to job
+    parameter ``name`` (the first such field's path), or None."""
+    ref = re.compile(r"\{\{\s*(?:Raw)?Param\." + re.escape(name) + r"\s*\}\}")
+    stack: list[tuple[str, Any, bool]] = [("", d, False) for d in documents]
+    while stack:
+        path, node, in_command = stack.pop()
+        if isinstance(node, dict):
+            for key, value in node.items():
+                sub = f"{path}.{key}" if path else str(key)
+                stack.append((sub, value, in_command or key in ("command", "args", "variables")))
+        elif isinstance(node, list):
+            stack.extend((f"{path}[{i}]", v, in_command) for i, v in enumerate(node))
+        elif in_command and ref.search(str(node)):
+            return path
+    return None
+
+
+def _value_problems(values: JobParameterValues, documents: list[Any]) -> list[str]:
+    """Job parameter values no task could be given: a NUL byte (no argument, environment
+    variable or path holds one), a FLOAT that is not a finite number (Template Schemas 2.4: a
+    base-10 number), a value longer than one argument may be, where an action's command,
+    arguments or environment variables use it."""
+    problems: list[str] = []
+    longest = _max_argument_bytes()
+    for name, value in sorted(values.items()):
+        text = str(value.value)
+        if "\x00" in text:
+            problems.append(
+                f"job parameters: {name}: the value holds a NUL byte (\\0), which no command "
+                "line, environment variable or path can carry"
+            )
+            continue
+        if value.type == ParameterValueType.FLOAT:
+            try:
+                number = float(text)
+            except ValueError:  # openjd-model has refused it already
+                number = 0.0
+            if math.isnan(number) or text.strip().lower().lstrip("+-") in ("inf", "infinity"):
+                problems.append(
+                    f"job parameters: {name}: {text!r} is not a number; a FLOAT value is a "
+                    "finite base-10 number"
+                )
+            elif not math.isfinite(number):
+                problems.append(
+                    f"job parameters: {name}: {text} is outside the range of a 64-bit float "
+                    f"(at most {sys.float_info.max:g} either way)"
+                )
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if size > longest:
+            where = _uses(documents, name)
+            if where is not None:
+                problems.append(
+                    f"job parameters: {name}: the value is {size:,} bytes; {where} uses it, and "
+                    f"one command-line argument or environment variable takes at most "
+                    f"{longest:,} bytes on this system"
+                )
+    return problems
+
+
+def _task_count_problems(job: Job) -> list[str]:
+    """Each step whose parameter space is larger than ``MAX_TASKS_PER_STEP``, counted without
+    building it: openjd-model's ``len()`` of a parameter space is arithmetic, but it expands a
+    CHUNK[INT] parameter's frames into a list first, so those are counted from the range."""
+    problems: list[str] = []
+    for index, step in enumerate(job.steps):
+        space = step.parameterSpace
+        if space is None:
+            continue
+        where = f"steps[{index}] ({step.name})"
+        override: int | None = None
+        too_many_frames = False
+        for name, definition in space.taskParameterDefinitions.items():
+            if str(getattr(definition.type, "value", definition.type)) != "CHUNK[INT]":
+                continue
+            frames = len(definition.range)
+            if frames > MAX_TASKS_PER_STEP:
+                problems.append(
+                    f"{where}: CHUNK[INT] parameter {name} has {frames:,} frames; the limit is "
+                    f"{MAX_TASKS_PER_STEP:,}"
+                )
+                too_many_frames = True
+            chunks = getattr(definition, "chunks", None)
+            if chunks is not None:  # adaptive chunking has no length: count default-size chunks
+                override = int(chunks.defaultTaskCount)
+        if too_many_frames:
+            continue
+        count = len(StepParameterSpaceIterator(space=space, chunks_task_count_override=override))
+        if count > MAX_TASKS_PER_STEP:
+            problems.append(
+                f"{where}: the parameter space has {count:,} tasks; the limit is "
+                f"{MAX_TASKS_PER_STEP:,} tasks per step"
+            )
+    return problems

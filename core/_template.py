@@ -34,15 +34,14 @@ from typing import Any
 
 from openjd.model import (
     DecodeValidationError,
-    DocumentType,
     JobTemplate,
     decode_job_template,
-    document_string_to_object,
     parse_model,
 )
 from openjd.model.v2023_09 import Action
 
 from ._errors import TemplateError
+from ._inputs import load_document, read_input_file
 
 __all__ = (
     "CHECKPOINT_EXTENSION",
@@ -219,39 +218,9 @@ def load_template(path: str | Path) -> CheckpointJobTemplate:
             problem names its field path.
     """
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TemplateError([f"cannot read the template file: {exc}"], source=str(p)) from None
-    doc_type = DocumentType.JSON if p.suffix.lower() == ".json" else DocumentType.YAML
-    try:
-        document = document_string_to_object(document=text, document_type=doc_type)
-    except Exception as exc:  # yaml and json raise several types
-        raise TemplateError(
-            [f"not a valid {doc_type.value} document: {_syntax_error(text, doc_type) or exc}"],
-            source=str(p),
-        ) from None
+    text = read_input_file(p, "template file")
+    document = load_document(text, json_format=p.suffix.lower() == ".json", source=p)
     return parse_template(document, source=p.resolve())
-
-
-def _syntax_error(text: str, doc_type: DocumentType) -> str | None:
-    """Where a document's syntax error is (line and column), which openjd-model drops."""
-    try:
-        if doc_type == DocumentType.JSON:
-            json.loads(text)
-        else:
-            import yaml
-
-            yaml.safe_load(text)
-    except json.JSONDecodeError as exc:
-        return f"{exc.msg} at line {exc.lineno}, column {exc.colno}"
-    except Exception as exc:
-        mark = getattr(exc, "problem_mark", None)
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        if mark is not None:
-            return f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
-        return None
-    return None
 
 
 def parse_template(document: Any, *, source: Path | None = None) -> CheckpointJobTemplate:
