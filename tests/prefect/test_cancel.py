@@ -96,7 +96,7 @@ def test_end_flow_run_in_each_mode(mode: str, tmp_path: Path) -> None:
     logs = ph.wait_for_logs(flow_run_id, line)
     assert not any("RENDER-START 3-4" in log.message for log in logs)  # never started
     runs = {r.name: r for r in ph.task_runs(flow_run_id)}
-    assert runs["Render[Frame=1-6]"].state_type == StateType.CANCELLED
+    assert runs["Render[Frame=1-6] (3 tasks)"].state_type == StateType.CANCELLED
     if job_status is None:
         assert not (out / "cleanup-status").exists()
         assert "Cleanup" not in runs
