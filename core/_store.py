@@ -40,7 +40,7 @@ import stat
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -988,25 +988,16 @@ class CheckpointStore:
 
     def read_tasks(self, job_key: str, run_id: str) -> tuple[list[TaskRecord], list[str]]:
         """Every readable task record of a run, and a warning for each unreadable one."""
-        tasks: list[TaskRecord] = []
-        warnings: list[str] = []
-        tdir = posixpath.join(self._run_dir(job_key, run_id), "tasks")
-        for name in self._ls_names(tdir):
-            if (
-                not name.endswith(".json")
-                or ".gen-" in name
-                or name.endswith(".lease.json")
-                or name.startswith(".tmp-")
-            ):
-                continue
-            try:
-                rec = self._read(posixpath.join(tdir, name), TaskRecord)
-            except StoreError as exc:
-                warnings.append(str(exc))
-                continue
-            if rec is not None:
-                tasks.append(rec)
-        return tasks, warnings
+
+        def is_record(name: str) -> bool:
+            return (
+                name.endswith(".json")
+                and ".gen-" not in name
+                and not name.endswith(".lease.json")
+                and not name.startswith(".tmp-")
+            )
+
+        return self._read_task_files(job_key, run_id, is_record)
 
     def read_task_family(
         self, job_key: str, run_id: str, step: str, task_keys: Iterable[str]
@@ -1020,19 +1011,29 @@ class CheckpointStore:
             StoreError: the run's folder cannot be listed.
         """
         stems = {task_id_for(step, key) for key in task_keys}
+
+        def is_family(name: str) -> bool:
+            stem, _dot, suffix = name.partition(".")
+            return suffix == "json" and stem.partition("-")[0] in stems
+
+        records, warnings = self._read_task_files(job_key, run_id, is_family)
+        return [r for r in records if r.step == step], warnings
+
+    def _read_task_files(
+        self, job_key: str, run_id: str, wanted: Callable[[str], bool]
+    ) -> tuple[list[TaskRecord], list[str]]:
         tasks: list[TaskRecord] = []
         warnings: list[str] = []
         tdir = posixpath.join(self._run_dir(job_key, run_id), "tasks")
         for name in self._ls_names(tdir):
-            stem, dot, suffix = name.partition(".")
-            if suffix != "json" or stem.partition("-")[0] not in stems:
+            if not wanted(name):
                 continue
             try:
                 rec = self._read(posixpath.join(tdir, name), TaskRecord)
             except StoreError as exc:
                 warnings.append(str(exc))
                 continue
-            if rec is not None and rec.step == step:
+            if rec is not None:
                 tasks.append(rec)
         return tasks, warnings
 
