@@ -688,6 +688,18 @@ def _alive(proc: psutil.Process) -> bool:
         return False
 
 
+def kill_stray(stray: list[psutil.Process]) -> list[str]:
+    """SIGKILL processes a component left behind, wait for them; what was killed, described."""
+    killed = [f"SIGKILLed {d}" for d in describe(stray)]
+    for p in stray:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(stray, timeout=5)
+    return killed
+
+
 def describe(procs: Iterable[psutil.Process]) -> list[str]:
     out = []
     for p in procs:
@@ -904,14 +916,7 @@ class AirflowStack:
         time.sleep(0.2)
         stray = [p for p in before if _alive(p)]
         stray += [p for p in processes_with_marker(self.marker) if p not in stray]
-        if stray:
-            self.leftovers.extend(f"SIGKILLed {d}" for d in describe(stray))
-            for p in stray:
-                try:
-                    p.kill()
-                except psutil.NoSuchProcess:
-                    pass
-            psutil.wait_procs(stray, timeout=5)
+        self.leftovers.extend(kill_stray(stray))
         self.stop_seconds = time.monotonic() - started
         self.procs = {}
         if self._client is not None:
@@ -1221,13 +1226,5 @@ class CeleryWorker:
         except (ProcessLookupError, PermissionError):
             pass
         self.proc.wait()
-        stray = [p for p in before if _alive(p)]
-        if stray:
-            self.leftovers.extend(f"SIGKILLed {d}" for d in describe(stray))
-            for p in stray:
-                try:
-                    p.kill()
-                except psutil.NoSuchProcess:
-                    pass
-            psutil.wait_procs(stray, timeout=5)
+        self.leftovers.extend(kill_stray([p for p in before if _alive(p)]))
         self.proc = None
