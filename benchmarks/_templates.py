@@ -31,3 +31,21 @@ def trivial_template(frames: int, *, with_finally: bool = False) -> str:
     the same, with ``with_finally``)."""
     text = STEP.format(frames=frames, extensions="extensions: [FINALLY]\n" if with_finally else "")
     return text + (FINALLY if with_finally else "")
+
+
+def python_step_document(code: str, *, extensions: tuple[str, ...] = ("CHECKPOINT",)) -> dict:
+    """A job template (as a document) of one step ``S`` whose task runs ``python -c code``
+    with this interpreter."""
+    import sys
+
+    return {
+        "specificationVersion": "jobtemplate-2023-09",
+        "extensions": list(extensions),
+        "name": "bench",
+        "steps": [
+            {
+                "name": "S",
+                "script": {"actions": {"onRun": {"command": sys.executable, "args": ["-c", code]}}},
+            }
+        ],
+    }

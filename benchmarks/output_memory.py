@@ -40,26 +40,11 @@ TASKS = {
 
 
 def child(kind: str, n: int) -> None:
+    from _templates import python_step_document
+
     from core import CheckpointStore, TaskExecution, parse_template, prepare_job
 
-    doc = {
-        "specificationVersion": "jobtemplate-2023-09",
-        "extensions": ["CHECKPOINT"],
-        "name": "bench",
-        "steps": [
-            {
-                "name": "S",
-                "script": {
-                    "actions": {
-                        "onRun": {
-                            "command": sys.executable,
-                            "args": ["-c", TASKS[kind].format(n=n)],
-                        }
-                    }
-                },
-            }
-        ],
-    }
+    doc = python_step_document(TASKS[kind].format(n=n))
     job = prepare_job(parse_template(doc))
     spec = job.plan_step("S")[0]
     count = 0
