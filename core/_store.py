@@ -161,6 +161,10 @@ class CheckpointData(_Model):
     saved_at: float
     """Seconds since the epoch."""
     attempt: int
+    manifest: str | None = None
+    """Managed file data flow: the SHA-256 of the manifest of this generation's files in the
+    store (``core._files``); None in shared mode, where ``file``/``files``/``dirs`` are paths on a
+    shared file system."""
 
 
 class TaskRecord(_Model):
@@ -320,6 +324,10 @@ class CheckpointStore:
             Default: ``default_store_location()``.
         keep_generations: checkpoint generations kept per task (1 or more).
         create: make the store's folder if it is missing (False for read-only commands).
+        files: the file data flow, ``shared`` or ``managed`` (default:
+            ``$OPENJD_CHECKPOINT_FILES``, else ``shared``; see ``core._files``).
+        file_roots: absolute folders whose files a managed store may capture and restore,
+            besides the session working directory (added to ``$OPENJD_CHECKPOINT_FILE_ROOTS``).
 
     Raises:
         StoreError: the location cannot be used.
@@ -331,7 +339,13 @@ class CheckpointStore:
         *,
         keep_generations: int = DEFAULT_KEEP_GENERATIONS,
         create: bool = True,
+        files: str | None = None,
+        file_roots: Iterable[str] = (),
     ) -> None:
+        from ._files import file_flow_from_env, file_roots_from_env
+
+        self.file_flow = file_flow_from_env(files)
+        self.file_roots = file_roots_from_env(file_roots)
         loc = str(location) if location is not None else default_store_location()
         if not loc.strip():
             raise StoreError("the checkpoint store location is empty")
@@ -1036,6 +1050,40 @@ class CheckpointStore:
             if rec is not None:
                 tasks.append(rec)
         return tasks, warnings
+
+    # --- early outputs (managed file data flow) ----------------------------------------------
+    def write_outputs(self, record: TaskRecord, outputs: dict[str, tuple[str, int]]) -> None:
+        """Write the index of the files a task declared so far (``outputs/<task_id>.json`` in
+        the run's folder): declared path -> SHA-256, size in bytes and the content's key in
+        the store (``blobs/sha256/<h[:2]>/<h>``). Kept with the run, after its checkpoints."""
+        tid = task_id_for(record.step, record.task_key)
+        run_dir = self._run_dir(record.job_key, record.run_id)
+        path = posixpath.join(run_dir, "outputs", f"{tid}.json")
+        files = {
+            name: {"sha256": digest, "size": size, "blob": f"blobs/sha256/{digest[:2]}/{digest}"}
+            for name, (digest, size) in outputs.items()
+        }
+        self._write(
+            path,
+            {"step": record.step, "task_key": record.task_key, "files": files},
+        )
+
+    def read_outputs(self, job_key: str, run_id: str) -> list[dict[str, Any]]:
+        """The early-outputs indexes of a run (unreadable ones are set aside)."""
+        directory = posixpath.join(self._run_dir(job_key, run_id), "outputs")
+        out: list[dict[str, Any]] = []
+        for name in self._ls_names(directory):
+            if not name.endswith(".json") or name.startswith(".tmp-"):
+                continue
+            path = posixpath.join(directory, name)
+            try:
+                raw = self._read_bytes(path)
+                data = json.loads(raw) if raw is not None else None
+            except (_NotARecordError, ValueError, StoreError):
+                continue
+            if isinstance(data, dict):
+                out.append(data)
+        return out
 
     def list_generations(self, record: TaskRecord) -> list[CheckpointData]:
         """The stored checkpoint generations of a task, oldest first."""

@@ -30,6 +30,14 @@ from typing import Any
 from openjd.model import FormatStringError, SymbolTable
 
 from ._errors import StoreError
+from ._files import (
+    CaptureStats,
+    FileCapture,
+    FileDataFlow,
+    RestoreError,
+    RestoreResult,
+    restore_checkpoint,
+)
 from ._job import PreparedJob, TaskSpec, params_to_record
 from ._messages import (
     DEFAULT_MAX_LINE_BYTES,
@@ -234,6 +242,13 @@ class TaskExecution:
         self._dataset_changed = False
         self._save_dataset: tuple[list[str], list[str]] | None = None
         """The dataset as it was at the pending save, if a later message changed it since."""
+        self._capture: FileCapture | None = None
+        """Managed file data flow: uploads declared files while the task action runs."""
+        self._outputs_written = 0.0
+        self.file_stats = CaptureStats()
+        """Managed file data flow: bytes and files uploaded, and files whose content the store
+        already had, over this execution."""
+        self._outputs: dict[str, tuple[str, int]] | None = None
         self.warnings: list[str] = []
         """Warnings so far; those about output lines are capped (``max_output_warnings``)."""
 
@@ -420,11 +435,24 @@ class TaskExecution:
         session_dir = session.open()
         env = dict(session.env)
         resume = self.spec.resume
+        store = self.store
+        if store is not None and store.file_flow == FileDataFlow.MANAGED:
+            self._capture = FileCapture(
+                store, session_dir, store.file_roots, self._warn, on_uploaded=self._uploaded
+            )
+        checkpoint_file = resume.file if resume is not None else None
+        if resume is not None and resume.manifest:
+            restored = self._restore(resume, session_dir)
+            if restored is None:
+                resume = None
+            else:
+                resume, result = restored
+                checkpoint_file = result.file
         if resume is not None:
             action = self.job.template.resume_actions[self.spec.step_name]
             path = f"steps[{idx}].script.actions.onCheckpointResume"
             symtab["Task.Checkpoint.State"] = resume.state or ""
-            symtab["Task.Checkpoint.File"] = resume.file or ""
+            symtab["Task.Checkpoint.File"] = checkpoint_file or ""
             self._emit("status", f"resuming from checkpoint generation {resume.generation}")
         else:
             action = step.script.actions.onRun
@@ -436,7 +464,96 @@ class TaskExecution:
             in_task_action=True,
             redaction_enabled=self._redaction(),
         )
-        return self._run_action(action, path, symtab, env, session_dir, ctx)
+        try:
+            return self._run_action(action, path, symtab, env, session_dir, ctx)
+        finally:
+            if self._capture is not None:
+                self._capture.close()
+                self.file_stats = self._capture.stats
+                self._capture = None
+
+    def _restore(
+        self, resume: CheckpointData, session_dir: str
+    ) -> tuple[CheckpointData, RestoreResult] | None:
+        """Restore the files of ``resume`` (managed file data flow) into the session; on a
+        failure, warn and try the older generations still stored. None: nothing restorable,
+        the task runs ``onRun`` from the top."""
+        assert self.store is not None
+        candidates = [resume]
+        try:
+            older = self.store.list_generations(self._record)
+        except StoreError:
+            older = []
+        candidates += sorted(
+            (g for g in older if g.generation < resume.generation), key=lambda g: -g.generation
+        )
+        for data in candidates:
+            if not data.manifest:
+                return data, RestoreResult(
+                    file=data.file, files=data.files, dirs=data.dirs, entries=[]
+                )
+            started = time.monotonic()
+            try:
+                result = restore_checkpoint(
+                    self.store, data.manifest, session_dir, self.store.file_roots
+                )
+            except RestoreError as exc:
+                self._warn(
+                    f"checkpoint generation {data.generation} cannot be restored: {exc}; "
+                    "trying the one before"
+                )
+                continue
+            self._emit(
+                "status",
+                f"restored {len(result.entries)} checkpoint file(s), {result.restored_bytes:,} "
+                f"bytes, of generation {data.generation} in {time.monotonic() - started:.1f} s",
+            )
+            with self._lock:
+                # The dataset goes on from where the files are now.
+                self._files = dict.fromkeys(result.files)
+                self._dirs = dict.fromkeys(result.dirs)
+                self._dataset_changed = True
+            if self._capture is not None:
+                for target, entry in result.entries:
+                    self._capture.adopt(target, entry)
+            return data, result
+        self._warn(
+            "no stored checkpoint generation of this task could be restored; it runs from the top"
+        )
+        return None
+
+    def _uploaded(self, outputs: dict[str, tuple[str, int]]) -> None:
+        """Early outputs: the files declared so far, in the store while the task runs (written
+        at most once a second, and when the action ends)."""
+        self._outputs = outputs
+        now = time.monotonic()
+        if now - self._outputs_written >= 1.0:
+            self._outputs_written = now
+            self._write_outputs()
+
+    def _write_outputs(self) -> None:
+        if self.store is None or not self._outputs:
+            return
+        try:
+            self.store.write_outputs(self._record, self._outputs)
+        except StoreError as exc:
+            self._warn(f"early outputs not stored: {exc}")
+
+    def _drain_capture(self) -> None:
+        """Wait for the files being captured and the saves being committed, at most until the
+        stop deadline."""
+        capture = self._capture
+        if capture is None:
+            return
+        deadline = self._stop_deadline
+        timeout = None if deadline is None else max(0.0, deadline - time.time())
+        if not capture.drain(timeout):
+            capture.abandon()
+            self._warn(
+                "the stop deadline came before every checkpoint file was stored: the last "
+                "save was not committed, the previous generation stays"
+            )
+        self._write_outputs()
 
     # --- one action -------------------------------------------------------------------------------
     def _run_action(
@@ -561,6 +678,7 @@ class TaskExecution:
         code = proc.finish(kill_leftovers=not (env_action and stoppable))
         self._flush_pending()
         if not env_action:
+            self._drain_capture()
             with self._lock:
                 self._record.process = None
                 self._sync_dataset()
@@ -673,6 +791,15 @@ class TaskExecution:
             else:
                 env_changes[event.name] = None
         elif isinstance(event, CheckpointFiles):
+            refused = self._files_refusal(event.files, event.dirs)
+            if refused is not None:
+                self._warn_line(
+                    f"output line {number}: openjd_checkpoint_files names {refused}; the "
+                    "message was ignored"
+                )
+                return
+            if self._capture is not None:
+                self._capture.declare(event.files, event.dirs)
             with self._lock:
                 if self._pending_save is not None and self._save_dataset is None:
                     # A save waits for the end of this batch: it keeps the dataset it saw.
@@ -691,7 +818,16 @@ class TaskExecution:
                     self._dirty = True
             self._emit("frame_complete", event.frame)
         elif isinstance(event, CheckpointSave):
-            if (
+            if event.file is not None and self._capture is not None:
+                problem = self._capture.refusal(event.file)
+                if problem is not None:
+                    self._warn_line(
+                        f"output line {number}: openjd_checkpoint_save names file "
+                        f"{event.file!r}, which a managed store does not capture: {problem}; "
+                        "nothing was saved and the previous checkpoint stays"
+                    )
+                    return
+            elif (
                 event.file is not None
                 and self._session is not None
                 and self._session.working_dir is not None
@@ -726,6 +862,29 @@ class TaskExecution:
                 self._dirty = True
             self._emit("resume_status", event.status.value)
 
+    def _files_refusal(self, files: tuple[str, ...], dirs: tuple[str, ...]) -> str | None:
+        """Why an ``openjd_checkpoint_files`` message is refused whole, or None: in managed
+        mode a path the store may not capture; in shared mode a path inside the session working
+        directory, which is deleted when the task ends."""
+        if self._capture is not None:
+            for path in [*files, *dirs]:
+                problem = self._capture.refusal(path)
+                if problem is not None:
+                    return f"{path!r}, which a managed store does not capture: {problem}"
+            return None
+        session_dir = self._session.working_dir if self._session is not None else None
+        if session_dir is None:
+            return None
+        real_dir = os.path.realpath(session_dir)
+        for path in [*files, *dirs]:
+            real = os.path.realpath(path)
+            if real == real_dir or real.startswith(real_dir + os.sep):
+                return (
+                    f"{path!r} in the session working directory, which is deleted when the "
+                    "task ends (use a managed store, --files managed, to keep such files)"
+                )
+        return None
+
     def _flush_pending(self) -> None:
         save = self._pending_save
         if save is None:
@@ -734,6 +893,9 @@ class TaskExecution:
             self._pending_save = None
             files, dirs = self._save_dataset or (list(self._files), list(self._dirs))
             self._save_dataset = None
+            if self._capture is not None:
+                self._capture.save(save.file, files, dirs, self._committer(save, files, dirs))
+                return
             rec = self._record
             gen = (rec.checkpoint.generation if rec.checkpoint else 0) + 1
             data = CheckpointData(
@@ -756,6 +918,37 @@ class TaskExecution:
                 rec.checkpoint = data
             self._dirty = False
         self._emit("checkpoint_saved", gen)
+
+    def _committer(
+        self, save: CheckpointSave, files: list[str], dirs: list[str]
+    ) -> Callable[[str, str | None], None]:
+        """The commit of a save once its files are in the store (run on the capture thread)."""
+
+        def commit(manifest: str, file: str | None) -> None:
+            with self._lock:
+                rec = self._record
+                gen = (rec.checkpoint.generation if rec.checkpoint else 0) + 1
+                data = CheckpointData(
+                    generation=gen,
+                    state=save.state,
+                    file=file,
+                    files=files,
+                    dirs=dirs,
+                    saved_at=time.time(),
+                    attempt=self.attempt,
+                    manifest=manifest,
+                )
+                self._sync_dataset()
+                assert self.store is not None
+                try:
+                    self.store.commit_checkpoint(rec, data)
+                except StoreError as exc:
+                    self._warn(f"checkpoint generation {gen} was not stored: {exc}")
+                    return
+                self._dirty = False
+            self._emit("checkpoint_saved", gen)
+
+        return commit
 
     def _persist(self, force: bool = False) -> None:
         if self.store is None:

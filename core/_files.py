@@ -1,0 +1,1078 @@
+"""Managed file data flow: checkpoint files carried by the store, restored on another host.
+
+The CHECKPOINT RFC idea (seed 000, "Shared file systems vs managed file data flow") names two
+models. In ``shared`` mode (the default) the store keeps only the paths a task names; the files
+must outlive the task on a file system every host sees. In ``managed`` mode the store keeps the
+files themselves:
+
+- **Capture while the task runs.** Files and directories named by ``openjd_checkpoint_files``
+  and the ``file`` of ``openjd_checkpoint_save`` are hashed and uploaded by a background thread
+  (``FileCapture``) as soon as they are named, while the task keeps running (the seed's
+  pipelined output). Content is addressed by its SHA-256, so a file that did not change is not
+  uploaded again and generations share what they have in common.
+- **Atomic commit.** A save commits only when every file of its dataset is in: the manifest (a
+  JSON list of entries, itself stored by hash) is written, then the generation and the task
+  record (``CheckpointStore.commit_checkpoint``), the record last. A declared file that vanished
+  or changed since it was captured fails that save with a warning; the previous generation stays
+  the resume point.
+- **Restore on resume** (``restore_checkpoint``): before ``onCheckpointResume`` runs, the
+  dataset is written into the new session's working directory (which may be on another host at
+  another path) and into allowed roots; hashes are verified while writing.
+
+Store layout (beside ``jobs/``)::
+
+    blobs/sha256/<h[:2]>/<h>              file content, named by its SHA-256
+    blobs/tmp/<uuid>                      an upload in flight (gc removes old ones)
+    manifests/<h[:2]>/<h>.json            a generation's manifest, named by its SHA-256
+    jobs/<job>/runs/<run>/outputs/<task_id>.json   files a task declared so far (early outputs)
+
+Path safety: only paths under the task's session working directory or under roots allowed in
+configuration (``--file-root``, ``$OPENJD_CHECKPOINT_FILE_ROOTS``) are captured; ``..``, paths
+outside the roots, symbolic links that resolve outside them, devices, FIFOs and sockets are
+refused with a warning. Restoring never writes outside the restore root, whatever a manifest
+says: a manifest with any entry that is not a clean relative path below a known root is refused
+whole; no folder on the way may be a symbolic link.
+
+fsspec (the store's file system layer) lacks an atomic "create if absent" upload that streams;
+uploads therefore go to ``blobs/tmp/<uuid>`` and are moved to their content name when complete
+(on a local store with ``os.replace``, on object stores with the server's copy).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import posixpath
+import queue
+import stat
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ._errors import StoreError
+
+__all__ = (
+    "DEFAULT_GC_GRACE_SECONDS",
+    "FILE_ROOTS_VARIABLE",
+    "FILES_MODE_VARIABLE",
+    "CaptureStats",
+    "FileCapture",
+    "FileDataFlow",
+    "GcReport",
+    "Manifest",
+    "ManifestEntry",
+    "RestoreError",
+    "RestoreResult",
+    "collect_file_garbage",
+    "file_flow_from_env",
+    "file_roots_from_env",
+    "locate",
+    "restore_checkpoint",
+)
+
+FILES_MODE_VARIABLE = "OPENJD_CHECKPOINT_FILES"
+"""Environment variable choosing the file data flow: ``shared`` (default) or ``managed``."""
+
+FILE_ROOTS_VARIABLE = "OPENJD_CHECKPOINT_FILE_ROOTS"
+"""Environment variable: absolute folders (separated by ``os.pathsep``) whose files a managed
+store may capture and restore, besides the session working directory."""
+
+CHUNK_BYTES = 4 * 1024 * 1024
+"""Read and write size when hashing, uploading and restoring, in bytes: memory stays flat
+whatever the file's size."""
+
+MAX_MANIFEST_BYTES = 64 * 1024 * 1024
+"""The largest manifest read, in bytes."""
+
+DEFAULT_GC_GRACE_SECONDS = 3600.0
+"""Content younger than this (seconds) is never collected: a live run may still commit it."""
+
+SESSION_ROOT = "session"
+"""The root token of paths under the session working directory."""
+
+_HEX64 = frozenset("0123456789abcdef")
+
+
+class FileDataFlow(str, Enum):
+    """How a store treats checkpoint files (seed 000, "Shared file systems vs managed file data
+    flow")."""
+
+    SHARED = "shared"
+    """Paths only: the files live on a file system every host sees."""
+    MANAGED = "managed"
+    """The store keeps the files and restores them on resume."""
+
+
+def file_flow_from_env(value: str | None = None) -> FileDataFlow:
+    """``value``, else ``$OPENJD_CHECKPOINT_FILES``, else ``shared``.
+
+    Raises:
+        StoreError: not ``shared`` or ``managed``.
+    """
+    text = value if value is not None else os.environ.get(FILES_MODE_VARIABLE, "")
+    text = text.strip().lower() or FileDataFlow.SHARED.value
+    try:
+        return FileDataFlow(text)
+    except ValueError:
+        origin = "the option" if value is not None else "$" + FILES_MODE_VARIABLE
+        raise StoreError(
+            f"file data flow {text!r} (from {origin}) is not 'shared' or 'managed'"
+        ) from None
+
+
+def file_roots_from_env(extra: Iterable[str] = ()) -> list[str]:
+    """The allowed roots: ``extra`` then ``$OPENJD_CHECKPOINT_FILE_ROOTS``, normalized.
+
+    Raises:
+        StoreError: a root that is not an absolute path.
+    """
+    roots: list[str] = []
+    env = os.environ.get(FILE_ROOTS_VARIABLE, "")
+    for root in [*extra, *(r for r in env.split(os.pathsep) if r.strip())]:
+        if not os.path.isabs(root):
+            raise StoreError(f"file root {root!r} is not an absolute path")
+        norm = os.path.normpath(root)
+        if norm not in roots:
+            roots.append(norm)
+    return roots
+
+
+class RestoreError(Exception):
+    """A generation's files cannot be restored (the message says which and why)."""
+
+
+# --- manifests ---------------------------------------------------------------------------------
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PathRef(_Model):
+    """A path as ``root`` (``session`` or an allowed root's absolute path) plus a relative
+    POSIX path below it (``""`` for the root itself)."""
+
+    root: str
+    path: str
+
+
+class ManifestEntry(_Model):
+    """One file or folder of a checkpoint's dataset."""
+
+    root: str
+    path: str
+    kind: str = "file"
+    """``file`` or ``dir`` (a folder, restored even when empty)."""
+    sha256: str | None = None
+    size: int = 0
+    """Bytes."""
+    executable: bool = False
+
+
+class Manifest(_Model):
+    """The files of one checkpoint generation (stored as ``manifests/<h[:2]>/<h>.json``)."""
+
+    version: int = 1
+    entries: list[ManifestEntry] = Field(default_factory=list)
+    file: PathRef | None = None
+    """Where the save's ``file`` is, for ``{{Task.Checkpoint.File}}``."""
+    files: list[PathRef] = Field(default_factory=list)
+    dirs: list[PathRef] = Field(default_factory=list)
+
+
+def _clean_relative(path: str) -> bool:
+    if path == "":
+        return True
+    if path.startswith("/") or "\\" in path or "\x00" in path:
+        return False
+    return all(part not in ("", ".", "..") for part in path.split("/"))
+
+
+def _valid_hash(text: str | None) -> bool:
+    return text is not None and len(text) == 64 and set(text) <= _HEX64
+
+
+def blob_key(digest: str) -> str:
+    return f"blobs/sha256/{digest[:2]}/{digest}"
+
+
+def manifest_key(digest: str) -> str:
+    return f"manifests/{digest[:2]}/{digest}.json"
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def locate(path: str, session_dir: str | None, roots: Iterable[str]) -> PathRef | None:
+    """Where ``path`` (absolute) lies: under the session working directory or an allowed root,
+    lexically (no ``..`` component) and once symbolic links are resolved. None if neither."""
+    if not os.path.isabs(path) or ".." in path.replace("\\", "/").split("/"):
+        return None
+    norm = os.path.normpath(path)
+    real = os.path.realpath(norm)
+    candidates: list[tuple[str, str]] = []
+    if session_dir:
+        candidates.append((SESSION_ROOT, session_dir))
+    candidates.extend((root, root) for root in roots)
+    for token, root in candidates:
+        root_norm = os.path.normpath(root)
+        root_real = os.path.realpath(root_norm)
+        if (_under(norm, root_norm) or _under(norm, root_real)) and _under(real, root_real):
+            rel = os.path.relpath(real, root_real)
+            return PathRef(root=token, path="" if rel == "." else rel.replace(os.sep, "/"))
+    return None
+
+
+# --- blobs in the store ------------------------------------------------------------------------
+class _Blobs:
+    """Content-addressed files in a ``CheckpointStore``, confined to its root."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.fs = store.fs
+        self.local = store._local
+
+    def path(self, key: str) -> str:
+        return self.store._checked(posixpath.join(self.store.root, key))
+
+    def exists(self, key: str) -> bool:
+        path = self.path(key)
+        try:
+            if self.local:
+                self.store._checked(path, whole=True)
+                return stat.S_ISREG(os.lstat(path).st_mode)
+            return bool(self.fs.exists(path))
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise StoreError(f"cannot check {self.store._where(path)}: {exc}") from None
+
+    def touch(self, key: str) -> None:
+        """Mark reused content as recently used, so that ``gc``'s grace period protects it
+        until the save that reuses it commits (local stores; object stores cannot touch an
+        object without copying it, so there the grace period must outlast a save)."""
+        if self.local:
+            try:
+                os.utime(self.path(key))
+            except OSError:
+                pass
+
+    def upload(self, source_fd: int, key: str, digest: str) -> int:
+        """Stream the open file ``source_fd`` (from its start) to ``key``, verifying that its
+        content still hashes to ``digest``. Returns the bytes written.
+
+        Raises:
+            RestoreError: the content changed while it was read (nothing is stored).
+            StoreError: the store cannot be written.
+        """
+        tmp = self.path(f"blobs/tmp/{uuid.uuid4().hex}")
+        final = self.path(key)
+        h = hashlib.sha256()
+        size = 0
+        try:
+            self.store._makedirs(posixpath.dirname(tmp))
+            if self.local:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+                with os.fdopen(fd, "wb") as out:
+                    for chunk in _chunks(source_fd):
+                        h.update(chunk)
+                        size += len(chunk)
+                        out.write(chunk)
+                    out.flush()
+                    os.fsync(out.fileno())
+            else:
+                with self.fs.open(tmp, "wb") as out:
+                    for chunk in _chunks(source_fd):
+                        h.update(chunk)
+                        size += len(chunk)
+                        out.write(chunk)
+            if h.hexdigest() != digest:
+                self._discard(tmp)
+                raise RestoreError("its content changed while it was being stored")
+            if self.local:
+                self.store._makedirs(posixpath.dirname(final))
+                os.replace(tmp, final)
+            else:
+                self.fs.mv(tmp, final)
+            return size
+        except OSError as exc:
+            self._discard(tmp)
+            raise StoreError(f"cannot store {self.store._where(final)}: {exc}") from None
+
+    def _discard(self, path: str) -> None:
+        try:
+            if self.local:
+                os.unlink(path)
+            elif self.fs.exists(path):
+                self.fs.rm(path)
+        except OSError:
+            pass
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        path = self.path(key)
+        try:
+            self.store._makedirs(posixpath.dirname(path))
+            if self.local:
+                tmp = self.path(f"blobs/tmp/{uuid.uuid4().hex}")
+                self.store._makedirs(posixpath.dirname(tmp))
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+                with os.fdopen(fd, "wb") as out:
+                    out.write(data)
+                    out.flush()
+                    os.fsync(out.fileno())
+                os.replace(tmp, path)
+            else:
+                self.fs.pipe_file(path, data)
+        except OSError as exc:
+            raise StoreError(f"cannot write {self.store._where(path)}: {exc}") from None
+
+    def open_read(self, key: str) -> Any:
+        """A binary file object of ``key``'s content (caller closes).
+
+        Raises:
+            FileNotFoundError: no such content.
+            StoreError: it cannot be read.
+        """
+        path = self.path(key)
+        try:
+            if self.local:
+                self.store._checked(path, whole=True)
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    os.close(fd)
+                    raise StoreError(f"{self.store._where(path)} is not a regular file")
+                return os.fdopen(fd, "rb")
+            return self.fs.open(path, "rb")
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise StoreError(f"cannot read {self.store._where(path)}: {exc}") from None
+
+    def read_manifest(self, digest: str) -> Manifest:
+        """The manifest named ``digest``, verified.
+
+        Raises:
+            RestoreError: missing, too large, not matching its hash, or not a valid manifest
+                (a manifest with any unsafe entry is refused whole).
+        """
+        if not _valid_hash(digest):
+            raise RestoreError(f"manifest name {digest!r} is not a SHA-256")
+        try:
+            with self.open_read(manifest_key(digest)) as fh:
+                raw = fh.read(MAX_MANIFEST_BYTES + 1)
+        except FileNotFoundError:
+            raise RestoreError(f"manifest {digest[:12]} is missing from the store") from None
+        except StoreError as exc:
+            raise RestoreError(str(exc)) from None
+        if len(raw) > MAX_MANIFEST_BYTES:
+            raise RestoreError(f"manifest {digest[:12]} is over {MAX_MANIFEST_BYTES} bytes")
+        if hashlib.sha256(raw).hexdigest() != digest:
+            raise RestoreError(f"manifest {digest[:12]} does not match its hash (edited?)")
+        try:
+            manifest = Manifest.model_validate(json.loads(raw.decode("utf-8")))
+        except (ValueError, ValidationError) as exc:
+            raise RestoreError(f"manifest {digest[:12]} is not a manifest: {exc}") from None
+        return manifest
+
+
+def _chunks(fd: int) -> Iterable[bytes]:
+    os.lseek(fd, 0, os.SEEK_SET)
+    while True:
+        chunk = os.read(fd, CHUNK_BYTES)
+        if not chunk:
+            return
+        yield chunk
+
+
+def _stat_key(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    return "not a regular file"
+
+
+# --- capture -----------------------------------------------------------------------------------
+@dataclass
+class _Captured:
+    sha256: str
+    size: int
+    executable: bool
+    stat_key: tuple[int, int, int, int, int]
+
+
+@dataclass
+class CaptureStats:
+    """What a ``FileCapture`` did (bytes and counts)."""
+
+    uploaded_bytes: int = 0
+    uploaded_files: int = 0
+    reused_files: int = 0
+    """Files whose content the store already had (not uploaded again)."""
+    hashed_bytes: int = 0
+
+
+class _CaptureFailedError(Exception):
+    pass
+
+
+@dataclass
+class _Save:
+    file: str | None
+    files: list[str]
+    dirs: list[str]
+    commit: Callable[[str, str | None], None]
+    """Called with (manifest hash, the save's file as resolved) once everything is in."""
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class FileCapture:
+    """Uploads a task's declared files in the background and commits its saves in order.
+
+    One worker thread per task execution: declarations and saves are processed in the order
+    they were read, so a file named again is captured again (the newer content wins) and a save
+    sees every upload named before it.
+
+    Args:
+        store: the ``CheckpointStore`` (managed mode).
+        session_dir: the task's session working directory.
+        roots: allowed roots besides the session directory.
+        warn: called with a warning text (thread-safe).
+        on_uploaded: called after each upload batch with the dataset uploaded so far
+            (``{declared path: (sha256, size)}``), for early outputs.
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        session_dir: str,
+        roots: list[str],
+        warn: Callable[[str], None],
+        on_uploaded: Callable[[dict[str, tuple[str, int]]], None] | None = None,
+    ) -> None:
+        self._blobs = _Blobs(store)
+        self.session_dir = session_dir
+        self.roots = list(roots)
+        self._warn = warn
+        self._on_uploaded = on_uploaded
+        self._queue: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._captured: dict[str, _Captured] = {}
+        """Real path -> what was captured of it."""
+        self._outputs: dict[str, tuple[str, int]] = {}
+        self.stats = CaptureStats()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._pending = 0
+        self._count_lock = threading.Lock()
+        self._abandoned = False
+        self._thread = threading.Thread(target=self._work, name="openjd-file-capture", daemon=True)
+        self._thread.start()
+
+    # --- called from the reader thread ----------------------------------------------------------
+    def refusal(self, path: str) -> str | None:
+        """Why ``path`` may not be captured (lexical and link check), or None."""
+        if ".." in path.replace("\\", "/").split("/"):
+            return "it has a '..' component"
+        if locate(path, self.session_dir, self.roots) is None:
+            where = "the session working directory"
+            if self.roots:
+                where += " or the allowed roots (" + ", ".join(self.roots) + ")"
+            return f"it is not under {where} once links are resolved"
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:
+            return None  # not there yet: checked again when it is captured
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            return f"it is {_kind(mode)}"
+        return None
+
+    def declare(self, files: Iterable[str], dirs: Iterable[str]) -> None:
+        """Capture these (absolute) files and folders in the background, now."""
+        self._put(("declare", (list(files), list(dirs))))
+
+    def save(self, file: str | None, files: list[str], dirs: list[str], commit: Any) -> None:
+        """Commit a save once every file of its dataset is in (in the background)."""
+        self._put(("save", _Save(file, list(files), list(dirs), commit)))
+
+    def adopt(self, path: str, entry: ManifestEntry) -> None:
+        """Record a restored file as captured (its content is in the store already)."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return
+        self._put(
+            (
+                "adopt",
+                (
+                    os.path.realpath(path),
+                    _Captured(entry.sha256 or "", entry.size, entry.executable, _stat_key(st)),
+                ),
+            )
+        )
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until everything queued is done; True if it was within ``timeout`` seconds."""
+        return self._idle.wait(timeout)
+
+    def abandon(self) -> None:
+        """Drop whatever is still queued (a deadline passed): nothing more is committed."""
+        self._abandoned = True
+
+    def close(self) -> None:
+        self._queue.put(("stop", None))
+
+    def _put(self, item: tuple[str, Any]) -> None:
+        with self._count_lock:
+            self._pending += 1
+            self._idle.clear()
+        self._queue.put(item)
+
+    # --- the worker ---------------------------------------------------------------------------
+    def _work(self) -> None:
+        while True:
+            kind, payload = self._queue.get()
+            if kind == "stop":
+                return
+            try:
+                if self._abandoned:
+                    continue
+                if kind == "declare":
+                    files, dirs = payload
+                    for path in files:
+                        self._try(path, lambda p: self._capture_file(p, output=True))
+                    for path in dirs:
+                        self._try(path, lambda p: self._capture_dir(p, strict=False))
+                    if self._on_uploaded is not None:
+                        try:
+                            self._on_uploaded(dict(self._outputs))
+                        except Exception:  # early outputs are best effort
+                            pass
+                elif kind == "adopt":
+                    real, cap = payload
+                    self._captured[real] = cap
+                elif kind == "save":
+                    self._commit(payload)
+            except Exception as exc:  # never let the worker die: the task must go on
+                self._warn(f"checkpoint files: {type(exc).__name__}: {exc}")
+            finally:
+                with self._count_lock:
+                    self._pending -= 1
+                    if self._pending == 0:
+                        self._idle.set()
+
+    def _try(self, path: str, fn: Callable[[str], Any]) -> None:
+        try:
+            fn(path)
+        except _CaptureFailedError as exc:
+            self._warn(f"checkpoint file {path!r} was not captured: {exc}")
+        except (StoreError, RestoreError) as exc:
+            self._warn(f"checkpoint file {path!r} was not captured: {exc}")
+
+    def _capture_file(self, path: str, *, output: bool = False) -> _Captured:
+        ref = locate(path, self.session_dir, self.roots)
+        if ref is None:
+            raise _CaptureFailedError(self.refusal(path) or "outside the roots")
+        real = os.path.realpath(path)
+        try:
+            fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except FileNotFoundError:
+            raise _CaptureFailedError("it does not exist") from None
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENXIO):
+                raise _CaptureFailedError("it is not a regular file") from None
+            raise _CaptureFailedError(exc.strerror or str(exc)) from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise _CaptureFailedError(f"it is {_kind(st.st_mode)}")
+            key = _stat_key(st)
+            known = self._captured.get(real)
+            if known is not None and known.stat_key == key:
+                if output:
+                    self._outputs[path] = (known.sha256, known.size)
+                return known
+            h = hashlib.sha256()
+            for chunk in _chunks(fd):
+                h.update(chunk)
+                self.stats.hashed_bytes += len(chunk)
+            digest = h.hexdigest()
+            if _stat_key(os.fstat(fd)) != key:
+                raise _CaptureFailedError("it changed while it was being read")
+            if self._blobs.exists(blob_key(digest)):
+                self.stats.reused_files += 1
+                self._blobs.touch(blob_key(digest))
+            else:
+                try:
+                    size = self._blobs.upload(fd, blob_key(digest), digest)
+                except RestoreError as exc:
+                    raise _CaptureFailedError(str(exc)) from None
+                self.stats.uploaded_bytes += size
+                self.stats.uploaded_files += 1
+            cap = _Captured(digest, st.st_size, bool(st.st_mode & 0o100), key)
+            self._captured[real] = cap
+            if output:
+                self._outputs[path] = (digest, st.st_size)
+            return cap
+        finally:
+            os.close(fd)
+
+    def _walk(self, path: str) -> tuple[list[str], list[str]]:
+        """The regular files and folders below the folder ``path`` (real paths), refusing
+        links that leave the roots and special files (with a warning each)."""
+        files: list[str] = []
+        folders: list[str] = []
+        stack = [os.path.realpath(path)]
+        while stack:
+            current = stack.pop()
+            folders.append(current)
+            try:
+                entries = sorted(os.scandir(current), key=lambda e: e.name)
+            except OSError as exc:
+                raise _CaptureFailedError(f"{current}: {exc.strerror or exc}") from None
+            for entry in entries:
+                full = os.path.join(current, entry.name)
+                try:
+                    st = os.lstat(full)
+                except OSError:
+                    continue
+                if stat.S_ISLNK(st.st_mode):
+                    if locate(full, self.session_dir, self.roots) is None:
+                        self._warn(
+                            f"checkpoint file {full!r} was not captured: it is a symbolic link "
+                            "that leads outside the allowed roots"
+                        )
+                        continue
+                    try:
+                        st = os.stat(full)
+                    except OSError:
+                        continue
+                    if stat.S_ISDIR(st.st_mode):
+                        self._warn(
+                            f"checkpoint folder {full!r} was not captured: links to folders "
+                            "are not followed"
+                        )
+                        continue
+                if stat.S_ISDIR(st.st_mode):
+                    stack.append(full)
+                elif stat.S_ISREG(st.st_mode):
+                    files.append(full)
+                else:
+                    self._warn(
+                        f"checkpoint file {full!r} was not captured: it is {_kind(st.st_mode)}"
+                    )
+        return files, folders
+
+    def _capture_dir(self, path: str, *, strict: bool) -> tuple[list[str], list[str]]:
+        if locate(path, self.session_dir, self.roots) is None:
+            raise _CaptureFailedError(self.refusal(path) or "outside the roots")
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            raise _CaptureFailedError("it does not exist") from None
+        if not stat.S_ISDIR(st.st_mode):
+            raise _CaptureFailedError(f"it is {_kind(st.st_mode)}, not a folder")
+        files, folders = self._walk(path)
+        for file in files:
+            if strict:
+                self._capture_file(file, output=True)
+            else:
+                self._try(file, lambda p: self._capture_file(p, output=True))
+        return files, folders
+
+    def _commit(self, save: _Save) -> None:
+        try:
+            manifest = self._manifest(save)
+        except _CaptureFailedError as exc:
+            self._warn(f"checkpoint not stored, the previous generation stays: {exc}")
+            save.done.set()
+            return
+        raw = (json.dumps(manifest.model_dump(mode="json"), sort_keys=True) + "\n").encode()
+        digest = hashlib.sha256(raw).hexdigest()
+        try:
+            if not self._blobs.exists(manifest_key(digest)):
+                self._blobs.put_bytes(manifest_key(digest), raw)
+        except StoreError as exc:
+            self._warn(f"checkpoint not stored, the previous generation stays: {exc}")
+            save.done.set()
+            return
+        save.commit(digest, save.file)
+        save.done.set()
+
+    def _entry_for(self, path: str, *, declared: bool) -> ManifestEntry:
+        """The manifest entry of a file, checking it is still what was captured."""
+        ref = locate(path, self.session_dir, self.roots)
+        if ref is None:
+            raise _CaptureFailedError(f"{path!r}: {self.refusal(path)}")
+        real = os.path.realpath(path)
+        cap = self._captured.get(real)
+        try:
+            st = os.stat(real)
+        except OSError:
+            raise _CaptureFailedError(f"{path!r} vanished after it was declared") from None
+        if cap is None:
+            try:
+                cap = self._capture_file(path)
+            except (_CaptureFailedError, StoreError) as exc:
+                raise _CaptureFailedError(f"{path!r}: {exc}") from None
+        elif cap.stat_key != _stat_key(st):
+            if declared:
+                raise _CaptureFailedError(
+                    f"{path!r} changed after it was declared (declare it again once it is written)"
+                )
+            try:
+                cap = self._capture_file(path)
+            except (_CaptureFailedError, StoreError) as exc:
+                raise _CaptureFailedError(f"{path!r}: {exc}") from None
+        return ManifestEntry(
+            root=ref.root,
+            path=ref.path,
+            sha256=cap.sha256,
+            size=cap.size,
+            executable=cap.executable,
+        )
+
+    def _manifest(self, save: _Save) -> Manifest:
+        entries: dict[tuple[str, str], ManifestEntry] = {}
+        files: list[PathRef] = []
+        dirs: list[PathRef] = []
+        for path in save.files:
+            entry = self._entry_for(path, declared=True)
+            entries[(entry.root, entry.path)] = entry
+            files.append(PathRef(root=entry.root, path=entry.path))
+        for path in save.dirs:
+            ref = locate(path, self.session_dir, self.roots)
+            if ref is None:
+                raise _CaptureFailedError(f"{path!r}: {self.refusal(path)}")
+            if not os.path.isdir(path):
+                raise _CaptureFailedError(f"folder {path!r} vanished after it was declared")
+            dirs.append(ref)
+            # A declared folder is captured as it is now: new or rewritten files in it are
+            # captured at this save (only a folder that vanished fails it).
+            found, folders = self._walk(path)
+            for folder in folders:
+                fref = locate(folder, self.session_dir, self.roots)
+                if fref is not None:
+                    entries.setdefault(
+                        (fref.root, fref.path),
+                        ManifestEntry(root=fref.root, path=fref.path, kind="dir"),
+                    )
+            for file in found:
+                entry = self._entry_for(file, declared=False)
+                entries[(entry.root, entry.path)] = entry
+        file_ref: PathRef | None = None
+        if save.file is not None:
+            entry = self._entry_for(save.file, declared=False)
+            entries[(entry.root, entry.path)] = entry
+            file_ref = PathRef(root=entry.root, path=entry.path)
+        return Manifest(
+            entries=sorted(entries.values(), key=lambda e: (e.root, e.path, e.kind)),
+            file=file_ref,
+            files=files,
+            dirs=dirs,
+        )
+
+
+# --- restore -----------------------------------------------------------------------------------
+@dataclass
+class RestoreResult:
+    """Where a generation's files now are."""
+
+    file: str | None
+    files: list[str]
+    dirs: list[str]
+    entries: list[tuple[str, ManifestEntry]]
+    """(restored path, entry) of every file."""
+    restored_bytes: int = 0
+
+
+def _target_root(token: str, session_dir: str, roots: list[str]) -> str:
+    if token == SESSION_ROOT:
+        return session_dir
+    norm = os.path.normpath(token) if os.path.isabs(token) else None
+    if norm is None or norm not in roots:
+        raise RestoreError(
+            f"the manifest names root {token!r}, which is not an allowed root on this host "
+            "(--file-root or $" + FILE_ROOTS_VARIABLE + ")"
+        )
+    return norm
+
+
+def _join(root: str, rel: str) -> str:
+    return root if rel == "" else os.path.join(root, *rel.split("/"))
+
+
+def _safe_dirs(root: str, rel_dir: str) -> str:
+    """Make the folders of ``rel_dir`` below ``root`` one at a time, refusing links."""
+    current = root
+    os.makedirs(root, exist_ok=True)
+    if rel_dir == "":
+        return current
+    for part in rel_dir.split("/"):
+        current = os.path.join(current, part)
+        try:
+            os.mkdir(current, 0o755)
+        except FileExistsError:
+            pass
+        mode = os.lstat(current).st_mode
+        if stat.S_ISLNK(mode) or not stat.S_ISDIR(mode):
+            raise RestoreError(f"{current} is not a folder (a link or a file is there)")
+    return current
+
+
+def restore_checkpoint(
+    store: Any, manifest_digest: str, session_dir: str, roots: list[str]
+) -> RestoreResult:
+    """Restore a generation's files into ``session_dir`` (and allowed roots).
+
+    Every entry is checked before anything is written: a manifest with any entry that is not a
+    clean relative path below a known root is refused whole. Each file is written to a temporary
+    name beside its target while its hash is checked, then renamed over the target (a link
+    there is replaced, never followed). Restoring twice gives the same tree.
+
+    Raises:
+        RestoreError: the manifest is missing, edited or unsafe, a file's content is missing or
+            does not match its hash, or a file cannot be written.
+    """
+    blobs = _Blobs(store)
+    manifest = blobs.read_manifest(manifest_digest)
+    refs: list[PathRef | ManifestEntry] = [*manifest.entries, *manifest.files, *manifest.dirs]
+    if manifest.file is not None:
+        refs.append(manifest.file)
+    targets: dict[str, str] = {}
+    for ref in refs:
+        if not _clean_relative(ref.path):
+            raise RestoreError(
+                f"manifest {manifest_digest[:12]} is refused whole: entry {ref.path!r} is not a "
+                "clean relative path"
+            )
+        targets[ref.root] = _target_root(ref.root, session_dir, roots)
+    for entry in manifest.entries:
+        if entry.kind not in ("file", "dir"):
+            raise RestoreError(
+                f"manifest {manifest_digest[:12]}: unknown entry kind {entry.kind!r}"
+            )
+        if entry.kind == "file" and (not _valid_hash(entry.sha256) or entry.path == ""):
+            raise RestoreError(
+                f"manifest {manifest_digest[:12]} is refused whole: entry {entry.path!r} has no "
+                "valid content hash"
+            )
+    result = RestoreResult(
+        file=_join(targets[manifest.file.root], manifest.file.path) if manifest.file else None,
+        files=[_join(targets[r.root], r.path) for r in manifest.files],
+        dirs=[_join(targets[r.root], r.path) for r in manifest.dirs],
+        entries=[],
+    )
+    for entry in manifest.entries:
+        root = targets[entry.root]
+        try:
+            if entry.kind == "dir":
+                _safe_dirs(root, entry.path)
+                continue
+            parent_rel, _, name = entry.path.rpartition("/")
+            parent = _safe_dirs(root, parent_rel)
+            target = os.path.join(parent, name)
+            result.restored_bytes += _restore_file(blobs, entry, parent, target)
+            result.entries.append((target, entry))
+        except OSError as exc:
+            raise RestoreError(f"cannot restore {entry.path!r}: {exc.strerror or exc}") from None
+    return result
+
+
+def _restore_file(blobs: _Blobs, entry: ManifestEntry, parent: str, target: str) -> int:
+    digest = entry.sha256 or ""
+    tmp = os.path.join(parent, f".openjd-restore-{uuid.uuid4().hex}")
+    h = hashlib.sha256()
+    size = 0
+    try:
+        src = blobs.open_read(blob_key(digest))
+    except FileNotFoundError:
+        raise RestoreError(f"the content of {entry.path!r} is missing from the store") from None
+    except StoreError as exc:
+        raise RestoreError(str(exc)) from None
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with src, os.fdopen(fd, "wb") as out:
+            while True:
+                chunk = src.read(CHUNK_BYTES)
+                if not chunk:
+                    break
+                h.update(chunk)
+                size += len(chunk)
+                out.write(chunk)
+        if h.hexdigest() != digest or size != entry.size:
+            raise RestoreError(
+                f"the stored content of {entry.path!r} does not match its hash "
+                f"({digest[:12]}): the store was damaged or edited"
+            )
+        os.chmod(tmp, 0o755 if entry.executable else 0o644)
+        os.replace(tmp, target)
+        tmp = ""
+        return size
+    finally:
+        if tmp:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+
+# --- garbage collection ------------------------------------------------------------------------
+@dataclass
+class GcReport:
+    """What ``collect_file_garbage`` removed (counts and bytes)."""
+
+    blobs_removed: int = 0
+    manifests_removed: int = 0
+    uploads_removed: int = 0
+    bytes_freed: int = 0
+    kept_blobs: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+
+def _mtime(info: dict[str, Any]) -> float:
+    for key in ("mtime", "LastModified", "created"):
+        value = info.get(key)
+        if value is None:
+            continue
+        if hasattr(value, "timestamp"):
+            return float(value.timestamp())
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            continue
+    return time.time()  # unknown: treat as new, never collect it
+
+
+def _list_files(store: Any, prefix: str) -> list[tuple[str, dict[str, Any]]]:
+    """(path, info with ``size`` and a modification time) of every file under ``prefix``."""
+    base = posixpath.join(store.root, prefix)
+    out: list[tuple[str, dict[str, Any]]] = []
+    if store._local:
+        if not os.path.isdir(base):
+            return out
+        store._checked(base, whole=True)
+        for current, _folders, names in os.walk(base, followlinks=False):
+            for name in names:
+                path = os.path.join(current, name)
+                try:
+                    st = os.lstat(path)
+                except OSError:
+                    continue
+                out.append((path, {"size": st.st_size, "mtime": st.st_mtime}))
+        return out
+    try:
+        found = store.fs.find(base, detail=True)
+    except FileNotFoundError:
+        return out
+    for path, info in found.items():
+        if info.get("type") == "file":
+            out.append((path, info))
+    return out
+
+
+def referenced_manifests(store: Any) -> tuple[set[str], list[str]]:
+    """The manifest hashes of every stored generation and task record of every run."""
+    names: set[str] = set()
+    warnings: list[str] = []
+    runs, run_warnings = store.list_runs()
+    warnings.extend(run_warnings)
+    for run in runs:
+        tasks, task_warnings = store.read_tasks(run.job_key, run.run_id)
+        warnings.extend(task_warnings)
+        for rec in tasks:
+            if rec.checkpoint is not None and rec.checkpoint.manifest:
+                names.add(rec.checkpoint.manifest)
+            for gen in store.list_generations(rec):
+                if gen.manifest:
+                    names.add(gen.manifest)
+    return names, warnings
+
+
+def _output_blobs(store: Any, warnings: list[str]) -> set[str]:
+    """The content named by the early-outputs indexes of the runs still stored."""
+    out: set[str] = set()
+    runs, _ = store.list_runs()
+    for run in runs:
+        for index in store.read_outputs(run.job_key, run.run_id):
+            for item in index.get("files", {}).values():
+                digest = item.get("sha256") if isinstance(item, dict) else None
+                if isinstance(digest, str):
+                    out.add(digest)
+    return out
+
+
+def collect_file_garbage(
+    store: Any, *, grace_seconds: float = DEFAULT_GC_GRACE_SECONDS, dry_run: bool = False
+) -> GcReport:
+    """Remove content and manifests no kept generation references, and abandoned uploads.
+
+    Anything younger than ``grace_seconds`` stays: a live run may be about to commit it (a save
+    uploads its files before it writes the generation that references them). A manifest that
+    cannot be read keeps nothing alive and is reported.
+
+    Raises:
+        StoreError: the store cannot be listed or written.
+    """
+    report = GcReport()
+    now = time.time()
+    kept_manifests, warnings = referenced_manifests(store)
+    report.warnings.extend(warnings)
+    blobs = _Blobs(store)
+    live_blobs: set[str] = set()
+    for digest in sorted(kept_manifests):
+        try:
+            manifest = blobs.read_manifest(digest)
+        except RestoreError as exc:
+            report.warnings.append(str(exc))
+            continue
+        live_blobs.update(e.sha256 for e in manifest.entries if e.sha256)
+    live_blobs.update(_output_blobs(store, report.warnings))
+
+    def remove(path: str) -> None:
+        if dry_run:
+            return
+        try:
+            store._remove_file(store._checked(path))
+        except OSError as exc:
+            report.warnings.append(f"cannot remove {path}: {exc}")
+
+    for path, info in _list_files(store, "manifests"):
+        name = posixpath.basename(path)
+        digest = name[: -len(".json")] if name.endswith(".json") else name
+        if digest in kept_manifests or now - _mtime(info) < grace_seconds:
+            continue
+        remove(path)
+        report.manifests_removed += 1
+        report.bytes_freed += int(info.get("size") or 0)
+    for path, info in _list_files(store, "blobs/sha256"):
+        digest = posixpath.basename(path)
+        if digest in live_blobs:
+            report.kept_blobs += 1
+            continue
+        if now - _mtime(info) < grace_seconds:
+            continue
+        remove(path)
+        report.blobs_removed += 1
+        report.bytes_freed += int(info.get("size") or 0)
+    for path, info in _list_files(store, "blobs/tmp"):
+        if now - _mtime(info) < grace_seconds:
+            continue
+        remove(path)
+        report.uploads_removed += 1
+        report.bytes_freed += int(info.get("size") or 0)
+    return report

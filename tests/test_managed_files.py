@@ -1,0 +1,556 @@
+"""Managed file data flow (issue 11): the store carries checkpoint files and restores them.
+
+Real processes write real files; the store is a local folder, ``memory://`` or (where the
+S3-protocol fixture is available) moto's server on 127.0.0.1. A resume runs in another session
+folder, standing in for another host.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import textwrap
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from core import CheckpointStore, StopIntent, TaskExecution, TaskOutcome, parse_template
+from core import prepare_job
+from core._files import blob_key, collect_file_garbage, manifest_key
+from core._job import TaskSpec
+
+pytestmark = pytest.mark.slow
+RUN_ID = "20260101-000000-000011"
+
+# The task: frame files and a checkpoint file in the session working directory. Each frame
+# ``k`` holds the number k*k; the result is the sum of every frame file present at the end, so
+# a resume that lost the earlier frames computes a wrong number.
+WORKER = r"""
+import json, os, signal, sys, time
+total_frames, delay = int(sys.argv[1]), float(sys.argv[2])
+resume_file = sys.argv[3] if len(sys.argv) > 3 else ""
+wd = os.getcwd()
+os.makedirs("frames", exist_ok=True)
+n = 0
+if resume_file:
+    n = int(open(resume_file).read())
+    print(f"RESUMED AT {n} FROM {resume_file}", flush=True)
+    print('openjd_checkpoint_resume_status: {"status": "RESUMED"}', flush=True)
+stopping = False
+def on_signal(sig, frame):
+    global stopping
+    stopping = True
+signal.signal(signal.SIGUSR1, on_signal)
+while n < total_frames:
+    frame = os.path.join(wd, "frames", f"f{n:03d}.txt")
+    with open(frame, "w") as fh:
+        fh.write(f"{n * n} {os.environ.get('SALT', '')}")
+    print("openjd_checkpoint_files: " + json.dumps({"files": [frame]}), flush=True)
+    n += 1
+    ckpt = os.path.join(wd, "ckpt.txt")
+    with open(ckpt + ".tmp", "w") as fh:
+        fh.write(str(n))
+    os.replace(ckpt + ".tmp", ckpt)
+    print("openjd_checkpoint_save: " + json.dumps({"file": ckpt}), flush=True)
+    print(f"SAVED {n}", flush=True)
+    if stopping:
+        sys.exit(1)
+    time.sleep(delay)
+total = sum(
+    int(open(os.path.join(wd, "frames", f)).read().split()[0]) for f in os.listdir("frames")
+)
+print(f"RESULT {total}", flush=True)
+"""
+
+
+def frames_job(frames: int = 6, delay: float = 0.3):
+    notify = {
+        "mode": "NOTIFY_THEN_TERMINATE",
+        "notifyPeriodInSeconds": 20,
+        "signalToNotify": "SIGUSR1",
+    }
+    args = ["{{Task.File.Worker}}", str(frames), str(delay)]
+    doc: dict[str, Any] = {
+        "specificationVersion": "jobtemplate-2023-09",
+        "extensions": ["CHECKPOINT"],
+        "name": "managed files test",
+        "steps": [
+            {
+                "name": "S",
+                "script": {
+                    "actions": {
+                        "onRun": {
+                            "command": "python3",
+                            "args": args,
+                            "checkpointCancelation": notify,
+                        },
+                        "onCheckpointResume": {
+                            "command": "python3",
+                            "args": [*args, "{{Task.Checkpoint.File}}"],
+                            "checkpointCancelation": notify,
+                        },
+                    },
+                    "embeddedFiles": [
+                        {"name": "Worker", "type": "TEXT", "data": textwrap.dedent(WORKER)}
+                    ],
+                },
+            }
+        ],
+    }
+    return prepare_job(parse_template(doc))
+
+
+@pytest.fixture(params=["local", "memory", "s3"])
+def managed_store(request, tmp_path: Path):
+    """A managed store of each backend."""
+    kind = request.param
+    if kind == "local":
+        return CheckpointStore(tmp_path / "store", files="managed")
+    if kind == "memory":
+        return CheckpointStore(f"memory://managed-{uuid.uuid4().hex}", files="managed")
+    try:
+        url = request.getfixturevalue("s3_store_url")
+    except pytest.FixtureLookupError:
+        pytest.skip("no S3-protocol fixture")
+    return CheckpointStore(url, files="managed")
+
+
+class Run:
+    """A TaskExecution on a worker thread, with its output lines and warnings."""
+
+    def __init__(self, job, store, working_root: Path, record=None, resume=None) -> None:
+        spec = next(iter(job.plan_step("S")))
+        if resume is not None:
+            spec = TaskSpec(spec.step_name, spec.task_key, spec.parameters, spec.parameters, resume)
+        self.lines: list[str] = []
+        working_root.mkdir(parents=True, exist_ok=True)
+        self.ex = TaskExecution(
+            job,
+            spec,
+            run_id=RUN_ID,
+            store=store,
+            record=record,
+            working_root=str(working_root),
+            on_output=lambda _ex, lines: self.lines.extend(lines),
+        )
+        self.result = None
+        self.thread = threading.Thread(target=self._run)
+        self.thread.start()
+
+    def _run(self) -> None:
+        self.result = self.ex.run()
+
+    def wait_line(self, text: str, timeout: float = 30) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if any(text in line for line in self.lines):
+                return
+            time.sleep(0.02)
+        raise AssertionError(f"no {text!r} in {self.lines}")
+
+    def join(self, timeout: float = 120):
+        self.thread.join(timeout)
+        assert not self.thread.is_alive()
+        return self.result
+
+
+def expected(frames: int) -> int:
+    return sum(k * k for k in range(frames))
+
+
+def test_interrupted_task_resumes_in_another_session_folder_with_its_files(
+    managed_store, tmp_path: Path
+) -> None:
+    job = frames_job(frames=6)
+    first = Run(job, managed_store, tmp_path / "host-a")
+    first.wait_line("SAVED 2")
+    first.ex.stop(StopIntent.CHECKPOINT)
+    result = first.join()
+    assert result.outcome == TaskOutcome.INTERRUPTED_WITH_CHECKPOINT, result.message
+    cp = result.record.checkpoint
+    assert cp is not None and cp.manifest, cp
+    assert not list((tmp_path / "host-a").iterdir())  # the session folder is gone
+    done = int(Path(cp.file).name == "ckpt.txt") and cp.generation
+    assert done >= 2
+
+    second = Run(job, managed_store, tmp_path / "host-b", record=result.record, resume=cp)
+    result2 = second.join()
+    assert result2.outcome == TaskOutcome.SUCCEEDED, (result2.message, second.ex.warnings)
+    resumed = next(line for line in second.lines if line.startswith("RESUMED AT"))
+    # Task.Checkpoint.File points into the new session folder, on "host-b".
+    assert str(tmp_path / "host-b") in resumed, resumed
+    assert f"RESULT {expected(6)}" in second.lines, second.lines
+
+
+def test_an_unchanged_200_mb_file_is_uploaded_once(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path / "store", files="managed")
+    big = tmp_path / "big.bin"
+    with open(big, "wb") as fh:
+        block = os.urandom(1 << 20)
+        for _ in range(200):
+            fh.write(block)
+    code = f"""
+import json
+big = {str(big)!r}
+for n in (1, 2):
+    print("openjd_checkpoint_files: " + json.dumps({{"files": [big]}}), flush=True)
+    print("openjd_checkpoint_save: " + json.dumps({{"state": str(n)}}), flush=True)
+"""
+    doc = {
+        "specificationVersion": "jobtemplate-2023-09",
+        "name": "big file",
+        "steps": [
+            {
+                "name": "S",
+                "script": {"actions": {"onRun": {"command": "python3", "args": ["-c", code]}}},
+            }
+        ],
+    }
+    job = prepare_job(parse_template(doc))
+    store.file_roots = [str(tmp_path)]
+    run = Run(job, store, tmp_path / "work")
+    result = run.join()
+    assert result.outcome == TaskOutcome.SUCCEEDED, (result.message, run.ex.warnings)
+    assert result.record.checkpoint is not None
+    assert run.ex.file_stats.uploaded_bytes == 200 << 20
+    assert run.ex.file_stats.uploaded_files == 1
+    blobs = list((tmp_path / "store" / "blobs" / "sha256").rglob("*"))
+    assert len([b for b in blobs if b.is_file()]) == 1
+
+
+def _save_after(change: str, tmp_path: Path) -> str:
+    """A task that saves generation 1 properly, then declares a file, changes or deletes it,
+    and saves again."""
+    return f"""
+import json, os, time
+wd = os.getcwd()
+good = os.path.join(wd, "good.txt")
+open(good, "w").write("good")
+print("openjd_checkpoint_files: " + json.dumps({{"files": [good]}}), flush=True)
+print("openjd_checkpoint_save: " + json.dumps({{"state": "one"}}), flush=True)
+time.sleep(0.5)
+bad = os.path.join(wd, "bad.txt")
+open(bad, "w").write("first")
+print("openjd_checkpoint_files: " + json.dumps({{"files": [bad]}}), flush=True)
+time.sleep(0.8)
+if {change!r} == "delete":
+    os.unlink(bad)
+else:
+    open(bad, "w").write("second, longer")
+print("openjd_checkpoint_save: " + json.dumps({{"state": "two"}}), flush=True)
+time.sleep(0.5)
+"""
+
+
+@pytest.mark.parametrize("change", ["delete", "change"])
+def test_a_file_deleted_or_changed_before_the_commit_fails_that_save(
+    change: str, tmp_path: Path
+) -> None:
+    store = CheckpointStore(tmp_path / "store", files="managed")
+    doc = {
+        "specificationVersion": "jobtemplate-2023-09",
+        "name": "changed file",
+        "steps": [
+            {
+                "name": "S",
+                "script": {
+                    "actions": {
+                        "onRun": {
+                            "command": "python3",
+                            "args": ["-c", _save_after(change, tmp_path)],
+                        }
+                    }
+                },
+            }
+        ],
+    }
+    job = prepare_job(parse_template(doc))
+    run = Run(job, store, tmp_path / "work")
+    result = run.join()
+    cp = result.record.checkpoint
+    assert cp is not None and cp.generation == 1 and cp.state == "one", cp
+    word = "vanished" if change == "delete" else "changed"
+    assert any(word in w and "bad.txt" in w for w in run.ex.warnings), run.ex.warnings
+
+
+SHARED_IN_SESSION = """
+import json, os
+path = os.path.join(os.getcwd(), "lost.txt")
+open(path, "w").write("x")
+print("openjd_checkpoint_files: " + json.dumps({"files": [path]}), flush=True)
+print("openjd_checkpoint_save: " + json.dumps({"state": "s"}), flush=True)
+"""
+
+
+def test_shared_mode_refuses_files_in_the_session_folder(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path / "store", files="shared")
+    doc = {
+        "specificationVersion": "jobtemplate-2023-09",
+        "name": "shared honest",
+        "steps": [
+            {
+                "name": "S",
+                "script": {
+                    "actions": {"onRun": {"command": "python3", "args": ["-c", SHARED_IN_SESSION]}}
+                },
+            }
+        ],
+    }
+    run = Run(prepare_job(parse_template(doc)), store, tmp_path / "work")
+    result = run.join()
+    cp = result.record.checkpoint
+    assert cp is not None and cp.files == [] and cp.manifest is None
+    assert any("session working directory" in w and "lost.txt" in w for w in run.ex.warnings)
+
+
+def _hostile_task(outside: Path) -> str:
+    return f"""
+import json, os
+wd = os.getcwd()
+os.symlink("/etc/passwd", os.path.join(wd, "link-out"))
+os.makedirs(os.path.join(wd, "d"))
+os.symlink("/etc", os.path.join(wd, "d", "etc-link"))
+os.symlink("/etc/hostname", os.path.join(wd, "d", "host-link"))
+open(os.path.join(wd, "d", "ok.txt"), "w").write("ok")
+os.mkfifo(os.path.join(wd, "fifo"))
+os.mkfifo(os.path.join(wd, "d", "fifo"))
+for files in (["/etc/passwd"], [wd + "/../../etc/passwd"], [os.path.join(wd, "link-out")],
+              [os.path.join(wd, "fifo")], [{str(outside)!r}]):
+    print("openjd_checkpoint_files: " + json.dumps({{"files": files}}), flush=True)
+print("openjd_checkpoint_files: " + json.dumps({{"dirs": [os.path.join(wd, "d")]}}), flush=True)
+print("openjd_checkpoint_save: " + json.dumps({{"file": os.path.join(wd, "link-out")}}),
+      flush=True)
+print("openjd_checkpoint_save: " + json.dumps({{"state": "after"}}), flush=True)
+"""
+
+
+def test_hostile_declarations_capture_nothing_outside_the_roots(tmp_path: Path) -> None:
+    outside = tmp_path / "outside.txt"
+    outside.write_text("secret outside the roots")
+    store = CheckpointStore(tmp_path / "store", files="managed")
+    doc = {
+        "specificationVersion": "jobtemplate-2023-09",
+        "name": "hostile",
+        "steps": [
+            {
+                "name": "S",
+                "script": {
+                    "actions": {
+                        "onRun": {"command": "python3", "args": ["-c", _hostile_task(outside)]}
+                    }
+                },
+            }
+        ],
+    }
+    run = Run(prepare_job(parse_template(doc)), store, tmp_path / "work")
+    result = run.join(60)
+    assert result.outcome == TaskOutcome.SUCCEEDED, (result.message, run.ex.warnings)
+    text = "\n".join(run.ex.warnings)
+    for needle in ("/etc/passwd", "'..'", "link-out", "fifo", "outside.txt", "etc-link"):
+        assert needle in text, (needle, text)
+    cp = result.record.checkpoint
+    assert cp is not None and cp.state == "after" and cp.manifest
+    # Only d/ok.txt (and the folder d) made it into the store.
+    secrets = {Path("/etc/passwd").read_bytes(), outside.read_bytes()}
+    blobs = [p for p in (tmp_path / "store" / "blobs").rglob("*") if p.is_file()]
+    assert [p.read_bytes() for p in blobs] == [b"ok"]
+    assert not secrets & {p.read_bytes() for p in blobs}
+    manifest = json.loads((tmp_path / "store" / manifest_key(cp.manifest)).read_text())
+    assert sorted(e["path"] for e in manifest["entries"]) == ["d", "d/ok.txt"]
+
+
+def _first_run(store, tmp_path: Path, frames: int = 4, stop_at: int = 2):
+    job = frames_job(frames=frames)
+    first = Run(job, store, tmp_path / "host-a")
+    first.wait_line(f"SAVED {stop_at}")
+    first.ex.stop(StopIntent.CHECKPOINT)
+    result = first.join()
+    assert result.record.checkpoint is not None
+    return job, result
+
+
+def _rewrite_manifest(store_root: Path, digest: str, edit) -> str:
+    data = json.loads((store_root / manifest_key(digest)).read_text())
+    edit(data)
+    raw = (json.dumps(data, sort_keys=True) + "\n").encode()
+    new = hashlib.sha256(raw).hexdigest()
+    path = store_root / manifest_key(new)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(raw)
+    return new
+
+
+@pytest.mark.parametrize(
+    "evil", ["../../escaped.txt", "/tmp/escaped-abs.txt", "frames/../../escaped.txt"]
+)
+def test_a_manifest_edited_to_point_outside_is_refused_whole(evil: str, tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    store = CheckpointStore(root, files="managed")
+    job, result = _first_run(store, tmp_path)
+    cp = result.record.checkpoint
+
+    def edit(data: dict) -> None:
+        data["entries"][0]["path"] = evil
+
+    tampered = cp.model_copy(update={"manifest": _rewrite_manifest(root, cp.manifest, edit)})
+    # Every generation is tampered: nothing can be restored, the task runs from the top.
+    for gen in store.list_generations(result.record):
+        path = root.joinpath(
+            *Path(store._gen_path(job.job_key, RUN_ID, *_tid(result.record), gen.generation))
+            .relative_to(root)
+            .parts
+        )
+        data = json.loads(path.read_text())
+        data["manifest"] = tampered.manifest
+        path.write_text(json.dumps(data))
+    second = Run(job, store, tmp_path / "host-b", record=result.record, resume=tampered)
+    result2 = second.join()
+    assert any("refused whole" in w for w in second.ex.warnings), second.ex.warnings
+    assert not (tmp_path / "escaped.txt").exists()
+    assert not Path("/tmp/escaped-abs.txt").exists()
+    assert not any(line.startswith("RESUMED AT") for line in second.lines)
+    assert f"RESULT {expected(4)}" in second.lines  # from the top, correctly
+
+
+def _tid(record) -> tuple[str]:
+    from core._store import task_id_for
+
+    return (task_id_for(record.step, record.task_key),)
+
+
+def test_a_blob_that_does_not_match_its_hash_fails_that_generation_only(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "store"
+    store = CheckpointStore(root, files="managed")
+    job, result = _first_run(store, tmp_path, frames=5, stop_at=3)
+    cp = result.record.checkpoint
+    manifest = json.loads((root / manifest_key(cp.manifest)).read_text())
+    # Damage the content of the newest checkpoint file (ckpt.txt holds a new number each save).
+    entry = next(e for e in manifest["entries"] if e["path"] == "ckpt.txt")
+    blob = root / blob_key(entry["sha256"])
+    blob.write_bytes(b"9" * entry["size"])
+    second = Run(job, store, tmp_path / "host-b", record=result.record, resume=cp)
+    result2 = second.join()
+    assert result2.outcome == TaskOutcome.SUCCEEDED, (result2.message, second.ex.warnings)
+    assert any(
+        f"generation {cp.generation} cannot be restored" in w and "does not match its hash" in w
+        for w in second.ex.warnings
+    ), second.ex.warnings
+    resumed = next(line for line in second.lines if line.startswith("RESUMED AT"))
+    assert resumed.startswith(f"RESUMED AT {cp.generation - 1} ")  # the generation before
+    assert f"RESULT {expected(5)}" in second.lines
+
+
+def test_restoring_twice_gives_the_same_tree(tmp_path: Path) -> None:
+    from core._files import restore_checkpoint
+
+    store = CheckpointStore(tmp_path / "store", files="managed")
+    _job, result = _first_run(store, tmp_path)
+    cp = result.record.checkpoint
+    target = tmp_path / "restore"
+    target.mkdir()
+
+    def tree() -> dict[str, bytes]:
+        return {
+            str(p.relative_to(target)): p.read_bytes() for p in target.rglob("*") if p.is_file()
+        }
+
+    first = restore_checkpoint(store, cp.manifest, str(target), [])
+    once = tree()
+    second = restore_checkpoint(store, cp.manifest, str(target), [])
+    assert tree() == once and first.file == second.file == str(target / "ckpt.txt")
+    saved = int(once["ckpt.txt"])
+    assert saved >= 2
+    assert sorted(once) == ["ckpt.txt", *(f"frames/f{k:03d}.txt" for k in range(saved))]
+
+
+def test_restore_never_writes_through_a_link_in_the_restore_root(tmp_path: Path) -> None:
+    from core._files import RestoreError, restore_checkpoint
+
+    store = CheckpointStore(tmp_path / "store", files="managed")
+    _job, result = _first_run(store, tmp_path)
+    target = tmp_path / "restore"
+    target.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (target / "frames").symlink_to(elsewhere)
+    with pytest.raises(RestoreError, match="not a folder"):
+        restore_checkpoint(store, result.record.checkpoint.manifest, str(target), [])
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_gc_frees_exactly_what_no_kept_generation_references(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    store = CheckpointStore(root, files="managed")
+    # Three runs of the job, each interrupted (three kept runs of checkpoints).
+    job = frames_job(frames=4)
+    records = []
+    for n, run_id in enumerate(
+        ["20260101-000000-00000a", "20260101-000000-00000b", "20260101-000000-00000c"]
+    ):
+        spec = next(iter(job.plan_step("S")))
+        lines: list[str] = []
+        ex = TaskExecution(
+            job,
+            spec,
+            run_id=run_id,
+            store=store,
+            working_root=str(tmp_path / f"w{n}"),
+            os_env=dict(os.environ, SALT=run_id),
+            on_output=lambda _e, ls, lines=lines: lines.extend(ls),
+        )
+        (tmp_path / f"w{n}").mkdir()
+        t = threading.Thread(target=lambda ex=ex: records.append(ex.run()))
+        t.start()
+        end = time.monotonic() + 30
+        while not any("SAVED 2" in line for line in lines) and time.monotonic() < end:
+            time.sleep(0.02)
+        ex.stop(StopIntent.CHECKPOINT)
+        t.join(60)
+    from core._store import RunRecord
+
+    for rec in records:
+        store.write_run(
+            RunRecord(
+                job_key=rec.record.job_key,
+                run_id=rec.record.run_id,
+                job_name="managed files test",
+                template_hash="x",
+            )
+        )
+
+    def live() -> set[str]:
+        keep: set[str] = set()
+        for rec in records:
+            for gen in store.list_generations(rec.record):
+                data = json.loads((root / manifest_key(gen.manifest)).read_text())
+                keep |= {e["sha256"] for e in data["entries"] if e.get("sha256")}
+        return keep
+
+    all_blobs = {p.name for p in (root / "blobs" / "sha256").rglob("*") if p.is_file()}
+    # Nothing is collected within the grace period.
+    assert collect_file_garbage(store).blobs_removed == 0
+    # Forget the second run: only content the others do not share goes.
+    store.delete_run(job.job_key, "20260101-000000-00000b")
+    records = [r for r in records if r.record.run_id != "20260101-000000-00000b"]
+    keep = live()
+    report = collect_file_garbage(store, grace_seconds=0)
+    left = {p.name for p in (root / "blobs" / "sha256").rglob("*") if p.is_file()}
+    assert left == keep
+    # Run b's frames were its own (salted); the checkpoint files' content is shared by all.
+    assert report.blobs_removed == len(all_blobs - keep) >= 2
+    assert report.bytes_freed > 0
+    # Every kept generation still restores.
+    from core._files import restore_checkpoint
+
+    for rec in records:
+        for gen in store.list_generations(rec.record):
+            out = tmp_path / f"check-{rec.record.run_id}-{gen.generation}"
+            out.mkdir()
+            restore_checkpoint(store, gen.manifest, str(out), [])
