@@ -19,6 +19,7 @@ from typing import Any
 
 from ._early import EARLY_SIGNALS
 from ._errors import OpenJDCheckpointError, RunError, StoreError, TemplateError
+from ._files import DEFAULT_GC_GRACE_SECONDS, collect_file_garbage
 from ._inputs import read_input_file, safe_yaml_load
 from ._job import load_path_mapping_rules, prepare_job
 from ._resume import RefusalCode, ResumeHow, ResumeRefusedError
@@ -185,9 +186,15 @@ def _cmd_resume(args: argparse.Namespace) -> int:
 
 
 def _execute(args: argparse.Namespace, job: Any, *, how: ResumeHow, **resume: Any) -> int:
-    store = CheckpointStore(args.store, keep_generations=args.keep_generations)
+    store = CheckpointStore(
+        args.store,
+        keep_generations=args.keep_generations,
+        files=args.files,
+        file_roots=args.file_root or (),
+    )
     display = _Display(quiet_progress=args.quiet)
-    display.note(f"Running job {job.job.name!r} (store: {store.location})")
+    flow = ", checkpoint files: managed" if store.file_flow.value == "managed" else ""
+    display.note(f"Running job {job.job.name!r} (store: {store.location}{flow})")
     runner = JobRunner(
         job,
         store=store,
@@ -337,6 +344,9 @@ def _cmd_show(args: argparse.Namespace) -> int:
         td = t.model_dump(mode="json")
         td["generations"] = [g.generation for g in store.list_generations(t)]
         data["tasks"].append(td)
+        td["files_mode"] = "managed" if t.checkpoint and t.checkpoint.manifest else "shared"
+    data["file_data_flow"] = store.file_flow.value
+    data["outputs"] = store.read_outputs(run.job_key, run.run_id)
     data["warnings"] = warnings
     print(json.dumps(data, indent=2, sort_keys=True))
     return 0
@@ -414,6 +424,16 @@ def _cmd_gc(args: argparse.Namespace) -> int:
         removed += 1
         print(f"removed run {r.run_id} ({r.status.value}, {r.job_name})")
     print(f"{removed} run(s) removed; kept {len(runs) - removed}")
+    report = collect_file_garbage(store, grace_seconds=args.grace_seconds)
+    for w in report.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    if report.blobs_removed or report.manifests_removed or report.uploads_removed:
+        print(
+            f"checkpoint files: removed {report.blobs_removed} file(s) and "
+            f"{report.manifests_removed} manifest(s) no kept generation references, and "
+            f"{report.uploads_removed} abandoned upload(s); freed {report.bytes_freed:,} bytes; "
+            f"kept {report.kept_blobs} file(s)"
+        )
     return 0
 
 
@@ -446,6 +466,21 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
         default=3,
         metavar="K",
         help="checkpoint generations kept per task (default: %(default)s)",
+    )
+    p.add_argument(
+        "--files",
+        choices=("shared", "managed"),
+        default=None,
+        help="checkpoint files: 'shared' keeps their paths (a file system every host sees), "
+        "'managed' keeps the files in the store and restores them on resume (default: "
+        "$OPENJD_CHECKPOINT_FILES, else shared)",
+    )
+    p.add_argument(
+        "--file-root",
+        action="append",
+        metavar="DIR",
+        help="managed files: a folder besides the session working directory whose files may be "
+        "captured and restored (repeatable; also $OPENJD_CHECKPOINT_FILE_ROOTS)",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
 
@@ -638,6 +673,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=7.0,
         metavar="DAYS",
         help="keep runs updated within DAYS (default: %(default)s)",
+    )
+    gc.add_argument(
+        "--grace-seconds",
+        type=_seconds,
+        default=DEFAULT_GC_GRACE_SECONDS,
+        metavar="SECONDS",
+        help="managed checkpoint files younger than this are kept even when unreferenced: a "
+        "live run may be about to commit them (default: %(default)s)",
     )
     gc.add_argument("--store", help="checkpoint store", default=argparse.SUPPRESS)
     gc.set_defaults(func=_cmd_gc)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import textwrap
 import threading
 import time
@@ -19,8 +20,14 @@ from typing import Any
 
 import pytest
 
-from core import CheckpointStore, StopIntent, TaskExecution, TaskOutcome, parse_template
-from core import prepare_job
+from core import (
+    CheckpointStore,
+    StopIntent,
+    TaskExecution,
+    TaskOutcome,
+    parse_template,
+    prepare_job,
+)
 from core._files import blob_key, collect_file_garbage, manifest_key
 from core._job import TaskSpec
 
@@ -409,7 +416,7 @@ def test_a_manifest_edited_to_point_outside_is_refused_whole(evil: str, tmp_path
         data["manifest"] = tampered.manifest
         path.write_text(json.dumps(data))
     second = Run(job, store, tmp_path / "host-b", record=result.record, resume=tampered)
-    result2 = second.join()
+    assert second.join().outcome == TaskOutcome.SUCCEEDED
     assert any("refused whole" in w for w in second.ex.warnings), second.ex.warnings
     assert not (tmp_path / "escaped.txt").exists()
     assert not Path("/tmp/escaped-abs.txt").exists()
@@ -554,3 +561,75 @@ def test_gc_frees_exactly_what_no_kept_generation_references(tmp_path: Path) -> 
             out = tmp_path / f"check-{rec.record.run_id}-{gen.generation}"
             out.mkdir()
             restore_checkpoint(store, gen.manifest, str(out), [])
+
+
+def _cli_env(tmp: Path, host: str) -> dict[str, str]:
+    tmp.mkdir(parents=True, exist_ok=True)
+    return dict(
+        os.environ,
+        PYTHONUNBUFFERED="1",
+        TMPDIR=str(tmp),  # another session folder root: another "host"
+        OPENJD_CHECKPOINT_HOST_ID=host,
+        OPENJD_CHECKPOINT_FILES="managed",
+    )
+
+
+def run_training_example(store: str, tmp_path: Path) -> None:
+    """The CLI runs the managed-files example, is interrupted with SIGINT, and the same
+    command on another "host" (temp folder, host id) resumes from the restored files."""
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import EXAMPLES, ROOT
+
+    epochs = 8
+    args = [
+        sys.executable,
+        "-m",
+        "core.cli",
+        "run",
+        str(EXAMPLES / "managed-files" / "training.yaml"),
+        "-p",
+        f"Epochs={epochs}",
+        "-p",
+        "EpochSeconds=0.3",
+        "--store",
+        store,
+    ]
+    first = subprocess.Popen(
+        args,
+        cwd=ROOT,
+        env=_cli_env(tmp_path / "host-a", "host-a"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    seen: list[str] = []
+    assert first.stdout is not None
+    for line in first.stdout:
+        seen.append(line)
+        if "epoch 3/" in line:
+            first.send_signal(signal.SIGINT)
+            break
+    rest, _ = first.communicate(timeout=60)
+    assert first.returncode == 75, "".join(seen) + rest
+    second = subprocess.run(
+        args,
+        cwd=ROOT,
+        env=_cli_env(tmp_path / "host-b", "host-b"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    out = second.stdout + second.stderr
+    assert second.returncode == 0, out
+    resumed = re.search(r"resumed at epoch (\d+) from (\S+)", out)
+    assert resumed, out
+    assert int(resumed.group(1)) >= 3
+    assert resumed.group(2).startswith(str(tmp_path / "host-b")), resumed.group(2)
+    assert f"result: {expected(epochs)}" in out, out
+
+
+def test_cli_example_resumes_on_another_host_from_a_managed_store(tmp_path: Path) -> None:
+    run_training_example(str(tmp_path / "store"), tmp_path)
