@@ -633,3 +633,88 @@ def run_training_example(store: str, tmp_path: Path) -> None:
 
 def test_cli_example_resumes_on_another_host_from_a_managed_store(tmp_path: Path) -> None:
     run_training_example(str(tmp_path / "store"), tmp_path)
+
+
+RENAMED_AGAIN = """
+import json, os, time
+wd = os.getcwd()
+path = os.path.join(wd, "weights.bin")
+for n, byte in enumerate((b"x", b"y")):
+    with open(path + ".tmp", "wb") as fh:
+        fh.write(byte * ((30 << 20) + n))
+    os.replace(path + ".tmp", path)
+    print("openjd_checkpoint_files: " + json.dumps({"files": [path]}), flush=True)
+print("openjd_checkpoint_save: " + json.dumps({"state": "s"}), flush=True)
+"""
+
+
+def test_a_file_named_again_while_uploading_ends_up_with_the_newer_content(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "store"
+    store = CheckpointStore(root, files="managed")
+    doc = {
+        "specificationVersion": "jobtemplate-2023-09",
+        "name": "named again",
+        "steps": [
+            {
+                "name": "S",
+                "script": {
+                    "actions": {"onRun": {"command": "python3", "args": ["-c", RENAMED_AGAIN]}}
+                },
+            }
+        ],
+    }
+    run = Run(prepare_job(parse_template(doc)), store, tmp_path / "work")
+    result = run.join()
+    cp = result.record.checkpoint
+    assert cp is not None and cp.manifest, run.ex.warnings
+    manifest = json.loads((root / manifest_key(cp.manifest)).read_text())
+    (entry,) = [e for e in manifest["entries"] if e["path"] == "weights.bin"]
+    newer = hashlib.sha256(b"y" * ((30 << 20) + 1)).hexdigest()
+    assert entry["sha256"] == newer and entry["size"] == (30 << 20) + 1
+
+
+EARLY = """
+import json, os, sys, time
+path = os.path.join(os.getcwd(), "frame-0001.exr")
+open(path, "w").write("pixels")
+print("openjd_checkpoint_files: " + json.dumps({"files": [path]}), flush=True)
+go_on = sys.argv[1]
+while not os.path.exists(go_on):
+    time.sleep(0.05)
+"""
+
+
+def test_declared_files_are_in_the_store_while_the_task_runs(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    store = CheckpointStore(root, files="managed")
+    go_on = tmp_path / "go-on"
+    doc = {
+        "specificationVersion": "jobtemplate-2023-09",
+        "name": "early outputs",
+        "steps": [
+            {
+                "name": "S",
+                "script": {
+                    "actions": {"onRun": {"command": "python3", "args": ["-c", EARLY, str(go_on)]}}
+                },
+            }
+        ],
+    }
+    job = prepare_job(parse_template(doc))
+    run = Run(job, store, tmp_path / "work")
+    try:
+        end = time.monotonic() + 20
+        indexes: list = []
+        while time.monotonic() < end and not indexes:
+            indexes = store.read_outputs(job.job_key, RUN_ID)
+            time.sleep(0.1)
+        assert run.thread.is_alive()  # still running
+        (index,) = indexes
+        ((name, item),) = index["files"].items()
+        assert name.endswith("/frame-0001.exr")
+        assert (root / item["blob"]).read_bytes() == b"pixels"
+    finally:
+        go_on.touch()
+    assert run.join().outcome == TaskOutcome.SUCCEEDED
