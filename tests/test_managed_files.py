@@ -732,3 +732,44 @@ def test_declared_files_are_in_the_store_while_the_task_runs(managed_store, tmp_
     finally:
         go_on.touch()
     assert run.join().outcome == TaskOutcome.SUCCEEDED
+
+
+SLOW_SAVE = """
+import json, os, sys, time
+wd = os.getcwd()
+small = os.path.join(wd, "small.txt")
+open(small, "w").write("one")
+print("openjd_checkpoint_save: " + json.dumps({"file": small, "state": "one"}), flush=True)
+time.sleep(1.0)
+big = os.path.join(wd, "big.bin")
+with open(big, "wb") as fh:
+    block = os.urandom(1 << 20)
+    for _ in range(400):
+        fh.write(block)
+print("openjd_checkpoint_save: " + json.dumps({"file": big, "state": "two"}), flush=True)
+print("SAVING BIG", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_save_still_uploading_at_the_stop_deadline_is_dropped(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path / "store", files="managed")
+    doc = {
+        "specificationVersion": "jobtemplate-2023-09",
+        "name": "slow save",
+        "steps": [
+            {
+                "name": "S",
+                "script": {"actions": {"onRun": {"command": "python3", "args": ["-c", SLOW_SAVE]}}},
+            }
+        ],
+    }
+    run = Run(prepare_job(parse_template(doc)), store, tmp_path / "work")
+    run.wait_line("SAVING BIG")
+    started = time.monotonic()
+    run.ex.stop(StopIntent.CHECKPOINT, deadline=time.time() + 1.0)
+    result = run.join()
+    assert time.monotonic() - started < 5
+    cp = result.record.checkpoint
+    assert cp is not None and cp.state == "one", cp
+    assert any("stop deadline came" in w for w in run.ex.warnings), run.ex.warnings
