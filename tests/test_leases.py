@@ -1,0 +1,290 @@
+"""Leases and the run's and job's locks on each kind of store: a local folder (flocks),
+``memory://`` (threading locks) and ``s3://`` (conditional writes, on the session's moto server);
+and the store's credentials, which are never shown."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import subprocess
+import threading
+import time
+
+import pytest
+from conftest import ROOT, cli_cmd
+
+import core._store as store_module
+from core import CheckpointStore, RunRecord, StoreError, TaskRecord
+from core._store import StopRequest, _S3Support, redact_location
+
+JK = "0123456789abcdef"
+RID = "20260101-000000-abcdef"
+LOCAL_AND_S3 = pytest.mark.parametrize("store_url", ["local", "s3"], indirect=True)
+FORK = multiprocessing.get_context("fork")
+
+
+def run_record() -> RunRecord:
+    return RunRecord(job_key=JK, run_id=RID, job_name="n", template_hash="h")
+
+
+def take(store: str, task_key: str = "{}", ttl: float = 60.0):
+    return CheckpointStore(store).acquire_task_lease(JK, RID, "S", task_key, ttl_seconds=ttl)
+
+
+def test_a_lease_is_exclusive_until_released(store_url: str) -> None:
+    first = take(store_url)
+    assert first is not None
+    assert take(store_url) is None
+    assert CheckpointStore(store_url).task_lease_held(JK, RID, "S", "{}")
+    assert take(store_url, task_key="other") is not None  # leases are per task
+    first.release()
+    first.release()  # a second release does nothing
+    again = take(store_url)
+    assert again is not None
+    again.release()
+
+
+def _abandoned(store: str, ttl: float) -> None:
+    """A lease whose holder is gone: taken, then neither renewed nor released (a local flock is
+    dropped, as when its process dies)."""
+    lease = take(store, ttl=ttl)
+    assert lease is not None
+    store_module._KEEPER.discard(lease)
+    if lease._fd is not None:
+        lease.release()
+
+
+def _race(st: CheckpointStore, start: threading.Barrier, won: list) -> None:
+    start.wait(30)
+    won.append(st.acquire_task_lease(JK, RID, "S", "{}"))
+
+
+@LOCAL_AND_S3
+def test_racers_for_one_expired_lease_end_with_one_holder(store_url: str) -> None:
+    """The holder is gone; eight threads, each with a store of its own, try to take its lease at
+    once, three times over: each time exactly one wins (on S3: all read one ETag, and only one
+    ``If-Match`` write of it succeeds)."""
+    for _round in range(3):
+        _abandoned(store_url, ttl=0.01)
+        if "://" in store_url:
+            time.sleep(1.1)  # an S3 lease's age is counted in whole seconds by the server
+        stores = [CheckpointStore(store_url) for _ in range(8)]
+        start = threading.Barrier(len(stores))
+        won: list = []
+        threads = [threading.Thread(target=_race, args=(st, start, won)) for st in stores]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        winners = [lease for lease in won if lease is not None]
+        assert len(won) == 8 and len(winners) == 1, won
+        winners[0].release()
+
+
+def _hold(store: str, ttl: float, ready: multiprocessing.synchronize.Event) -> None:
+    lease = take(store, ttl=ttl)
+    assert lease is not None
+    ready.set()
+    time.sleep(600)
+
+
+@pytest.mark.parametrize("store_url", ["s3"], indirect=True)
+def test_a_lease_lives_as_long_as_its_process_and_then_its_ttl(store_url: str) -> None:
+    """Its process renews it on its own past its ttl (3 s); once the process is killed, the
+    lease is taken over after its ttl, not at once."""
+    ready = FORK.Event()
+    holder = FORK.Process(target=_hold, args=(store_url, 3.0, ready))
+    holder.start()
+    try:
+        assert ready.wait(30)
+        time.sleep(4.0)  # past the ttl: still held, since its process renews it
+        assert take(store_url) is None
+    finally:
+        holder.kill()
+        holder.join(10)
+    died = time.monotonic()
+    assert take(store_url) is None  # a dead holder's lease lasts its ttl
+    end = died + 10
+    while (lease := take(store_url)) is None and time.monotonic() < end:
+        time.sleep(0.2)
+    assert lease is not None, "the dead holder's lease never expired"
+    assert time.monotonic() - died <= 6.0
+    lease.release()
+
+
+@pytest.mark.parametrize(
+    ("store_url", "ttl"), [("memory", 0.2), ("s3", 1.0)], indirect=["store_url"]
+)
+def test_a_lost_lease_says_so_and_leaves_the_new_holder_alone(store_url: str, ttl: float) -> None:
+    stalled = take(store_url, ttl=ttl)
+    assert stalled is not None
+    store_module._KEEPER.discard(stalled)  # its process stalls: nothing renews it
+    time.sleep(ttl + 1.2)
+    winner = take(store_url)
+    assert winner is not None
+    with pytest.raises(StoreError, match="was lost: it expired"):
+        stalled.renew()
+    assert stalled.lost
+    stalled.release()  # must not delete the winner's lease
+    assert take(store_url) is None
+    winner.release()
+    assert take(store_url) is not None
+
+
+@pytest.mark.parametrize("lock", ["run", "job"])
+def test_a_lock_makes_read_change_write_exclusive(store_url: str, lock: str) -> None:
+    """Four threads, each with a store of its own, add 1 to a run record five times each under
+    the run's lock, or the job's."""
+    CheckpointStore(store_url).write_run(run_record())
+    errors: list[BaseException] = []
+
+    def add() -> None:
+        st = CheckpointStore(store_url)
+        try:
+            for _ in range(5):
+                with st.run_lock(JK, RID) if lock == "run" else st.job_lock(JK):
+                    rec = st.read_run(JK, RID)
+                    assert rec is not None
+                    rec.attempt += 1
+                    time.sleep(0.005)
+                    st.write_run(rec)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=add) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    rec = CheckpointStore(store_url).read_run(JK, RID)
+    assert rec is not None and rec.attempt == 1 + 4 * 5
+
+
+def _lock_and_die(store: str) -> None:
+    lock = CheckpointStore(store).run_lock(JK, RID)
+    lock.__enter__()
+    os._exit(0)
+
+
+@pytest.mark.parametrize("store_url", ["s3"], indirect=True)
+def test_a_run_lock_left_by_a_dead_process_is_taken_over_when_stale(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_module, "LOCK_STALE_SECONDS", 1.0)
+    dead = FORK.Process(target=_lock_and_die, args=(store_url,))
+    dead.start()
+    dead.join(30)
+    st = CheckpointStore(store_url)
+    with pytest.raises(StoreError, match="stayed locked for 0.2 s"):
+        with st.run_lock(JK, RID, timeout=0.2):
+            pass
+    started = time.monotonic()
+    with st.run_lock(JK, RID, timeout=10):
+        assert time.monotonic() - started < 4
+
+
+def _write_from_elsewhere(store: str) -> None:
+    st = CheckpointStore(store)
+    st.add_stop_request(run_record(), StopRequest(mode="Cancelled"))
+    st.write_task(TaskRecord(job_key=JK, run_id=RID, step="S", task_key="{}", parameters={}))
+    os._exit(0)
+
+
+@LOCAL_AND_S3
+def test_what_another_process_writes_is_seen_at_once(store_url: str) -> None:
+    """No listing comes from a cache: a stop request and a task record written by another
+    process are seen by a store that listed the folders before."""
+    st = CheckpointStore(store_url)
+    st.write_run(run_record())
+    st.add_stop_request(run_record(), StopRequest(mode="Suspended"))
+    assert [r.mode for r in st.read_stop_requests(JK, RID)] == ["Suspended"]
+    assert st.read_tasks(JK, RID) == ([], [])
+    other = FORK.Process(target=_write_from_elsewhere, args=(store_url,))
+    other.start()
+    other.join(30)
+    assert other.exitcode == 0
+    assert [r.mode for r in st.read_stop_requests(JK, RID)] == ["Suspended", "Cancelled"]
+    assert len(st.read_tasks(JK, RID)[0]) == 1
+
+
+@pytest.mark.parametrize("store_url", ["s3"], indirect=True)
+def test_a_server_without_conditional_writes_gets_best_effort_leases_and_a_warning(
+    store_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(store_module, "_S3_SUPPORT", {})
+    monkeypatch.setattr(
+        store_module._S3Objects, "probe", lambda self, path: _S3Support(writes=False, deletes=False)
+    )
+    caplog.set_level(logging.WARNING, logger="core._store")
+    first = take(store_url)
+    assert first is not None and first._etag is None  # the read-then-write lease file
+    assert take(store_url) is None
+    with CheckpointStore(store_url).run_lock(JK, RID):
+        with CheckpointStore(store_url).run_lock(JK, RID, timeout=0.1):
+            pass  # no lock at all: best effort
+    first.release()
+    warned = [r for r in caplog.records if "does not honour conditional writes" in r.message]
+    assert len(warned) == 1
+
+
+# --- credentials ---------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("location", "shown"),
+    [
+        ("/var/lib/store", "/var/lib/store"),
+        ("s3://bucket/prefix", "s3://bucket/prefix"),
+        ("s3://AKIAKEY:s3cr3t@bucket/prefix", "s3://***@bucket/prefix"),
+        ("ftp://user:pw@host/path?token=abc&x", "ftp://***@host/path?token=***&x"),
+        ("simplecache::s3://k:s@bucket/p", "simplecache::s3://***@bucket/p"),
+    ],
+)
+def test_a_location_is_shown_without_its_credentials(location: str, shown: str) -> None:
+    assert redact_location(location) == shown
+
+
+def test_an_s3_url_with_credentials_is_refused_without_showing_them() -> None:
+    with pytest.raises(StoreError) as info:
+        CheckpointStore("s3://AKIAEXAMPLE:wJalrXUtnFEMI@openjd-test/prefix")
+    assert "s3://***@openjd-test/prefix" in str(info.value)
+    assert "wJalrXUtnFEMI" not in str(info.value) and "AKIAEXAMPLE" not in str(info.value)
+
+
+def test_client_errors_become_os_errors_without_the_secret(monkeypatch) -> None:
+    from botocore.exceptions import EndpointConnectionError
+
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "hush-hush-secret")
+    with pytest.raises(OSError) as info:
+        with store_module._os_errors(object()):
+            raise EndpointConnectionError(endpoint_url="http://host/?k=hush-hush-secret")
+    assert "EndpointConnectionError" in str(info.value)
+    assert "hush-hush-secret" not in str(info.value)
+
+
+def test_an_unreachable_s3_store_is_a_store_error_that_shows_no_secret(s3_server) -> None:
+    """A wrong endpoint: the CLI exits 3 with one line, and the secret key is nowhere in it."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there once it is closed
+    secret = "wrong-secret-that-must-not-show"
+    env = dict(
+        os.environ,
+        FSSPEC_S3_ENDPOINT_URL=f"http://127.0.0.1:{port}",
+        AWS_SECRET_ACCESS_KEY=secret,
+        AWS_MAX_ATTEMPTS="1",
+    )
+    done = subprocess.run(
+        cli_cmd("runs", "--store", s3_server.new_store()),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 3, done.stderr
+    assert "checkpoint store 's3://openjd-test/" in done.stderr
+    assert "Could not connect" in done.stderr and "Traceback" not in done.stderr
+    assert secret not in done.stdout + done.stderr
