@@ -15,7 +15,6 @@ import re
 import textwrap
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -113,19 +112,10 @@ def frames_job(frames: int = 6, delay: float = 0.3):
     return prepare_job(parse_template(doc))
 
 
-@pytest.fixture(params=["local", "memory", "s3"])
-def managed_store(request, tmp_path: Path):
-    """A managed store of each backend."""
-    kind = request.param
-    if kind == "local":
-        return CheckpointStore(tmp_path / "store", files="managed")
-    if kind == "memory":
-        return CheckpointStore(f"memory://managed-{uuid.uuid4().hex}", files="managed")
-    try:
-        url = request.getfixturevalue("s3_store_url")
-    except pytest.FixtureLookupError:
-        pytest.skip("no S3-protocol fixture")
-    return CheckpointStore(url, files="managed")
+@pytest.fixture
+def managed_store(store_url: str):
+    """A managed store of each backend (local folder, ``memory://``, ``s3://`` on moto)."""
+    return CheckpointStore(store_url, files="managed")
 
 
 def get(store, key: str) -> bytes:
@@ -773,3 +763,7 @@ def test_a_save_still_uploading_at_the_stop_deadline_is_dropped(tmp_path: Path) 
     cp = result.record.checkpoint
     assert cp is not None and cp.state == "one", cp
     assert any("stop deadline came" in w for w in run.ex.warnings), run.ex.warnings
+
+
+def test_cli_example_resumes_on_another_host_from_an_s3_store(s3_store: str, tmp_path: Path):
+    run_training_example(s3_store, tmp_path)
