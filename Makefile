@@ -10,6 +10,7 @@ VENV_AIRFLOW := .venv-airflow
 VENV_PREFECT := .venv-prefect
 VENV_REFERENCE := .venv-reference
 STAMP := $(VENV)/.installed-$(SUM)
+STAMP_BASE := $(VENV)/.base-$(SUM)
 STAMP_AIRFLOW := $(VENV_AIRFLOW)/.installed-$(SUM)
 STAMP_PREFECT := $(VENV_PREFECT)/.installed-$(SUM)
 # The reference runtime (openjd-cli, on openjd-model 0.13) runs beside ours in side-by-side tests.
@@ -22,7 +23,7 @@ PYTEST_CORE := -q tests --ignore=tests/airflow --ignore=tests/prefect
 .PHONY: demo test test-core test-airflow test-prefect lint clean venvs
 
 ## demo: run the Fibonacci example, interrupt it, resume it (no server needed)
-demo: $(STAMP)
+demo: $(STAMP_BASE)
 	$(VENV)/bin/python examples/fibonacci/demo.py
 
 ## test: every test (lint, type check, core tests, Airflow tests, Prefect tests)
@@ -55,6 +56,14 @@ endef
 
 $(STAMP): pyproject.toml
 	$(call make_venv,$(VENV),test)
+
+# The demo needs only the core (no test tools): a quicker first run.
+$(STAMP_BASE): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -q --upgrade pip
+	$(VENV)/bin/python -m pip install -q -e .
+	rm -f $(VENV)/.base-*
+	touch $@
 
 $(STAMP_REFERENCE):
 	$(PYTHON) -m venv $(VENV_REFERENCE)

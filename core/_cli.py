@@ -345,7 +345,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
         td["generations"] = [g.generation for g in store.list_generations(t)]
         data["tasks"].append(td)
         td["files_mode"] = "managed" if t.checkpoint and t.checkpoint.manifest else "shared"
-    data["file_data_flow"] = store.file_flow.value
+    data["file_data_flow"] = run.files_mode or store.file_flow.value
     data["outputs"] = store.read_outputs(run.job_key, run.run_id)
     data["warnings"] = warnings
     print(json.dumps(data, indent=2, sort_keys=True))
@@ -430,9 +430,18 @@ def _cmd_gc(args: argparse.Namespace) -> int:
     if report.blobs_removed or report.manifests_removed or report.uploads_removed:
         print(
             f"checkpoint files: removed {report.blobs_removed} file(s) and "
-            f"{report.manifests_removed} manifest(s) no kept generation references, and "
+            f"{report.manifests_removed} manifest(s) no kept checkpoint or run output uses, and "
             f"{report.uploads_removed} abandoned upload(s); freed {report.bytes_freed:,} bytes; "
             f"kept {report.kept_blobs} file(s)"
+        )
+    elif report.kept_blobs or report.young:
+        print(
+            f"checkpoint files: nothing to remove; kept {report.kept_blobs} file(s) in use"
+            + (
+                f" and {report.young} younger than --grace-seconds {args.grace_seconds:g}"
+                if report.young
+                else ""
+            )
         )
     return 0
 
@@ -535,6 +544,8 @@ _parallel = _bounded_int(MAX_PARALLEL)
 _generations = _bounded_int(MAX_KEEP_GENERATIONS)
 _seconds = _bounded_float(MAX_SECONDS, allow_zero=False)
 _retention_days = _bounded_float(MAX_RETENTION_DAYS, allow_zero=True)
+_grace_seconds = _bounded_float(MAX_SECONDS, allow_zero=True)
+"""``gc --grace-seconds``: 0 collects at once (when no run is running) up to a year."""
 
 
 def _version() -> str:
@@ -676,7 +687,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gc.add_argument(
         "--grace-seconds",
-        type=_seconds,
+        type=_grace_seconds,
         default=DEFAULT_GC_GRACE_SECONDS,
         metavar="SECONDS",
         help="managed checkpoint files younger than this are kept even when unreferenced: a "

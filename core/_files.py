@@ -942,6 +942,8 @@ class GcReport:
     uploads_removed: int = 0
     bytes_freed: int = 0
     kept_blobs: int = 0
+    young: int = 0
+    """Unreferenced files and manifests kept because they are younger than the grace period."""
     warnings: list[str] = field(default_factory=list)
 
 
@@ -1055,7 +1057,10 @@ def collect_file_garbage(
     for path, info in _list_files(store, "manifests"):
         name = posixpath.basename(path)
         digest = name[: -len(".json")] if name.endswith(".json") else name
-        if digest in kept_manifests or now - _mtime(info) < grace_seconds:
+        if digest in kept_manifests:
+            continue
+        if now - _mtime(info) < grace_seconds:
+            report.young += 1
             continue
         remove(path)
         report.manifests_removed += 1
@@ -1066,6 +1071,7 @@ def collect_file_garbage(
             report.kept_blobs += 1
             continue
         if now - _mtime(info) < grace_seconds:
+            report.young += 1
             continue
         remove(path)
         report.blobs_removed += 1

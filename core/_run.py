@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._errors import RunError, StoreError
+from ._files import FileDataFlow
 from ._job import PreparedJob, TaskSpec, load_path_mapping_rules, prepare_job
 from ._resume import (
     RefusalCode,
@@ -396,7 +397,14 @@ def begin_attempt(
                 path_mapping_rules=[r.to_dict() for r in job.path_mapping_rules],
                 external_key=external_key,
                 attempt=0,
+                files_mode=store.file_flow.value,
             )
+        elif run.files_mode and run.files_mode != store.file_flow.value:
+            notes.append(
+                f"run {run.run_id} keeps its checkpoint files {run.files_mode}, as it started "
+                f"(the {store.file_flow.value} setting applies to new runs)"
+            )
+            store.file_flow = FileDataFlow(run.files_mode)
         lease: Lease | None = None
         if hold_lease:
             lease = store.acquire_lease(run)

@@ -311,6 +311,10 @@ class RunRecord(_Model):
     """The ``{{Job.Status}}`` the finally steps of this attempt get, once decided."""
     timed_out: str | None = None
     """Set when the run's own time budget expired: the message."""
+    files_mode: str | None = None
+    """How the run keeps checkpoint files, ``shared`` or ``managed``, fixed when the run is
+    created: every later attempt (a retry, a resume, a framework's retry on any host) keeps it,
+    whatever its own configuration says. None (runs made before this field): the store's."""
     superseded_by: str | None = None
     """A later run of the same job that started from the top instead of resuming this one
     (a requeue, or a retry that was refused): retries no longer pick this run; an operator

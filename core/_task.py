@@ -436,7 +436,7 @@ class TaskExecution:
         env = dict(session.env)
         resume = self.spec.resume
         store = self.store
-        if store is not None and store.file_flow == FileDataFlow.MANAGED:
+        if store is not None and self._file_flow(store) == FileDataFlow.MANAGED:
             self._capture = FileCapture(
                 store, session_dir, store.file_roots, self._warn, on_uploaded=self._uploaded
             )
@@ -471,6 +471,16 @@ class TaskExecution:
                 self._capture.close()
                 self.file_stats = self._capture.stats
                 self._capture = None
+
+    def _file_flow(self, store: CheckpointStore) -> FileDataFlow:
+        """The run's own file data flow (fixed when the run was created), else the store's."""
+        try:
+            run = store.read_run(self.job.job_key, self.run_id)
+            if run is not None and run.files_mode:
+                return FileDataFlow(run.files_mode)
+        except (StoreError, ValueError):
+            pass
+        return store.file_flow
 
     def _restore(
         self, resume: CheckpointData, session_dir: str

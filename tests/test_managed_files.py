@@ -569,15 +569,75 @@ def test_gc_frees_exactly_what_no_kept_generation_references(managed_store, tmp_
             restore_checkpoint(store, gen.manifest, str(out), [])
 
 
-def _cli_env(tmp: Path, host: str) -> dict[str, str]:
+def _cli_env(tmp: Path, host: str, files: str | None = "managed") -> dict[str, str]:
     tmp.mkdir(parents=True, exist_ok=True)
-    return dict(
+    env = dict(
         os.environ,
         PYTHONUNBUFFERED="1",
         TMPDIR=str(tmp),  # another session folder root: another "host"
         OPENJD_CHECKPOINT_HOST_ID=host,
-        OPENJD_CHECKPOINT_FILES="managed",
     )
+    env.pop("OPENJD_CHECKPOINT_FILES", None)
+    if files:
+        env["OPENJD_CHECKPOINT_FILES"] = files
+    return env
+
+
+def _interrupt_at(args: list[str], env: dict[str, str], epoch: int) -> str:
+    """Run the CLI, SIGINT it once it printed ``epoch N/``; its whole output."""
+    import signal
+    import subprocess
+
+    from conftest import ROOT
+
+    proc = subprocess.Popen(
+        args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    seen: list[str] = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        seen.append(line)
+        if f"epoch {epoch}/" in line:
+            proc.send_signal(signal.SIGINT)
+            break
+    rest, _ = proc.communicate(timeout=60)
+    out = "".join(seen) + rest
+    assert proc.returncode == 75, out
+    return out
+
+
+def test_a_run_keeps_its_files_mode_on_resume_and_retry(tmp_path: Path) -> None:
+    """Started managed, the run stays managed when resumed or retried without --files."""
+    import subprocess
+    import sys
+
+    from conftest import EXAMPLES, ROOT
+
+    store = str(tmp_path / "store")
+    template = str(EXAMPLES / "managed-files" / "training.yaml")
+    params = ["-p", "Epochs=9", "-p", "EpochSeconds=0.3", "--store", store]
+    cli = [sys.executable, "-m", "core.cli"]
+    _interrupt_at([*cli, "run", template, *params], _cli_env(tmp_path / "a", "a"), 2)
+    (run,) = CheckpointStore(store).list_runs()[0]
+    assert run.files_mode == "managed"
+    out = _interrupt_at(
+        [*cli, "resume", run.run_id, "--store", store], _cli_env(tmp_path / "b", "b", None), 6
+    )
+    assert "keeps its checkpoint files managed" in out, out
+    assert "session working directory" not in out, out  # nothing refused: still managed
+    third = subprocess.run(
+        [*cli, "run", template, *params],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_cli_env(tmp_path / "c", "c", "shared"),
+    )
+    out3 = third.stdout + third.stderr
+    assert third.returncode == 0, out3
+    resumed = re.search(r"resumed at epoch (\d+)", out3)
+    assert resumed and int(resumed.group(1)) >= 6, out3
+    assert f"result: {expected(9)}" in out3
 
 
 def run_training_example(store: str, tmp_path: Path) -> None:
