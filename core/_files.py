@@ -438,7 +438,32 @@ class _Save:
     dirs: list[str]
     commit: Callable[[str, str | None], None]
     """Called with (manifest hash, the save's file as resolved) once everything is in."""
+    file_fd: int | None = None
+    """The save's file, opened when the save line was read: its content as it was then (a
+    file replaced by a rename afterwards is still read whole; one rewritten in place fails)."""
     done: threading.Event = field(default_factory=threading.Event)
+
+
+def _pin(path: str) -> int | None:
+    """An open descriptor of the regular file ``path`` (links resolved), or None."""
+    try:
+        fd = os.open(os.path.realpath(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def _declared_key(path: str) -> tuple[int, int, int, int, int] | None:
+    try:
+        return _stat_key(os.stat(path))
+    except OSError:
+        return None
 
 
 class FileCapture:
@@ -473,6 +498,8 @@ class FileCapture:
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._captured: dict[str, _Captured] = {}
         """Real path -> what was captured of it."""
+        self._declared: dict[str, tuple[int, int, int, int, int] | None] = {}
+        """Real path -> its size and times when it was last declared (None: it did not exist)."""
         self._outputs: dict[str, tuple[str, int]] = {}
         self.stats = CaptureStats()
         self._idle = threading.Event()
@@ -502,12 +529,19 @@ class FileCapture:
         return None
 
     def declare(self, files: Iterable[str], dirs: Iterable[str]) -> None:
-        """Capture these (absolute) files and folders in the background, now."""
-        self._put(("declare", (list(files), list(dirs))))
+        """Capture these (absolute) files and folders in the background, now. Each file is
+        taken as it is now (its size and times are noted here, in the caller's thread): one
+        that changes before it is captured fails the saves that include it until it is
+        declared again."""
+        keyed = [(path, _declared_key(path)) for path in files]
+        self._put(("declare", (keyed, list(dirs))))
 
     def save(self, file: str | None, files: list[str], dirs: list[str], commit: Any) -> None:
-        """Commit a save once every file of its dataset is in (in the background)."""
-        self._put(("save", _Save(file, list(files), list(dirs), commit)))
+        """Commit a save once every file of its dataset is in (in the background). The save's
+        ``file`` is opened now, in the caller's thread, so that the content committed is the
+        content it had when the save was printed."""
+        fd = _pin(file) if file is not None else None
+        self._put(("save", _Save(file, list(files), list(dirs), commit, file_fd=fd)))
 
     def adopt(self, path: str, entry: ManifestEntry) -> None:
         """Record a restored file as captured (its content is in the store already)."""
@@ -552,9 +586,10 @@ class FileCapture:
                 if self._abandoned:
                     continue
                 if kind == "declare":
-                    files, dirs = payload
-                    for path in files:
-                        self._try(path, lambda p: self._capture_file(p, output=True))
+                    keyed, dirs = payload
+                    for path, key in keyed:
+                        self._declared[os.path.realpath(path)] = key
+                        self._try_declared(path, key)
                     for path in dirs:
                         self._try(path, lambda p: self._capture_dir(p, strict=False))
                     if self._on_uploaded is not None:
@@ -575,6 +610,12 @@ class FileCapture:
                     if self._pending == 0:
                         self._idle.set()
 
+    def _try_declared(self, path: str, key: tuple[int, int, int, int, int] | None) -> None:
+        try:
+            self._capture_file(path, output=True, expect=key)
+        except (_CaptureFailedError, StoreError, RestoreError) as exc:
+            self._warn(f"checkpoint file {path!r} was not captured: {exc}")
+
     def _try(self, path: str, fn: Callable[[str], Any]) -> None:
         try:
             fn(path)
@@ -583,26 +624,47 @@ class FileCapture:
         except (StoreError, RestoreError) as exc:
             self._warn(f"checkpoint file {path!r} was not captured: {exc}")
 
-    def _capture_file(self, path: str, *, output: bool = False) -> _Captured:
+    def _capture_file(
+        self,
+        path: str,
+        *,
+        output: bool = False,
+        expect: tuple[int, int, int, int, int] | None = None,
+        fd: int | None = None,
+        verify: bool = False,
+    ) -> _Captured:
+        """Hash and upload one file (from ``fd`` if given, which stays open). ``expect``: the
+        size and times it must still have. ``verify``: make sure its content is still in the
+        store even when it was captured before (``gc`` may have removed it meanwhile)."""
         ref = locate(path, self.session_dir, self.roots)
         if ref is None:
             raise _CaptureFailedError(self.refusal(path) or "outside the roots")
         real = os.path.realpath(path)
-        try:
-            fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except FileNotFoundError:
-            raise _CaptureFailedError("it does not exist") from None
-        except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.ENXIO):
-                raise _CaptureFailedError("it is not a regular file") from None
-            raise _CaptureFailedError(exc.strerror or str(exc)) from None
+        owned = fd is None
+        if fd is None:
+            try:
+                fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            except FileNotFoundError:
+                raise _CaptureFailedError("it does not exist") from None
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENXIO):
+                    raise _CaptureFailedError("it is not a regular file") from None
+                raise _CaptureFailedError(exc.strerror or str(exc)) from None
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise _CaptureFailedError(f"it is {_kind(st.st_mode)}")
             key = _stat_key(st)
+            if expect is not None and key != expect:
+                raise _CaptureFailedError(
+                    "it changed after it was declared (declare it again once it is written)"
+                )
             known = self._captured.get(real)
-            if known is not None and known.stat_key == key:
+            if (
+                known is not None
+                and known.stat_key == key
+                and (not verify or self._blobs.exists(blob_key(known.sha256)))
+            ):
                 if output:
                     self._outputs[path] = (known.sha256, known.size)
                 return known
@@ -629,7 +691,8 @@ class FileCapture:
                 self._outputs[path] = (digest, st.st_size)
             return cap
         finally:
-            os.close(fd)
+            if owned:
+                os.close(fd)
 
     def _walk(self, path: str) -> tuple[list[str], list[str]]:
         """The regular files and folders below the folder ``path`` (real paths), refusing
@@ -694,51 +757,66 @@ class FileCapture:
                 self._try(file, lambda p: self._capture_file(p, output=True))
         return files, folders
 
+    def _superseded(self) -> bool:
+        """True if a later save is already queued (it commits instead: the latest wins)."""
+        with self._queue.mutex:
+            return any(kind == "save" for kind, _payload in self._queue.queue)
+
     def _commit(self, save: _Save) -> None:
+        try:
+            self._commit_pinned(save)
+        finally:
+            if save.file_fd is not None:
+                os.close(save.file_fd)
+            save.done.set()
+
+    def _commit_pinned(self, save: _Save) -> None:
+        if self._superseded():
+            return
         try:
             manifest = self._manifest(save)
         except _CaptureFailedError as exc:
             self._warn(f"checkpoint not stored, the previous generation stays: {exc}")
-            save.done.set()
             return
         raw = (json.dumps(manifest.model_dump(mode="json"), sort_keys=True) + "\n").encode()
+        if len(raw) > MAX_MANIFEST_BYTES:
+            self._warn(
+                f"checkpoint not stored, the previous generation stays: its manifest would be "
+                f"{len(raw):,} bytes, over the {MAX_MANIFEST_BYTES:,} a manifest may have "
+                "(declare fewer files: a folder's files are listed one by one)"
+            )
+            return
         digest = hashlib.sha256(raw).hexdigest()
         try:
             if not self._blobs.exists(manifest_key(digest)):
                 self._blobs.put_bytes(manifest_key(digest), raw)
         except StoreError as exc:
             self._warn(f"checkpoint not stored, the previous generation stays: {exc}")
-            save.done.set()
             return
         if not self._abandoned:  # a deadline or a cancel came meanwhile: commit nothing more
             save.commit(digest, save.file)
-        save.done.set()
 
-    def _entry_for(self, path: str, *, declared: bool) -> ManifestEntry:
-        """The manifest entry of a file, checking it is still what was captured."""
+    def _entry_for(self, path: str, *, declared: bool, fd: int | None = None) -> ManifestEntry:
+        """The manifest entry of a file: a declared file must still be as it was declared;
+        its content must be in the store (captured again if ``gc`` removed it meanwhile)."""
         ref = locate(path, self.session_dir, self.roots)
         if ref is None:
             raise _CaptureFailedError(f"{path!r}: {self.refusal(path)}")
         real = os.path.realpath(path)
-        cap = self._captured.get(real)
-        try:
-            st = os.stat(real)
-        except OSError:
-            raise _CaptureFailedError(f"{path!r} vanished after it was declared") from None
-        if cap is None:
+        expect = self._declared.get(real) if declared else None
+        if fd is None:
             try:
-                cap = self._capture_file(path)
-            except (_CaptureFailedError, StoreError) as exc:
-                raise _CaptureFailedError(f"{path!r}: {exc}") from None
-        elif cap.stat_key != _stat_key(st):
-            if declared:
+                st = os.stat(real)
+            except OSError:
+                raise _CaptureFailedError(f"{path!r} vanished after it was declared") from None
+            if declared and expect is not None and _stat_key(st) != expect:
                 raise _CaptureFailedError(
                     f"{path!r} changed after it was declared (declare it again once it is written)"
                 )
-            try:
-                cap = self._capture_file(path)
-            except (_CaptureFailedError, StoreError) as exc:
-                raise _CaptureFailedError(f"{path!r}: {exc}") from None
+        try:
+            cap = self._capture_file(path, expect=expect, fd=fd, verify=True)
+        except (_CaptureFailedError, StoreError) as exc:
+            raise _CaptureFailedError(f"{path!r}: {exc}") from None
         return ManifestEntry(
             root=ref.root,
             path=ref.path,
@@ -777,7 +855,9 @@ class FileCapture:
                 entries[(entry.root, entry.path)] = entry
         file_ref: PathRef | None = None
         if save.file is not None:
-            entry = self._entry_for(save.file, declared=False)
+            if save.file_fd is None:
+                raise _CaptureFailedError(f"checkpoint file {save.file!r} could not be opened")
+            entry = self._entry_for(save.file, declared=False, fd=save.file_fd)
             entries[(entry.root, entry.path)] = entry
             file_ref = PathRef(root=entry.root, path=entry.path)
         return Manifest(
@@ -862,6 +942,14 @@ def restore_checkpoint(
                 "clean relative path"
             )
         targets[ref.root] = _target_root(ref.root, session_dir, roots)
+    if manifest.file is not None and not any(
+        e.kind == "file" and (e.root, e.path) == (manifest.file.root, manifest.file.path)
+        for e in manifest.entries
+    ):
+        raise RestoreError(
+            f"manifest {manifest_digest[:12]} is refused whole: its checkpoint file "
+            f"{manifest.file.path!r} is not one of its files"
+        )
     for entry in manifest.entries:
         if entry.kind not in ("file", "dir"):
             raise RestoreError(
@@ -878,19 +966,29 @@ def restore_checkpoint(
         dirs=[_join(targets[r.root], r.path) for r in manifest.dirs],
         entries=[],
     )
-    for entry in manifest.entries:
-        root = targets[entry.root]
-        try:
-            if entry.kind == "dir":
-                _safe_dirs(root, entry.path)
-                continue
-            parent_rel, _, name = entry.path.rpartition("/")
-            parent = _safe_dirs(root, parent_rel)
-            target = os.path.join(parent, name)
-            result.restored_bytes += _restore_file(blobs, entry, parent, target)
-            result.entries.append((target, entry))
-        except OSError as exc:
-            raise RestoreError(f"cannot restore {entry.path!r}: {exc.strerror or exc}") from None
+    try:
+        for entry in manifest.entries:
+            root = targets[entry.root]
+            try:
+                if entry.kind == "dir":
+                    _safe_dirs(root, entry.path)
+                    continue
+                parent_rel, _, name = entry.path.rpartition("/")
+                parent = _safe_dirs(root, parent_rel)
+                target = os.path.join(parent, name)
+                result.restored_bytes += _restore_file(blobs, entry, parent, target)
+                result.entries.append((target, entry))
+            except OSError as exc:
+                raise RestoreError(
+                    f"cannot restore {entry.path!r}: {exc.strerror or exc}"
+                ) from None
+    except RestoreError:
+        for target, _entry in result.entries:  # leave nothing of a generation not restored
+            try:
+                os.unlink(target)
+            except OSError:
+                pass
+        raise
     return result
 
 

@@ -67,9 +67,47 @@ def clean_stale_sessions(root: str | None = None) -> int:
             continue
         if psutil.pid_exists(int(parts[1])):
             continue
-        shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+        remove_tree(os.path.join(root, name))
         removed += 1
     return removed
+
+
+def remove_tree(path: str) -> None:
+    """Remove a folder and everything in it, ignoring errors, never following links. Unlike
+    ``shutil.rmtree`` (recursive before Python 3.12), a tree of any depth is removed: a task
+    may leave thousands of nested folders in its working directory."""
+    try:
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    except RecursionError:
+        pass
+    stack = [path]
+    tried: set[str] = set()  # folders already emptied as far as possible: never again
+    while stack:
+        current = stack[-1]
+        try:
+            entries = list(os.scandir(current))
+        except OSError:
+            stack.pop()
+            continue
+        deeper = [
+            e.path for e in entries if e.is_dir(follow_symlinks=False) and e.path not in tried
+        ]
+        for entry in entries:
+            if not entry.is_dir(follow_symlinks=False):
+                try:
+                    os.unlink(entry.path)
+                except OSError:
+                    pass
+        if deeper:
+            stack.extend(deeper)
+            continue
+        try:
+            os.rmdir(current)
+        except OSError:
+            pass
+        tried.add(current)
+        stack.pop()
 
 
 def kill_marked(markers: list[str]) -> int:
@@ -241,7 +279,7 @@ class Session:
                 problem = problem or failure
             kill_marked([entered.marker])
         if self.working_dir is not None:
-            shutil.rmtree(self.working_dir, ignore_errors=True)
+            remove_tree(self.working_dir)
         self._forget()
         return problem
 

@@ -513,6 +513,12 @@ class CheckpointStore:
     def _write(self, path: str, data: dict[str, Any]) -> None:
         payload = (json.dumps(data, indent=1, sort_keys=True) + "\n").encode("utf-8")
         self._checked(path)
+        if len(payload) > MAX_RECORD_BYTES:
+            raise StoreError(
+                f"not writing {self._where(path)}: {len(payload):,} bytes, over the "
+                f"{MAX_RECORD_BYTES:,} a record may have (it could never be read back); the "
+                "previous version stays"
+            )
         parent = posixpath.dirname(path)
         try:
             self._makedirs(parent)

@@ -245,6 +245,8 @@ class TaskExecution:
         self._capture: FileCapture | None = None
         """Managed file data flow: uploads declared files while the task action runs."""
         self._outputs_written = 0.0
+        self._ran_resume = False
+        """True once ``onCheckpointResume`` (not ``onRun``) was started."""
         self.file_stats = CaptureStats()
         """Managed file data flow: bytes and files uploaded, and files whose content the store
         already had, over this execution."""
@@ -411,7 +413,7 @@ class TaskExecution:
                     rec.completed_frames = sorted(
                         set(rec.completed_frames) | self.spec.chunk_frames
                     )
-            if self.spec.resume is not None and rec.resume_status is None and exit_code is not None:
+            if self._ran_resume and rec.resume_status is None and exit_code is not None:
                 rec.resume_status = "UNKNOWN"
                 self._warn(
                     "onCheckpointResume never reported openjd_checkpoint_resume_status; "
@@ -448,6 +450,12 @@ class TaskExecution:
             else:
                 resume, result = restored
                 checkpoint_file = result.file
+        if resume is None and self._capture is not None:
+            with self._lock:  # from the top: paths of an earlier session are gone
+                self._files.clear()
+                self._dirs.clear()
+                self._dataset_changed = True
+        self._ran_resume = resume is not None
         if resume is not None:
             action = self.job.template.resume_actions[self.spec.step_name]
             path = f"steps[{idx}].script.actions.onCheckpointResume"

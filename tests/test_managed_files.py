@@ -827,3 +827,126 @@ def test_a_save_still_uploading_at_the_stop_deadline_is_dropped(tmp_path: Path) 
 
 def test_cli_example_resumes_on_another_host_from_an_s3_store(s3_store: str, tmp_path: Path):
     run_training_example(s3_store, tmp_path)
+
+
+LAGGING = """
+import json, os
+wd = os.getcwd()
+model = os.path.join(wd, "model.txt")
+for n in range(1, 5):
+    sample = os.path.join(wd, f"sample-{n}.bin")
+    with open(sample, "wb") as fh:
+        fh.write(bytes([n]) * (16 << 20))  # uploads lag behind the saves
+    print("openjd_checkpoint_files: " + json.dumps({"files": [sample]}), flush=True)
+    with open(model + ".tmp", "w") as fh:
+        fh.write(str(n))
+    os.replace(model + ".tmp", model)
+    print("openjd_checkpoint_save: " + json.dumps({"file": model, "state": str(n)}), flush=True)
+"""
+
+
+def test_every_generation_is_consistent_when_uploads_lag(managed_store, tmp_path: Path) -> None:
+    """The save's file is taken as it was when the save was printed, whatever the task wrote
+    after it: each generation's file matches its state and its file list."""
+    from core._files import restore_checkpoint
+
+    doc = {
+        "specificationVersion": "jobtemplate-2023-09",
+        "name": "lagging",
+        "steps": [
+            {
+                "name": "S",
+                "script": {"actions": {"onRun": {"command": "python3", "args": ["-c", LAGGING]}}},
+            }
+        ],
+    }
+    run = Run(prepare_job(parse_template(doc)), managed_store, tmp_path / "work")
+    result = run.join()
+    assert result.record.checkpoint is not None and result.record.checkpoint.state == "4"
+    gens = managed_store.list_generations(result.record)
+    assert gens
+    for gen in gens:
+        out = tmp_path / f"check-{gen.generation}"
+        out.mkdir()
+        restored = restore_checkpoint(managed_store, gen.manifest, str(out), [])
+        assert Path(restored.file).read_text() == gen.state
+        names = sorted(Path(f).name for f in restored.files)
+        assert names == [f"sample-{k}.bin" for k in range(1, int(gen.state) + 1)]
+
+
+DECLARE_THEN_FAIL = """
+import json, os, sys
+wd = os.getcwd()
+data = os.path.join(wd, "data.txt")
+open(data, "w").write("d")
+print("openjd_checkpoint_files: " + json.dumps({"files": [data]}), flush=True)
+if not os.path.exists(sys.argv[1]):
+    open(sys.argv[1], "w").close()
+    sys.exit(1)
+print("openjd_checkpoint_save: " + json.dumps({"state": "saved"}), flush=True)
+"""
+
+
+def test_a_task_run_again_from_the_top_starts_a_fresh_file_list(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path / "store", files="managed")
+    marker = tmp_path / "failed-once"
+    doc = {
+        "specificationVersion": "jobtemplate-2023-09",
+        "name": "declare then fail",
+        "steps": [
+            {
+                "name": "S",
+                "script": {
+                    "actions": {
+                        "onRun": {
+                            "command": "python3",
+                            "args": ["-c", DECLARE_THEN_FAIL, str(marker)],
+                        }
+                    }
+                },
+            }
+        ],
+    }
+    job = prepare_job(parse_template(doc))
+    first = Run(job, store, tmp_path / "a")
+    assert first.join().outcome == TaskOutcome.FAILED
+    second = Run(job, store, tmp_path / "b", record=first.result.record)
+    result = second.join()
+    assert result.outcome == TaskOutcome.SUCCEEDED, second.ex.warnings
+    cp = result.record.checkpoint
+    assert cp is not None and cp.state == "saved", second.ex.warnings
+    assert [Path(f).parent.parent for f in cp.files] == [tmp_path / "b"]
+    assert not any("resume_status" in w for w in second.ex.warnings)
+
+
+def test_a_session_folder_of_any_depth_is_removed(tmp_path: Path) -> None:
+    from core._session import remove_tree
+
+    top = str(tmp_path / "deep")
+    os.mkdir(top)
+    os.chdir(top)  # build it relatively: absolute paths this deep are too long
+    try:
+        for _ in range(1200):
+            os.mkdir("d")
+            os.chdir("d")
+        with open("leaf", "w") as fh:
+            fh.write("x")
+    finally:
+        os.chdir(tmp_path)
+    remove_tree(top)
+    assert not os.path.exists(top)
+
+
+def test_a_record_too_large_to_read_back_is_never_written(tmp_path: Path, monkeypatch) -> None:
+    import core._store as store_module
+    from core import StoreError
+    from core._store import TaskRecord
+
+    store = CheckpointStore(tmp_path / "store")
+    rec = TaskRecord(job_key="0" * 16, run_id=RUN_ID, step="S", task_key="k", parameters={})
+    store.write_task(rec)
+    monkeypatch.setattr(store_module, "MAX_RECORD_BYTES", 2000)
+    rec.pending_files = [f"/data/{n:05d}" for n in range(200)]
+    with pytest.raises(StoreError, match="could never be read back"):
+        store.write_task(rec)
+    assert store.read_task("0" * 16, RUN_ID, "S", "k").pending_files == []
