@@ -30,7 +30,7 @@ from openjd.model import (
     ParameterValue,
     ParameterValueType,
     StepParameterSpaceIterator,
-    create_job,
+    create_job_with_symbol_tables,
     decode_environment_template,
     preprocess_job_parameters,
 )
@@ -41,6 +41,7 @@ from ._inputs import load_document, read_input_file
 from ._store import CheckpointData, TaskRecord
 from ._template import (
     JOB_STATUS_PARAMETER,
+    MODEL_EXTENSIONS,
     CheckpointJobTemplate,
     canonical_json,
     load_template,
@@ -160,6 +161,20 @@ class PreparedJob:
     job_key: str = ""
     environment_paths: list[str] = field(default_factory=list)
     """The external environment template files, as absolute paths (kept with the run)."""
+    job_scope: dict[str, Any] = field(default_factory=dict)
+    """EXPR (RFC 0005): the job-scope symbols openjd-model resolved at job creation
+    (``Param.*``, ``RawParam.*``, ``Job.Name``), as typed ``openjd.expr`` values; the base of
+    every job and external environment's symbol table. Empty without EXPR."""
+    step_scopes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """EXPR: per step name, the job scope plus ``Step.Name`` and the step's template-scope
+    ``let`` bindings (``create_job_with_symbol_tables``); the base of the step's actions."""
+
+    @property
+    def uses_expr(self) -> bool:
+        """The template or an external environment template declares EXPR."""
+        if "EXPR" in self.template.extensions:
+            return True
+        return any("EXPR" in (getattr(e, "extensions", None) or []) for e in self.environments)
 
     @property
     def parameters(self) -> dict[str, str]:
@@ -449,7 +464,9 @@ def load_environment_template(path: str | Path) -> EnvironmentTemplate:
     text = read_input_file(p, "environment template")
     obj = load_document(text, json_format=p.suffix.lower() == ".json", source=p)
     try:
-        return decode_environment_template(template=obj)
+        return decode_environment_template(
+            template=obj, supported_extensions=sorted(MODEL_EXTENSIONS)
+        )
     except DecodeValidationError as exc:
         raise TemplateError([str(exc)], source=str(p)) from None
     except (ValueError, TypeError, RecursionError) as exc:
@@ -515,11 +532,14 @@ def prepare_job(
             current_working_dir=cwd,
             environment_templates=envs or None,
         )
-        job = create_job(
+        created = create_job_with_symbol_tables(
             job_template=tmpl.template,
             job_parameter_values=values,
             environment_templates=envs or None,
         )
+        job = created.job
+        job_scope = _scope_entries(created.job_symbol_table)
+        step_scopes = {k: _scope_entries(v) for k, v in created.step_symbol_tables.items()}
     except (DecodeValidationError, ValueError, KeyError) as exc:
         raise TemplateError(
             [f"job parameters: {line}" for line in str(exc).splitlines() if line.strip()]
@@ -545,7 +565,20 @@ def prepare_job(
         ],
         path_mapping_rules=list(path_mapping_rules or []),
         job_key=sha256_hex(canonical_json({"name": tmpl.name}))[:16],
+        job_scope=job_scope,
+        step_scopes=step_scopes,
     )
+
+
+def _scope_entries(table: Any) -> dict[str, Any]:
+    """A ``SerializedSymbolTable`` from job creation as flat ``{name: ExprValue}`` entries in
+    this host's path format, ready to seed a ``SymbolTable`` (as openjd-sessions 0.14
+    ``Session._resolved_base_entries`` does)."""
+    from openjd.expr import PathFormat
+
+    host_format = PathFormat.WINDOWS if os.name == "nt" else PathFormat.POSIX
+    engine = table.to_symtab(path_format=host_format)
+    return {name: engine[name] for name in engine.symbols}
 
 
 def _max_argument_bytes() -> int:

@@ -31,7 +31,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from openjd.model import FormatStringError, ParameterValueType, SymbolTable
+from openjd.model import ParameterValueType, SymbolTable, evaluate_let_bindings
 
 from ._errors import StoreError
 from ._job import PreparedJob
@@ -42,7 +42,30 @@ from ._template import JOB_STATUS_PARAMETER
 if TYPE_CHECKING:
     from ._task import TaskExecution
 
-__all__ = ("Session", "clean_stale_sessions", "kill_marked", "sessions_root")
+__all__ = ("Session", "apply_let", "clean_stale_sessions", "kill_marked", "sessions_root")
+
+MAX_LET_BINDING_LENGTH = 4096
+"""The longest ``let`` binding evaluated. openjd-expr's parser recurses without a depth guard
+and a deeply nested right-hand side overflows the native stack (openjd-sessions 0.14 bounds it
+the same way, ``_runner_base.MAX_LET_BINDING_LENGTH``)."""
+
+
+def apply_let(symtab: SymbolTable, bindings: list[str] | None) -> None:
+    """Evaluate a script's EXPR ``let`` bindings (RFC 0005) in order into ``symtab`` with
+    openjd-model's own ``evaluate_let_bindings``.
+
+    Raises:
+        ValueError: a binding is too long or cannot be evaluated.
+    """
+    if not bindings:
+        return
+    for binding in bindings:
+        if len(binding) > MAX_LET_BINDING_LENGTH:
+            raise ValueError(
+                f"let binding {binding[:40]!r}... is {len(binding)} characters, over the "
+                f"maximum of {MAX_LET_BINDING_LENGTH}"
+            )
+    evaluate_let_bindings(symtab=symtab, let_bindings=bindings)
 
 
 def sessions_root() -> str:
@@ -266,12 +289,17 @@ class Session:
         assert self.working_dir is not None
         marker = uuid.uuid4().hex
         before = dict(self.env)
-        symtab = SymbolTable(source=self.base_symtab())
+        symtab = self.env_symtab(step)
         try:
             for name, value in (getattr(model, "variables", None) or {}).items():
                 self.env[str(name)] = value.resolve(symtab=symtab)
-            files = self.embedded_files(getattr(model.script, "embeddedFiles", None), symtab, "Env")
-        except (FormatStringError, OSError) as exc:
+            files = self.embedded_files(
+                getattr(model.script, "embeddedFiles", None),
+                symtab,
+                "Env",
+                let=getattr(model.script, "let", None),
+            )
+        except (ValueError, OSError) as exc:  # FormatStringError and ExpressionError too
             self.broken = f"environment {model.name!r}: {exc}"
             return self.broken
         self._entered.append(_Entered(model, path, files, marker, step, before))
@@ -297,9 +325,13 @@ class Session:
         return problem
 
     def _exit_one(self, ex: TaskExecution, entered: _Entered) -> str | None:
-        symtab = SymbolTable(source=self.base_symtab())
+        symtab = self.env_symtab(entered.step)
         for k, v in entered.files.items():
             symtab[k] = v
+        try:
+            apply_let(symtab, getattr(entered.model.script, "let", None))
+        except ValueError as exc:
+            return f"environment {entered.model.name!r}: {exc}"
         code, msg = ex.run_environment_action(
             entered.model, entered.path, "onExit", symtab, self.env, marker=entered.marker
         )
@@ -339,21 +371,45 @@ class Session:
             self._lease = None
 
     # --- symbols, variables, files -------------------------------------------------------------
-    def map_value(self, value: Any) -> str:
-        """A parameter value as a string, with path mapping applied to PATH values."""
+    def map_value(self, value: Any) -> Any:
+        """A parameter value with path mapping applied to PATH values (each element of a
+        LIST[PATH]); a string, or a list for the EXPR list types."""
+        if value.type == ParameterValueType.LIST_PATH and isinstance(value.value, list):
+            return [self._map_path(str(v)) for v in value.value]
+        if isinstance(value.value, list):
+            return list(value.value)
         text = str(value.value)
         if value.type == ParameterValueType.PATH:
-            for rule in self.job.path_mapping_rules:
-                changed, result = rule.apply(path=text)
-                if changed:
-                    return str(result)
+            return self._map_path(text)
         return text
 
-    def base_symtab(self) -> SymbolTable:
-        """``Session.*``, ``Param.*`` and ``RawParam.*`` (and ``Job.Status`` in finally steps)."""
+    def _map_path(self, text: str) -> str:
+        for rule in self.job.path_mapping_rules:
+            changed, result = rule.apply(path=text)
+            if changed:
+                return str(result)
+        return text
+
+    def base_symtab(self, step: str | None = None) -> SymbolTable:
+        """``Session.*``, ``Param.*`` and ``RawParam.*`` (and ``Job.Status`` in finally steps).
+
+        With EXPR (RFC 0005), as openjd-sessions 0.14 ``Session._symbol_table`` does: the
+        symbols openjd-model resolved at job creation come first (the job scope, or with
+        ``step`` that step's scope: ``Step.Name`` and its template-scope ``let`` bindings),
+        the session's own values layer on top with their EXPR types, and the path mapping
+        rules are given to ``openjd.expr`` for the host-context functions
+        (``apply_path_mapping``)."""
         directory = self.open()
         symtab = SymbolTable()
+        expr = self.job.uses_expr
+        if expr:
+            symtab.expr_host_rules = self._expr_host_rules()
+            base = self.job.step_scopes.get(step, {}) if step else self.job.job_scope
+            for name, value in base.items():
+                symtab[name] = value
         symtab["Session.WorkingDirectory"] = directory
+        if expr:
+            symtab.expr_types["Session.WorkingDirectory"] = ParameterValueType.PATH.value
         rules = self.job.path_mapping_rules
         symtab["Session.HasPathMappingRules"] = "true" if rules else "false"
         rules_file = os.path.join(directory, "path-mapping-rules.json")
@@ -368,16 +424,69 @@ class Session:
                 )
         symtab["Session.PathMappingRulesFile"] = rules_file
         for name, value in self.job.parameter_values.items():
-            symtab[f"RawParam.{name}"] = str(value.value)
-            symtab[f"Param.{name}"] = self.map_value(value)
+            self.add_parameter(symtab, "", name, value)
         if self.job_status is not None:
             symtab[f"Param.{JOB_STATUS_PARAMETER}"] = self.job_status
         return symtab
 
-    def embedded_files(self, files: Any, symtab: SymbolTable, prefix: str) -> dict[str, str]:
+    def add_parameter(self, symtab: SymbolTable, prefix: str, name: str, value: Any) -> None:
+        """Set ``<prefix>Param.<name>`` (path-mapped) and ``<prefix>RawParam.<name>``; with
+        EXPR, with their types as openjd-sessions records them (``RawParam`` of a PATH stays a
+        string, of a LIST[PATH] a LIST[STRING]; CHUNK[INT] range strings stay strings)."""
+        key, raw_key = f"{prefix}Param.{name}", f"{prefix}RawParam.{name}"
+        if not self.job.uses_expr:
+            symtab[raw_key] = str(value.value)
+            symtab[key] = self.map_value(value)
+            return
+        symtab[raw_key] = value.value
+        symtab[key] = self.map_value(value)
+        ptype = value.type
+        if ptype == ParameterValueType.CHUNK_INT:
+            return
+        symtab.expr_types[key] = ptype.value
+        if ptype == ParameterValueType.LIST_PATH:
+            symtab.expr_types[raw_key] = ParameterValueType.LIST_STRING.value
+        elif ptype != ParameterValueType.PATH:
+            symtab.expr_types[raw_key] = ptype.value
+
+    def _expr_host_rules(self) -> list[Any]:
+        """The path mapping rules in ``openjd.expr`` form (an empty list: still host scope)."""
+        if not self.job.path_mapping_rules:
+            return []
+        from openjd.expr import PathFormat, PathMappingRule
+
+        return [
+            PathMappingRule(
+                source_path_format=getattr(PathFormat, rule.source_path_format.name),
+                source_path=str(rule.source_path),
+                destination_path=str(rule.destination_path),
+            )
+            for rule in self.job.path_mapping_rules
+        ]
+
+    def env_symtab(self, step: str | None) -> SymbolTable:
+        """The symbol table of an environment's actions (a step's environments: with
+        ``Step.Name`` and the step's template-scope ``let`` bindings under EXPR)."""
+        symtab = SymbolTable(source=self.base_symtab(step))
+        if step is not None and self.job.uses_expr:
+            symtab["Step.Name"] = step
+        return symtab
+
+    def embedded_files(
+        self, files: Any, symtab: SymbolTable, prefix: str, *, let: list[str] | None = None
+    ) -> dict[str, str]:
         """Write embedded files into the working directory; add ``<prefix>.File.<name>`` to
-        ``symtab``; return those symbols and paths."""
+        ``symtab``; return those symbols and paths. The script's EXPR ``let`` bindings are
+        evaluated into ``symtab`` after the files' paths are known and before their contents
+        are written (as openjd-sessions does), so each may use the other.
+
+        Raises:
+            ValueError: a binding or a file's data cannot be evaluated (FormatStringError,
+                ExpressionError).
+            OSError: a file cannot be written.
+        """
         if not files:
+            apply_let(symtab, let)
             return {}
         directory = tempfile.mkdtemp(prefix="embedded_files", dir=self.open())
         paths: dict[str, str] = {}
@@ -386,6 +495,7 @@ class Session:
             paths[f"{prefix}.File.{f.name}"] = os.path.join(directory, str(filename))
         for k, v in paths.items():
             symtab[k] = v
+        apply_let(symtab, let)
         for f in files:
             target = paths[f"{prefix}.File.{f.name}"]
             data = f.data.resolve(symtab=symtab)

@@ -30,6 +30,7 @@ from typing import Any
 from openjd.model import FormatStringError, SymbolTable
 
 from ._errors import StoreError
+from ._expr import resolve_args, resolve_cancelation, resolve_int_field
 from ._files import (
     CaptureStats,
     FileCapture,
@@ -72,7 +73,7 @@ from ._store import (
     TaskStatus,
     host_id,
 )
-from ._template import CancelMethod
+from ._template import DEFAULT_NOTIFY_PERIOD_SECONDS, ActionCheckpointSpec, CancelMethod
 
 __all__ = (
     "DEFAULT_MAX_OUTPUT_WARNINGS",
@@ -421,17 +422,59 @@ class TaskExecution:
             self._persist(force=True)
             return TaskResult(outcome, exit_code, message, rec.model_copy(deep=True))
 
+    def _extensions(self) -> list[str]:
+        from ._template import MODEL_EXTENSIONS
+
+        return sorted(e for e in self.job.template.extensions if e in MODEL_EXTENSIONS)
+
+    def _effective_spec(self, action: Any, path: str, symtab: SymbolTable) -> ActionCheckpointSpec:
+        """The action's CHECKPOINT parts with a ``cancelation`` given by format strings
+        (FEATURE_BUNDLE_1: a ``mode`` or ``notifyPeriodInSeconds``, as WRAP_ACTIONS forwards
+        them) resolved now, against the scope the command resolved in: a value that cannot be
+        resolved fails the action before it starts, as in openjd-sessions.
+
+        Raises:
+            ValueError: the cancelation does not resolve to a valid one.
+        """
+        spec = self.job.template.action_spec(path)
+        cancel = getattr(action, "cancelation", None)
+        if cancel is None or (
+            isinstance(getattr(cancel, "mode", None), Enum)
+            and not hasattr(getattr(cancel, "notifyPeriodInSeconds", None), "resolve_value")
+        ):
+            return spec  # literal values: validated with the template
+        mode, period = resolve_cancelation(cancel, symtab)
+        if mode != "NOTIFY_THEN_TERMINATE":
+            method = CancelMethod()
+        else:
+            default = (
+                DEFAULT_NOTIFY_PERIOD_SECONDS
+                if path.endswith((".onRun", ".onCheckpointResume", ".onWrapTaskRun"))
+                else 30
+            )
+            method = dataclasses.replace(
+                spec.cancelation,
+                mode=mode,
+                notify_period_seconds=float(period if period is not None else default),
+                notify_period_text=None,
+            )
+        return dataclasses.replace(spec, cancelation=method)
+
     def _redaction(self) -> bool:
         return "REDACTED_ENV_VARS" in self.job.template.extensions
 
     def _run_task_action(self, session: Session) -> tuple[int, str]:
         step = self.job.step(self.spec.step_name)
         idx = self.job.template.step_index(self.spec.step_name)
-        symtab = SymbolTable(source=session.base_symtab())
+        symtab = SymbolTable(source=session.base_symtab(self.spec.step_name))
         for name, value in self.spec.parameters.items():
-            symtab[f"Task.RawParam.{name}"] = str(value.value)
-            symtab[f"Task.Param.{name}"] = session.map_value(value)
-        session.embedded_files(step.script.embeddedFiles, symtab, "Task")
+            session.add_parameter(symtab, "Task.", name, value)
+        try:
+            session.embedded_files(
+                step.script.embeddedFiles, symtab, "Task", let=getattr(step.script, "let", None)
+            )
+        except ValueError as exc:  # a let binding or a file's data (EXPR) cannot be evaluated
+            return 1, f"steps[{idx}].script: {exc}"
         session_dir = session.open()
         env = dict(session.env)
         resume = self.spec.resume
@@ -578,13 +621,13 @@ class TaskExecution:
         marker: str | None = None,
     ) -> tuple[int, str]:
         try:
-            argv = [action.command.resolve(symtab=symtab)] + [
-                a.resolve(symtab=symtab) for a in (action.args or [])
-            ]
-        except FormatStringError as exc:
+            argv = [action.command.resolve(symtab=symtab)] + resolve_args(action.args, symtab)
+            timeout = resolve_int_field(
+                getattr(action, "timeout", None), symtab, ge=1, description="timeout"
+            )
+            spec = self._effective_spec(action, path, symtab)
+        except ValueError as exc:  # FormatStringError, ExpressionError, a bad resolved value
             return 1, f"{path}: {exc}"
-        timeout = _seconds(getattr(action, "timeout", None), symtab)
-        spec = self.job.template.action_spec(path)
         env_changes: dict[str, str | None] = {}
         self._fail_message = None
 
@@ -639,7 +682,7 @@ class TaskExecution:
                     )
             if want != handled and want[0] is not None:
                 handled = want
-                method = _resolved(self._method(spec, want[0]), symtab)
+                method = _resolved(self._method(spec, want[0]), symtab, self._extensions())
                 period = method.notify_period_seconds
                 if want[2] is not None and method.notifies:
                     left = want[2] - time.time() - STOP_KILL_MARGIN_SECONDS
@@ -671,7 +714,7 @@ class TaskExecution:
                 and want[0] is None
             ):
                 timed_out = True
-                method = _resolved(spec.cancelation, symtab)
+                method = _resolved(spec.cancelation, symtab, self._extensions())
                 self._warn(f"{path}: timed out after {timeout:g} s")
                 if method.notifies:
                     self._write_cancel_info(session_dir, method)
@@ -1006,15 +1049,18 @@ class TaskExecution:
                 pass
 
 
-def _resolved(method: CancelMethod, symtab: SymbolTable) -> CancelMethod:
-    """The method with a format-string ``notifyPeriodInSeconds`` (FEATURE_BUNDLE_1) resolved."""
+def _resolved(
+    method: CancelMethod, symtab: SymbolTable, extensions: list[str] | None = None
+) -> CancelMethod:
+    """The method with a format-string ``notifyPeriodInSeconds`` (FEATURE_BUNDLE_1, and EXPR
+    expressions when the template declares EXPR) resolved."""
     if method.notify_period_text is None:
         return method
     from openjd.model._format_strings import FormatString
     from openjd.model.v2023_09 import ModelParsingContext
 
     try:
-        context = ModelParsingContext(supported_extensions=["FEATURE_BUNDLE_1"])
+        context = ModelParsingContext(supported_extensions=extensions or ["FEATURE_BUNDLE_1"])
         text = FormatString(method.notify_period_text, context=context).resolve(symtab=symtab)
         seconds = float(text)
     except (FormatStringError, ValueError, TypeError):

@@ -50,6 +50,17 @@ DEFAULT_ROOT = Path(
         Path(__file__).resolve().parents[2] / "shared/conformance/conformance-tests/2023-09",
     )
 )
+EXTENSION_DIRS = [
+    f"{ext}/{kind}"
+    for ext, kinds in (
+        ("EXPR", ("job_templates", "env_templates", "jobs")),
+        ("WRAP_ACTIONS", ("env_templates", "jobs")),
+        ("FEATURE_BUNDLE_1", ("job_templates", "env_templates", "jobs")),
+        ("REDACTED_ENV_VARS", ("jobs",)),
+    )
+    for kind in kinds
+]
+"""The extensions' data (``--extensions``); not in ``ALL_DIRS`` until every POSIX case passes."""
 MAIN_DIRS = ["base/jobs", "TASK_CHUNKING/jobs", "TASK_CHUNKING/job_templates"]
 PROPOSED_DIRS = ["base/jobs/proposed", "TASK_CHUNKING/jobs/proposed"]
 ALL_DIRS = MAIN_DIRS + PROPOSED_DIRS
@@ -398,13 +409,17 @@ def leading_directive(text: str) -> Any:
 
 
 def run_template_test(path: Path, group: str, name: str) -> CaseResult:
+    """Validate a fixture: a job template, or under ``env_templates/`` an environment template
+    (checked as one, as ``--environment`` would load it)."""
     from core import TemplateError, load_template
+    from core._job import load_environment_template
 
     started = time.monotonic()
     invalid = ".invalid." in path.name
     result = CaseResult(name=name, group=group, status=FAIL)
+    load = load_environment_template if Path(group).name == "env_templates" else load_template
     try:
-        load_template(path)
+        load(path)
         error: str | None = None
     except TemplateError as exc:
         error = str(exc)
@@ -546,6 +561,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cli", help="the CLI command prefix to test (default: python -m core.cli)"
     )
+    parser.add_argument(
+        "--extensions", action="store_true", help=f"run the extensions' data: {EXTENSION_DIRS}"
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="print failures' output")
     args = parser.parse_args(argv)
     if not args.root.is_dir():
@@ -555,7 +573,11 @@ def main(argv: list[str] | None = None) -> int:
     if cli and os.sep in cli[0] and Path(cli[0]).exists():  # cases run in their own directory
         cli[0] = os.path.abspath(cli[0])  # not resolve(): keep a venv's python link
     results = run_suite(
-        args.root, args.dirs or ALL_DIRS, workers=args.jobs, lenient=args.lenient, cli=cli
+        args.root,
+        args.dirs or (EXTENSION_DIRS if args.extensions else ALL_DIRS),
+        workers=args.jobs,
+        lenient=args.lenient,
+        cli=cli,
     )
     for r in results:
         print(format_case(r))
