@@ -532,6 +532,7 @@ def prepare_job(
             current_working_dir=cwd,
             environment_templates=envs or None,
         )
+        values = _join_list_paths(tmpl, raw, values, template_dir.resolve(), cwd)
         created = create_job_with_symbol_tables(
             job_template=tmpl.template,
             job_parameter_values=values,
@@ -568,6 +569,67 @@ def prepare_job(
         job_scope=job_scope,
         step_scopes=step_scopes,
     )
+
+
+def _join_list_paths(
+    tmpl: CheckpointJobTemplate,
+    raw: Mapping[str, str],
+    values: JobParameterValues,
+    template_dir: Path,
+    cwd: Path,
+) -> JobParameterValues:
+    """Each element of a LIST[PATH] value follows the PATH rules (EXPR, Template Schemas 2.12
+    with 2.2), which openjd-model 0.14 applies to PATH only: an element of a default is joined
+    with the template's folder, must be relative and stay inside it, and ``item.allowedValues``
+    is checked after the join; a relative element of a given value is joined with the current
+    directory. URIs (``s3://...``) and empty elements stay as they are.
+
+    Raises:
+        ValueError: an element of a default is absolute, leaves the template's folder, or is
+            not allowed.
+    """
+    out = dict(values)
+    for definition in getattr(tmpl.template, "parameterDefinitions", None) or []:
+        name = str(definition.name)
+        value = values.get(name)
+        if value is None or value.type != ParameterValueType.LIST_PATH:
+            continue
+        if not isinstance(value.value, list):
+            continue
+        joined: list[str] = []
+        for element in (str(e) for e in value.value):
+            if element == "" or re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", element):
+                joined.append(element)
+            elif name in raw:
+                joined.append(
+                    element if os.path.isabs(element) else os.path.normpath(cwd / element)
+                )
+            elif os.path.isabs(element):
+                raise ValueError(
+                    f"The default value of LIST[PATH] parameter {name} holds the absolute path "
+                    f"{element!r}. Default paths must be relative, and are joined to the job "
+                    "template's directory."
+                )
+            else:
+                path = os.path.normpath(template_dir / element)
+                if not Path(path).is_relative_to(template_dir):
+                    raise ValueError(
+                        f"The default value of LIST[PATH] parameter {name} holds {element!r}, "
+                        "a path outside of the template directory. Walking up from the template "
+                        "directory is not permitted."
+                    )
+                joined.append(path)
+        allowed = getattr(getattr(definition, "item", None), "allowedValues", None)
+        if name not in raw and allowed:
+            for element in joined:
+                if element not in [str(a) for a in allowed]:
+                    raise ValueError(
+                        f"The default value of LIST[PATH] parameter {name} holds {element!r} "
+                        f"(joined with the template's directory), which is not one of its "
+                        f"item.allowedValues {[str(a) for a in allowed]}"
+                    )
+        out[name] = ParameterValue(type=value.type, value=joined)
+    return out
 
 
 def _scope_entries(table: Any) -> dict[str, Any]:

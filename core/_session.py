@@ -328,6 +328,8 @@ class Session:
         symtab = self.env_symtab(entered.step)
         for k, v in entered.files.items():
             symtab[k] = v
+            if self.job.uses_expr:
+                symtab.expr_types[k] = ParameterValueType.PATH.value
         try:
             apply_let(symtab, getattr(entered.model.script, "let", None))
         except ValueError as exc:
@@ -423,6 +425,9 @@ class Session:
                     fh,
                 )
         symtab["Session.PathMappingRulesFile"] = rules_file
+        if expr:  # typed as openjd-sessions types them for EXPR (the legacy path keeps strings)
+            symtab.expr_types["Session.HasPathMappingRules"] = ParameterValueType.BOOL.value
+            symtab.expr_types["Session.PathMappingRulesFile"] = ParameterValueType.PATH.value
         for name, value in self.job.parameter_values.items():
             self.add_parameter(symtab, "", name, value)
         if self.job_status is not None:
@@ -495,6 +500,8 @@ class Session:
             paths[f"{prefix}.File.{f.name}"] = os.path.join(directory, str(filename))
         for k, v in paths.items():
             symtab[k] = v
+            if self.job.uses_expr:
+                symtab.expr_types[k] = ParameterValueType.PATH.value
         apply_let(symtab, let)
         for f in files:
             target = paths[f"{prefix}.File.{f.name}"]
