@@ -42,6 +42,7 @@ from ._store import CheckpointData, TaskRecord
 from ._template import (
     JOB_STATUS_PARAMETER,
     MODEL_EXTENSIONS,
+    WRAP_NEEDS_EXPR,
     CheckpointJobTemplate,
     canonical_json,
     load_template,
@@ -464,13 +465,17 @@ def load_environment_template(path: str | Path) -> EnvironmentTemplate:
     text = read_input_file(p, "environment template")
     obj = load_document(text, json_format=p.suffix.lower() == ".json", source=p)
     try:
-        return decode_environment_template(
+        env = decode_environment_template(
             template=obj, supported_extensions=sorted(MODEL_EXTENSIONS)
         )
     except DecodeValidationError as exc:
         raise TemplateError([str(exc)], source=str(p)) from None
     except (ValueError, TypeError, RecursionError) as exc:
         raise TemplateError([f"not a valid environment template: {exc}"], source=str(p)) from None
+    declared = list(getattr(env, "extensions", None) or [])
+    if "WRAP_ACTIONS" in declared and "EXPR" not in declared:
+        raise TemplateError([f"extensions: {WRAP_NEEDS_EXPR}"], source=str(p))
+    return env
 
 
 def load_path_mapping_rules(

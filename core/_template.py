@@ -101,6 +101,10 @@ NOTIFY_SIGNALS = frozenset(
 """Signal names ``signalToNotify`` takes. SIGKILL and SIGSTOP cannot be caught, so they cannot
 notify anything, and are refused. See docs/decisions.md for the Windows mapping."""
 
+WRAP_NEEDS_EXPR = (
+    "extension 'WRAP_ACTIONS' requires the EXPR extension (RFC 0008): list EXPR in 'extensions' too"
+)
+
 DEFAULT_NOTIFY_PERIOD_SECONDS = 120
 """The OpenJD 2023-09 default ``notifyPeriodInSeconds`` of NOTIFY_THEN_TERMINATE."""
 
@@ -282,6 +286,9 @@ def _parse_template(document: dict[str, Any], *, source: Path | None) -> Checkpo
                 f"extensions[{i}]: extension '{name}' is not supported by openjd-checkpoint "
                 f"(supported: {', '.join(sorted(SUPPORTED_EXTENSIONS))})"
             )
+    if "WRAP_ACTIONS" in extensions and "EXPR" not in extensions:
+        i = extensions.index("WRAP_ACTIONS")
+        problems.append(f"extensions[{i}]: {WRAP_NEEDS_EXPR}")
     if problems:
         raise TemplateError(problems, source=where)
     has_checkpoint = CHECKPOINT_EXTENSION in extensions
