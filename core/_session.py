@@ -38,6 +38,7 @@ from ._job import PreparedJob
 from ._process import processes_with_marker
 from ._store import CheckpointStore, Lease, SessionRecord, host_id
 from ._template import JOB_STATUS_PARAMETER
+from ._wrap import defines_wrap, hook, inject_wrapped
 
 if TYPE_CHECKING:
     from ._task import TaskExecution
@@ -172,6 +173,9 @@ class Session:
         self.redacted: set[str] = set()
         """Values declared secret (``openjd_redacted_env``) in this session: redacted from
         the output of every later action of the session, not only the one that declared them."""
+        self.defined_env: dict[str, str] = {}
+        """Variables the session defined (environments' ``variables`` and ``openjd_env``), for
+        ``WrappedAction.Environment`` (RFC 0008): host variables are not in it."""
         self.enter_count = 0
         """How many environments this session entered (for tests and progress)."""
 
@@ -289,10 +293,19 @@ class Session:
         assert self.working_dir is not None
         marker = uuid.uuid4().hex
         before = dict(self.env)
+        if defines_wrap(model) and any(defines_wrap(e.model) for e in self._entered):
+            other = next(e.model.name for e in self._entered if defines_wrap(e.model))
+            self.broken = (
+                f"environment {model.name!r}: only one environment of a session may define wrap "
+                f"hooks (onWrapEnvEnter / onWrapTaskRun / onWrapEnvExit); {other!r} already does "
+                "(RFC 0008)"
+            )
+            return self.broken
         symtab = self.env_symtab(step)
         try:
             for name, value in (getattr(model, "variables", None) or {}).items():
                 self.env[str(name)] = value.resolve(symtab=symtab)
+                self.defined_env[str(name)] = self.env[str(name)]
             files = self.embedded_files(
                 getattr(model.script, "embeddedFiles", None),
                 symtab,
@@ -305,13 +318,81 @@ class Session:
         self._entered.append(_Entered(model, path, files, marker, step, before))
         self.enter_count += 1
         self._record_markers()
-        code, msg = ex.run_environment_action(
-            model, path, "onEnter", symtab, self.env, marker=marker
-        )
+        code, msg = self._run_env_action(ex, model, path, "onEnter", symtab, marker)
         if code != 0:
             self.broken = msg or f"environment {model.name!r} onEnter failed"
             return self.broken
         return None
+
+    def _run_env_action(
+        self, ex: TaskExecution, model: Any, path: str, which: str, symtab: Any, marker: str
+    ) -> tuple[int, str]:
+        """Run an environment's ``onEnter`` or ``onExit``, or the wrapping environment's hook
+        in its place (WRAP_ACTIONS); keep what it defines with ``openjd_env``."""
+        if hook(model, which) is None:
+            return 0, ""  # nothing to run, nothing to wrap
+        before = dict(self.env)
+        wrapper = self.wrapper(which, exclude=model)
+        if wrapper is None:
+            code, msg = ex.run_environment_action(
+                model, path, which, symtab, self.env, marker=marker
+            )
+        else:
+            name = "onWrapEnvEnter" if which == "onEnter" else "onWrapEnvExit"
+            try:
+                hook_symtab = self.wrap_symtab(wrapper)
+                inject_wrapped(
+                    hook_symtab,
+                    hook(model, which),
+                    symtab,
+                    environment=self.environment_list(),
+                    task_run=False,
+                )
+                hook_symtab["WrappedEnv.Name"] = model.name
+            except ValueError as exc:
+                return 1, f"{wrapper.path}.script.actions.{name}: {exc}"
+            code, msg = ex.run_environment_action(
+                wrapper.model, wrapper.path, name, hook_symtab, self.env, marker=marker
+            )
+        self._note_env_changes(before)
+        return code, msg
+
+    def _note_env_changes(self, before: dict[str, str]) -> None:
+        for name, value in self.env.items():
+            if before.get(name) != value:
+                self.defined_env[name] = value
+        for name in before:
+            if name not in self.env:
+                self.defined_env.pop(name, None)
+
+    # --- WRAP_ACTIONS ------------------------------------------------------------------------
+    def wrapper(self, which: str, *, exclude: Any = None) -> _Entered | None:
+        """The entered environment whose hook wraps ``which`` (``onEnter``, ``onExit`` or
+        ``onRun``), or None. An environment never wraps its own actions."""
+        name = {"onEnter": "onWrapEnvEnter", "onExit": "onWrapEnvExit"}.get(which, "onWrapTaskRun")
+        for entered in reversed(self._entered):
+            if entered.model is not exclude and hook(entered.model, name) is not None:
+                return entered
+        return None
+
+    def wrap_symtab(self, wrapper: _Entered) -> SymbolTable:
+        """The scope a hook resolves in: the wrapping environment's own (its session scope,
+        step context, embedded files and ``let`` bindings), never the wrapped action's.
+
+        Raises:
+            ValueError: a ``let`` binding cannot be evaluated.
+        """
+        symtab = self.env_symtab(wrapper.step)
+        for k, v in wrapper.files.items():
+            symtab[k] = v
+            if self.job.uses_expr:
+                symtab.expr_types[k] = ParameterValueType.PATH.value
+        apply_let(symtab, getattr(wrapper.model.script, "let", None))
+        return symtab
+
+    def environment_list(self) -> list[str]:
+        """``WrappedAction.Environment``: the session-defined variables as ``KEY=value``."""
+        return [f"{k}={v}" for k, v in self.defined_env.items()]
 
     def _exit_step(self, ex: TaskExecution) -> str | None:
         problem: str | None = None
@@ -334,8 +415,8 @@ class Session:
             apply_let(symtab, getattr(entered.model.script, "let", None))
         except ValueError as exc:
             return f"environment {entered.model.name!r}: {exc}"
-        code, msg = ex.run_environment_action(
-            entered.model, entered.path, "onExit", symtab, self.env, marker=entered.marker
+        code, msg = self._run_env_action(
+            ex, entered.model, entered.path, "onExit", symtab, entered.marker
         )
         if code != 0:
             return msg or f"environment {entered.model.name!r} onExit failed"

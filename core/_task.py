@@ -74,6 +74,7 @@ from ._store import (
     host_id,
 )
 from ._template import DEFAULT_NOTIFY_PERIOD_SECONDS, ActionCheckpointSpec, CancelMethod
+from ._wrap import inject_wrapped
 
 __all__ = (
     "DEFAULT_MAX_OUTPUT_WARNINGS",
@@ -381,7 +382,7 @@ class TaskExecution:
             session.working_dir,
             MessageContext(in_task_action=False, redaction_enabled=self._redaction()),
             env_action=True,
-            stoppable=which != "onExit",
+            stoppable=which not in ("onExit", "onWrapEnvExit"),
             marker=marker,
         )
 
@@ -507,8 +508,27 @@ class TaskExecution:
             in_task_action=True,
             redaction_enabled=self._redaction(),
         )
+        wrapped_path: str | None = None
+        wrapper = session.wrapper("onRun")
+        if wrapper is not None:  # WRAP_ACTIONS: the hook runs in place of the task's action
+            try:
+                hook_symtab = session.wrap_symtab(wrapper)
+                inject_wrapped(
+                    hook_symtab,
+                    action,
+                    symtab,
+                    environment=session.environment_list(),
+                    task_run=True,
+                )
+                hook_symtab["WrappedStep.Name"] = self.spec.step_name
+            except ValueError as exc:
+                return 1, f"{wrapper.path}.script.actions.onWrapTaskRun: {exc}"
+            wrapped_path, path = path, f"{wrapper.path}.script.actions.onWrapTaskRun"
+            action, symtab = wrapper.model.script.actions.onWrapTaskRun, hook_symtab
         try:
-            return self._run_action(action, path, symtab, env, session_dir, ctx)
+            return self._run_action(
+                action, path, symtab, env, session_dir, ctx, wrapped_path=wrapped_path
+            )
         finally:
             if self._capture is not None:
                 self._capture.close()
@@ -619,13 +639,25 @@ class TaskExecution:
         env_action: bool = False,
         stoppable: bool = True,
         marker: str | None = None,
+        wrapped_path: str | None = None,
     ) -> tuple[int, str]:
+        """Run one action. ``wrapped_path``: the task action a WRAP_ACTIONS hook runs in place
+        of; a checkpoint request then uses that action's ``checkpointCancelation`` (sent to the
+        hook's process group, so the wrapped process gets the notify signal too), while a
+        cancel or a time-out uses the hook's own ``cancelation``."""
         try:
             argv = [action.command.resolve(symtab=symtab)] + resolve_args(action.args, symtab)
             timeout = resolve_int_field(
                 getattr(action, "timeout", None), symtab, ge=1, description="timeout"
             )
             spec = self._effective_spec(action, path, symtab)
+            if wrapped_path is not None:
+                spec = dataclasses.replace(
+                    spec,
+                    checkpoint_cancelation=self.job.template.action_spec(
+                        wrapped_path
+                    ).checkpoint_cancelation,
+                )
         except ValueError as exc:  # FormatStringError, ExpressionError, a bad resolved value
             return 1, f"{path}: {exc}"
         env_changes: dict[str, str | None] = {}
@@ -744,6 +776,8 @@ class TaskExecution:
                     env[name] = value
         if timed_out:
             return (code if code != 0 else 1), f"{path}: timed out after {timeout:g} s"
+        if env_action and code and not self._fail_message:  # no task exit code is shown for it
+            return code, f"{path} failed: exited with code {code}"
         return code, (self._fail_message or (f"{path} failed" if code else ""))
 
     def _method(self, spec: Any, intent: StopIntent) -> CancelMethod:
