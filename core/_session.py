@@ -587,7 +587,10 @@ class Session:
         for f in files:
             target = paths[f"{prefix}.File.{f.name}"]
             data = f.data.resolve(symtab=symtab)
-            with open(target, "w", encoding="utf-8") as fh:
+            # FEATURE_BUNDLE_1 endOfLine: LF or CRLF; AUTO (the default) is this host's.
+            eol = str(getattr(getattr(f, "endOfLine", None), "value", "") or "")
+            newline = {"LF": "\n", "CRLF": "\r\n"}.get(eol)
+            with open(target, "w", encoding="utf-8", newline=newline) as fh:
                 fh.write(data)
             mode = stat.S_IRUSR | stat.S_IWUSR
             if getattr(f, "runnable", False):

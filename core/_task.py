@@ -462,7 +462,10 @@ class TaskExecution:
         return dataclasses.replace(spec, cancelation=method)
 
     def _redaction(self) -> bool:
-        return "REDACTED_ENV_VARS" in self.job.template.extensions
+        """``openjd_redacted_env`` is honoured whether or not the template declares
+        REDACTED_ENV_VARS, as the reference CLI does: a secret is never shown because of a
+        missing declaration (docs/decisions.md, "Extensions")."""
+        return True
 
     def _run_task_action(self, session: Session) -> tuple[int, str]:
         step = self.job.step(self.spec.step_name)
