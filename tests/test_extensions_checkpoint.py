@@ -135,3 +135,95 @@ def test_checkpoint_rules_still_apply_under_expr() -> None:
         parse_template(doc)
     text = json.dumps(info.value.problems)
     assert "onCheckpointResume" in text and "Task.Checkpoint.Stat" in text, text
+
+
+WRAPPED_WORKER = """
+import json, signal, sys, time
+print("WORKER " + " ".join(sys.argv[1:]), flush=True)
+def on_signal(sig, frame):
+    print("WORKER GOT " + signal.Signals(sig).name, flush=True)
+    print("openjd_checkpoint_save: " + json.dumps({"state": "wrapped-9"}), flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGUSR2, on_signal)
+print("READY", flush=True)
+time.sleep(60)
+"""
+
+
+def wrap_template() -> dict[str, Any]:
+    wrap_run = {
+        "command": "bash",
+        "args": [
+            "-c",
+            'echo "WRAP {{WrappedStep.Name}} $1"; "$@"',
+            "wrap",
+            "{{WrappedAction.Command}}",
+            "{{WrappedAction.Args}}",
+        ],
+    }
+    return {
+        "specificationVersion": "jobtemplate-2023-09",
+        "extensions": ["EXPR", "WRAP_ACTIONS", "CHECKPOINT"],
+        "name": "wrap checkpoint",
+        "jobEnvironments": [
+            {
+                "name": "Wrapper",
+                "script": {
+                    "actions": {
+                        "onWrapEnvEnter": {"command": "true"},
+                        "onWrapTaskRun": wrap_run,
+                        "onWrapEnvExit": {"command": "true"},
+                    }
+                },
+            }
+        ],
+        "steps": [
+            {
+                "name": "S",
+                "script": {
+                    "embeddedFiles": [{"name": "Worker", "type": "TEXT", "data": WRAPPED_WORKER}],
+                    "actions": {
+                        "onRun": {
+                            "command": "python3",
+                            "args": ["{{Task.File.Worker}}", "fresh"],
+                            "checkpointCancelation": {
+                                "mode": "NOTIFY_THEN_TERMINATE",
+                                "notifyPeriodInSeconds": 20,
+                                "signalToNotify": "SIGUSR2",
+                            },
+                        },
+                        "onCheckpointResume": {
+                            "command": "python3",
+                            "args": [
+                                "-c",
+                                "import sys; print('RESUMED ' + sys.argv[1])",
+                                "{{Task.Checkpoint.State}}",
+                            ],
+                        },
+                    },
+                },
+            }
+        ],
+    }
+
+
+def test_wrapped_task_checkpoints_through_its_wrapper_and_resumes_wrapped(tmp_path: Path) -> None:
+    job = prepare_job(parse_template(wrap_template()))
+    store = CheckpointStore(tmp_path / "store")
+    r = Runner(job, store)
+    r.wait_line("READY")
+    # GIVEN onRun runs inside the wrap hook
+    assert "WRAP S python3" in r.lines and "WORKER fresh" in r.lines
+    # WHEN a checkpoint is requested, the wrapped action's signal reaches the worker behind
+    # the wrapper (the whole process group is notified) and its save is kept
+    r.ex.stop(StopIntent.CHECKPOINT)
+    result = r.join()
+    assert "WORKER GOT SIGUSR2" in r.lines
+    assert result.outcome == TaskOutcome.INTERRUPTED_WITH_CHECKPOINT
+    assert result.record.checkpoint is not None
+    assert result.record.checkpoint.state == "wrapped-9"
+    # THEN onCheckpointResume is wrapped as onRun is
+    again = Runner(job, store, resume=result.record.checkpoint)
+    resumed = again.join()
+    assert resumed.outcome == TaskOutcome.SUCCEEDED, (resumed.message, again.lines)
+    assert "WRAP S python3" in again.lines and "RESUMED wrapped-9" in again.lines
