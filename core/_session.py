@@ -513,6 +513,10 @@ class Session:
             self.add_parameter(symtab, "", name, value)
         if self.job_status is not None:
             symtab[f"Param.{JOB_STATUS_PARAMETER}"] = self.job_status
+            if expr and step is not None and self.job.template.is_finally(step):
+                # A finally step's template-scope `let` was evaluated at job creation, before
+                # the run's outcome was known: evaluate it again with {{Job.Status}}.
+                apply_let(symtab, getattr(self.job.step(step), "let", None))
         return symtab
 
     def add_parameter(self, symtab: SymbolTable, prefix: str, name: str, value: Any) -> None:

@@ -65,3 +65,11 @@ def test_sample_output_matches_the_reference_runtime(tmp_path: Path) -> None:
     )
     assert ref.returncode == 0, ref.stdout + ref.stderr
     assert out_lines(ref.stdout + ref.stderr) == ours(tmp_path)
+
+
+def test_finally_step_let_sees_the_run_outcome(tmp_path: Path) -> None:
+    template = DATA / "finally_let.yaml"
+    cmd = cli_cmd("run", str(template), "--store", str(tmp_path / "store"))
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "cleanup after succeeded Succeeded" in done.stdout + done.stderr
