@@ -227,3 +227,26 @@ def test_wrapped_task_checkpoints_through_its_wrapper_and_resumes_wrapped(tmp_pa
     resumed = again.join()
     assert resumed.outcome == TaskOutcome.SUCCEEDED, (resumed.message, again.lines)
     assert "WRAP S python3" in again.lines and "RESUMED wrapped-9" in again.lines
+
+
+def test_checkpoint_fields_on_a_wrap_hook_follow_the_checkpoint_rules() -> None:
+    doc = wrap_template()
+    hook = doc["jobEnvironments"][0]["script"]["actions"]["onWrapTaskRun"]
+    hook["checkpointCancelation"] = {"mode": "NOTIFY_THEN_TERMINATE", "signalToNotify": "SIGHUP"}
+    spec = parse_template(doc).action_spec("jobEnvironments[0].script.actions.onWrapTaskRun")
+    assert spec.checkpoint_cancelation is not None
+    assert spec.checkpoint_cancelation.signal_to_notify.name == "SIGHUP"
+    hook["checkpointCancelation"]["signalToNotify"] = "SIGKILL"
+    with pytest.raises(TemplateError) as info:
+        parse_template(doc)
+    assert any(
+        p.startswith(
+            "jobEnvironments[0].script.actions.onWrapTaskRun.checkpointCancelation.signalToNotify"
+        )
+        for p in info.value.problems
+    ), info.value.problems
+    doc["extensions"] = ["EXPR", "WRAP_ACTIONS"]
+    del hook["checkpointCancelation"]
+    with pytest.raises(TemplateError) as info:  # onCheckpointResume without CHECKPOINT
+        parse_template(doc)
+    assert "CHECKPOINT extension" in str(info.value)
