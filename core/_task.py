@@ -1105,17 +1105,6 @@ def _resolved(
     return dataclasses.replace(method, notify_period_seconds=min(max(seconds, 1.0), 600.0))
 
 
-def _seconds(value: Any, symtab: SymbolTable) -> float | None:
-    if value is None:
-        return None
-    if hasattr(value, "resolve"):
-        value = value.resolve(symtab=symtab)
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
-
-
 def kill_recorded_process(info: ProcessInfo) -> bool:
     """Kill a task's processes recorded by an earlier runner, if they still run on this host.
 
