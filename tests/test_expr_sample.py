@@ -15,7 +15,7 @@ from conftest import DATA, ROOT, cli_cmd
 
 pytestmark = pytest.mark.slow
 SAMPLE = DATA / "expr-test-job.yaml"
-PARAMS = ["-p", "Scene=/projects/show/scene_010.blend"]
+PARAMS = ["-p", "Scene=/projects/show/scene_010.blend", "-p", "OutputDir=/out"]
 REFERENCE = Path(
     os.environ.get("OPENJD_REFERENCE_CLI", str(ROOT / ".venv-reference" / "bin" / "openjd"))
 )
@@ -51,7 +51,8 @@ def test_sample_checks_and_runs(tmp_path: Path) -> None:
     lines = ours(tmp_path)
     assert lines[: len(EXPECTED)] == EXPECTED
     assert "camera=RIGHT out=shot_right.3" in lines
-    assert len(lines) == 2 * len(EXPECTED)
+    assert len(lines) == 2 * len(EXPECTED) + 3
+    assert lines[-3:] == [f"/out/scene_010_{f}.exr" for f in (1, 2, 3)]
 
 
 @pytest.mark.skipif(not REFERENCE.exists(), reason=f"no reference runtime at {REFERENCE}")
