@@ -30,6 +30,7 @@ from openjd.model import (
     ParameterValue,
     ParameterValueType,
     StepParameterSpaceIterator,
+    create_job,
     create_job_with_symbol_tables,
     decode_environment_template,
     preprocess_job_parameters,
@@ -538,14 +539,25 @@ def prepare_job(
             environment_templates=envs or None,
         )
         values = _join_list_paths(tmpl, raw, values, template_dir.resolve(), cwd)
-        created = create_job_with_symbol_tables(
-            job_template=tmpl.template,
-            job_parameter_values=values,
-            environment_templates=envs or None,
-        )
-        job = created.job
-        job_scope = _scope_entries(created.job_symbol_table)
-        step_scopes = {k: _scope_entries(v) for k, v in created.step_symbol_tables.items()}
+        job_scope: dict[str, Any] = {}
+        step_scopes: dict[str, dict[str, Any]] = {}
+        if "EXPR" in tmpl.extensions or any(
+            "EXPR" in (getattr(e, "extensions", None) or []) for e in envs
+        ):
+            created = create_job_with_symbol_tables(
+                job_template=tmpl.template,
+                job_parameter_values=values,
+                environment_templates=envs or None,
+            )
+            job = created.job
+            job_scope = _scope_entries(created.job_symbol_table)
+            step_scopes = {k: _scope_entries(v) for k, v in created.step_symbol_tables.items()}
+        else:  # without EXPR there are no typed scopes, and openjd.expr need not be loaded
+            job = create_job(
+                job_template=tmpl.template,
+                job_parameter_values=values,
+                environment_templates=envs or None,
+            )
     except (DecodeValidationError, ValueError, KeyError) as exc:
         raise TemplateError(
             [f"job parameters: {line}" for line in str(exc).splitlines() if line.strip()]
