@@ -440,10 +440,13 @@ class TaskExecution:
         spec = self.job.template.action_spec(path)
         cancel = getattr(action, "cancelation", None)
         if cancel is None or (
-            isinstance(getattr(cancel, "mode", None), Enum)
+            path in self.job.template.actions
+            and isinstance(getattr(cancel, "mode", None), Enum)
             and not hasattr(getattr(cancel, "notifyPeriodInSeconds", None), "resolve_value")
         ):
-            return spec  # literal values: validated with the template
+            return spec  # literal values of the job template: validated with it
+        # Format strings, or an external environment template's action (not in the job
+        # template's table): taken from the action's own model.
         mode, period = resolve_cancelation(cancel, symtab)
         if mode != "NOTIFY_THEN_TERMINATE":
             method = CancelMethod()
