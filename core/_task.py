@@ -466,7 +466,7 @@ class TaskExecution:
 
     def _redaction(self) -> bool:
         """``openjd_redacted_env`` is honoured whether or not the template declares
-        REDACTED_ENV_VARS, as the reference CLI does: a secret is never shown because of a
+        REDACTED_ENV_VARS, as openjd-sessions 0.14 does: a secret is never shown because of a
         missing declaration (docs/decisions.md, "Extensions")."""
         return True
 
