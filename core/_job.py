@@ -31,6 +31,7 @@ from openjd.model import (
     ParameterValueType,
     StepParameterSpaceIterator,
     create_job,
+    create_job_with_symbol_tables,
     decode_environment_template,
     preprocess_job_parameters,
 )
@@ -41,6 +42,8 @@ from ._inputs import load_document, read_input_file
 from ._store import CheckpointData, TaskRecord
 from ._template import (
     JOB_STATUS_PARAMETER,
+    MODEL_EXTENSIONS,
+    WRAP_NEEDS_EXPR,
     CheckpointJobTemplate,
     canonical_json,
     load_template,
@@ -160,6 +163,20 @@ class PreparedJob:
     job_key: str = ""
     environment_paths: list[str] = field(default_factory=list)
     """The external environment template files, as absolute paths (kept with the run)."""
+    job_scope: dict[str, Any] = field(default_factory=dict)
+    """EXPR (RFC 0005): the job-scope symbols openjd-model resolved at job creation
+    (``Param.*``, ``RawParam.*``, ``Job.Name``), as typed ``openjd.expr`` values; the base of
+    every job and external environment's symbol table. Empty without EXPR."""
+    step_scopes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """EXPR: per step name, the job scope plus ``Step.Name`` and the step's template-scope
+    ``let`` bindings (``create_job_with_symbol_tables``); the base of the step's actions."""
+
+    @property
+    def uses_expr(self) -> bool:
+        """The template or an external environment template declares EXPR."""
+        if "EXPR" in self.template.extensions:
+            return True
+        return any("EXPR" in (getattr(e, "extensions", None) or []) for e in self.environments)
 
     @property
     def parameters(self) -> dict[str, str]:
@@ -449,11 +466,17 @@ def load_environment_template(path: str | Path) -> EnvironmentTemplate:
     text = read_input_file(p, "environment template")
     obj = load_document(text, json_format=p.suffix.lower() == ".json", source=p)
     try:
-        return decode_environment_template(template=obj)
+        env = decode_environment_template(
+            template=obj, supported_extensions=sorted(MODEL_EXTENSIONS)
+        )
     except DecodeValidationError as exc:
         raise TemplateError([str(exc)], source=str(p)) from None
     except (ValueError, TypeError, RecursionError) as exc:
         raise TemplateError([f"not a valid environment template: {exc}"], source=str(p)) from None
+    declared = list(getattr(env, "extensions", None) or [])
+    if "WRAP_ACTIONS" in declared and "EXPR" not in declared:
+        raise TemplateError([f"extensions: {WRAP_NEEDS_EXPR}"], source=str(p))
+    return env
 
 
 def load_path_mapping_rules(
@@ -515,11 +538,26 @@ def prepare_job(
             current_working_dir=cwd,
             environment_templates=envs or None,
         )
-        job = create_job(
-            job_template=tmpl.template,
-            job_parameter_values=values,
-            environment_templates=envs or None,
-        )
+        values = _join_list_paths(tmpl, raw, values, template_dir.resolve(), cwd)
+        job_scope: dict[str, Any] = {}
+        step_scopes: dict[str, dict[str, Any]] = {}
+        if "EXPR" in tmpl.extensions or any(
+            "EXPR" in (getattr(e, "extensions", None) or []) for e in envs
+        ):
+            created = create_job_with_symbol_tables(
+                job_template=tmpl.template,
+                job_parameter_values=values,
+                environment_templates=envs or None,
+            )
+            job = created.job
+            job_scope = _scope_entries(created.job_symbol_table)
+            step_scopes = {k: _scope_entries(v) for k, v in created.step_symbol_tables.items()}
+        else:  # without EXPR there are no typed scopes, and openjd.expr need not be loaded
+            job = create_job(
+                job_template=tmpl.template,
+                job_parameter_values=values,
+                environment_templates=envs or None,
+            )
     except (DecodeValidationError, ValueError, KeyError) as exc:
         raise TemplateError(
             [f"job parameters: {line}" for line in str(exc).splitlines() if line.strip()]
@@ -545,7 +583,81 @@ def prepare_job(
         ],
         path_mapping_rules=list(path_mapping_rules or []),
         job_key=sha256_hex(canonical_json({"name": tmpl.name}))[:16],
+        job_scope=job_scope,
+        step_scopes=step_scopes,
     )
+
+
+def _join_list_paths(
+    tmpl: CheckpointJobTemplate,
+    raw: Mapping[str, str],
+    values: JobParameterValues,
+    template_dir: Path,
+    cwd: Path,
+) -> JobParameterValues:
+    """Each element of a LIST[PATH] value follows the PATH rules (EXPR, Template Schemas 2.12
+    with 2.2), which openjd-model 0.14 applies to PATH only: an element of a default is joined
+    with the template's folder, must be relative and stay inside it, and ``item.allowedValues``
+    is checked after the join; a relative element of a given value is joined with the current
+    directory. URIs (``s3://...``) and empty elements stay as they are.
+
+    Raises:
+        ValueError: an element of a default is absolute, leaves the template's folder, or is
+            not allowed.
+    """
+    out = dict(values)
+    for definition in getattr(tmpl.template, "parameterDefinitions", None) or []:
+        name = str(definition.name)
+        value = values.get(name)
+        if value is None or value.type != ParameterValueType.LIST_PATH:
+            continue
+        if not isinstance(value.value, list):
+            continue
+        joined: list[str] = []
+        for element in (str(e) for e in value.value):
+            if element == "" or re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", element):
+                joined.append(element)
+            elif name in raw:
+                joined.append(
+                    element if os.path.isabs(element) else os.path.normpath(cwd / element)
+                )
+            elif os.path.isabs(element):
+                raise ValueError(
+                    f"The default value of LIST[PATH] parameter {name} holds the absolute path "
+                    f"{element!r}. Default paths must be relative, and are joined to the job "
+                    "template's directory."
+                )
+            else:
+                path = os.path.normpath(template_dir / element)
+                if not Path(path).is_relative_to(template_dir):
+                    raise ValueError(
+                        f"The default value of LIST[PATH] parameter {name} holds {element!r}, "
+                        "a path outside of the template directory. Walking up from the template "
+                        "directory is not permitted."
+                    )
+                joined.append(path)
+        allowed = getattr(getattr(definition, "item", None), "allowedValues", None)
+        if name not in raw and allowed:
+            for element in joined:
+                if element not in [str(a) for a in allowed]:
+                    raise ValueError(
+                        f"The default value of LIST[PATH] parameter {name} holds {element!r} "
+                        f"(joined with the template's directory), which is not one of its "
+                        f"item.allowedValues {[str(a) for a in allowed]}"
+                    )
+        out[name] = ParameterValue(type=value.type, value=joined)
+    return out
+
+
+def _scope_entries(table: Any) -> dict[str, Any]:
+    """A ``SerializedSymbolTable`` from job creation as flat ``{name: ExprValue}`` entries in
+    this host's path format, ready to seed a ``SymbolTable`` (as openjd-sessions 0.14
+    ``Session._resolved_base_entries`` does)."""
+    from openjd.expr import PathFormat
+
+    host_format = PathFormat.WINDOWS if os.name == "nt" else PathFormat.POSIX
+    engine = table.to_symtab(path_format=host_format)
+    return {name: engine[name] for name in engine.symbols}
 
 
 def _max_argument_bytes() -> int:

@@ -31,18 +31,42 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from openjd.model import FormatStringError, ParameterValueType, SymbolTable
+from openjd.model import ParameterValueType, SymbolTable, evaluate_let_bindings
 
 from ._errors import StoreError
 from ._job import PreparedJob
 from ._process import processes_with_marker
 from ._store import CheckpointStore, Lease, SessionRecord, host_id
 from ._template import JOB_STATUS_PARAMETER
+from ._wrap import defines_wrap, hook, inject_wrapped
 
 if TYPE_CHECKING:
     from ._task import TaskExecution
 
-__all__ = ("Session", "clean_stale_sessions", "kill_marked", "sessions_root")
+__all__ = ("Session", "apply_let", "clean_stale_sessions", "kill_marked", "sessions_root")
+
+MAX_LET_BINDING_LENGTH = 4096
+"""The longest ``let`` binding evaluated. openjd-expr's parser recurses without a depth guard
+and a deeply nested right-hand side overflows the native stack (openjd-sessions 0.14 bounds it
+the same way, ``_runner_base.MAX_LET_BINDING_LENGTH``)."""
+
+
+def apply_let(symtab: SymbolTable, bindings: list[str] | None) -> None:
+    """Evaluate a script's EXPR ``let`` bindings (RFC 0005) in order into ``symtab`` with
+    openjd-model's own ``evaluate_let_bindings``.
+
+    Raises:
+        ValueError: a binding is too long or cannot be evaluated.
+    """
+    if not bindings:
+        return
+    for binding in bindings:
+        if len(binding) > MAX_LET_BINDING_LENGTH:
+            raise ValueError(
+                f"let binding {binding[:40]!r}... is {len(binding)} characters, over the "
+                f"maximum of {MAX_LET_BINDING_LENGTH}"
+            )
+    evaluate_let_bindings(symtab=symtab, let_bindings=bindings)
 
 
 def sessions_root() -> str:
@@ -187,6 +211,9 @@ class Session:
         self.redacted: set[str] = set()
         """Values declared secret (``openjd_redacted_env``) in this session: redacted from
         the output of every later action of the session, not only the one that declared them."""
+        self.defined_env: dict[str, str] = {}
+        """Variables the session defined (environments' ``variables`` and ``openjd_env``), for
+        ``WrappedAction.Environment`` (RFC 0008): host variables are not in it."""
         self.enter_count = 0
         """How many environments this session entered (for tests and progress)."""
 
@@ -304,24 +331,106 @@ class Session:
         assert self.working_dir is not None
         marker = uuid.uuid4().hex
         before = dict(self.env)
-        symtab = SymbolTable(source=self.base_symtab())
+        if defines_wrap(model) and any(defines_wrap(e.model) for e in self._entered):
+            other = next(e.model.name for e in self._entered if defines_wrap(e.model))
+            self.broken = (
+                f"environment {model.name!r}: only one environment of a session may define wrap "
+                f"hooks (onWrapEnvEnter / onWrapTaskRun / onWrapEnvExit); {other!r} already does "
+                "(RFC 0008)"
+            )
+            return self.broken
+        symtab = self.env_symtab(step)
         try:
             for name, value in (getattr(model, "variables", None) or {}).items():
                 self.env[str(name)] = value.resolve(symtab=symtab)
-            files = self.embedded_files(getattr(model.script, "embeddedFiles", None), symtab, "Env")
-        except (FormatStringError, OSError) as exc:
+                self.defined_env[str(name)] = self.env[str(name)]
+            files = self.embedded_files(
+                getattr(model.script, "embeddedFiles", None),
+                symtab,
+                "Env",
+                let=getattr(model.script, "let", None),
+            )
+        except (ValueError, OSError) as exc:  # FormatStringError and ExpressionError too
             self.broken = f"environment {model.name!r}: {exc}"
             return self.broken
         self._entered.append(_Entered(model, path, files, marker, step, before))
         self.enter_count += 1
         self._record_markers()
-        code, msg = ex.run_environment_action(
-            model, path, "onEnter", symtab, self.env, marker=marker
-        )
+        code, msg = self._run_env_action(ex, model, path, "onEnter", symtab, marker)
         if code != 0:
             self.broken = msg or f"environment {model.name!r} onEnter failed"
             return self.broken
         return None
+
+    def _run_env_action(
+        self, ex: TaskExecution, model: Any, path: str, which: str, symtab: Any, marker: str
+    ) -> tuple[int, str]:
+        """Run an environment's ``onEnter`` or ``onExit``, or the wrapping environment's hook
+        in its place (WRAP_ACTIONS); keep what it defines with ``openjd_env``."""
+        if hook(model, which) is None:
+            return 0, ""  # nothing to run, nothing to wrap
+        before = dict(self.env)
+        wrapper = self.wrapper(which, exclude=model)
+        if wrapper is None:
+            code, msg = ex.run_environment_action(
+                model, path, which, symtab, self.env, marker=marker
+            )
+        else:
+            name = "onWrapEnvEnter" if which == "onEnter" else "onWrapEnvExit"
+            try:
+                hook_symtab = self.wrap_symtab(wrapper)
+                inject_wrapped(
+                    hook_symtab,
+                    hook(model, which),
+                    symtab,
+                    environment=self.environment_list(),
+                    task_run=False,
+                )
+                hook_symtab["WrappedEnv.Name"] = model.name
+            except ValueError as exc:
+                return 1, f"{wrapper.path}.script.actions.{name}: {exc}"
+            code, msg = ex.run_environment_action(
+                wrapper.model, wrapper.path, name, hook_symtab, self.env, marker=marker
+            )
+        self._note_env_changes(before)
+        return code, msg
+
+    def _note_env_changes(self, before: dict[str, str]) -> None:
+        for name, value in self.env.items():
+            if before.get(name) != value:
+                self.defined_env[name] = value
+        for name in before:
+            if name not in self.env:
+                self.defined_env.pop(name, None)
+
+    # --- WRAP_ACTIONS ------------------------------------------------------------------------
+    def wrapper(self, which: str, *, exclude: Any = None) -> _Entered | None:
+        """The entered environment whose hook wraps ``which`` (``onEnter``, ``onExit`` or
+        ``onRun``), or None. An environment never wraps its own actions."""
+        name = {"onEnter": "onWrapEnvEnter", "onExit": "onWrapEnvExit"}.get(which, "onWrapTaskRun")
+        for entered in reversed(self._entered):
+            if entered.model is not exclude and hook(entered.model, name) is not None:
+                return entered
+        return None
+
+    def wrap_symtab(self, wrapper: _Entered) -> SymbolTable:
+        """The scope a hook resolves in: the wrapping environment's own (its session scope,
+        step context, embedded files and ``let`` bindings), never the wrapped action's.
+
+        Raises:
+            ValueError: a ``let`` binding cannot be evaluated.
+        """
+        symtab = self.env_symtab(wrapper.step)
+        for k, v in wrapper.files.items():
+            symtab[k] = v
+            if self.job.uses_expr:
+                symtab.expr_types[k] = ParameterValueType.PATH.value
+        apply_let(symtab, getattr(wrapper.model.script, "let", None))
+        return symtab
+
+    def environment_list(self) -> list[str]:
+        """``WrappedAction.Environment``: the session-defined variables as ``KEY=value``."""
+        return [f"{k}={v}" for k, v in self.defined_env.items()]
 
     def _exit_step(self, ex: TaskExecution) -> str | None:
         problem: str | None = None
@@ -335,11 +444,17 @@ class Session:
         return problem
 
     def _exit_one(self, ex: TaskExecution, entered: _Entered) -> str | None:
-        symtab = SymbolTable(source=self.base_symtab())
+        symtab = self.env_symtab(entered.step)
         for k, v in entered.files.items():
             symtab[k] = v
-        code, msg = ex.run_environment_action(
-            entered.model, entered.path, "onExit", symtab, self.env, marker=entered.marker
+            if self.job.uses_expr:
+                symtab.expr_types[k] = ParameterValueType.PATH.value
+        try:
+            apply_let(symtab, getattr(entered.model.script, "let", None))
+        except ValueError as exc:
+            return f"environment {entered.model.name!r}: {exc}"
+        code, msg = self._run_env_action(
+            ex, entered.model, entered.path, "onExit", symtab, entered.marker
         )
         if code != 0:
             return msg or f"environment {entered.model.name!r} onExit failed"
@@ -377,21 +492,45 @@ class Session:
             self._lease = None
 
     # --- symbols, variables, files -------------------------------------------------------------
-    def map_value(self, value: Any) -> str:
-        """A parameter value as a string, with path mapping applied to PATH values."""
+    def map_value(self, value: Any) -> Any:
+        """A parameter value with path mapping applied to PATH values (each element of a
+        LIST[PATH]); a string, or a list for the EXPR list types."""
+        if value.type == ParameterValueType.LIST_PATH and isinstance(value.value, list):
+            return [self._map_path(str(v)) for v in value.value]
+        if isinstance(value.value, list):
+            return list(value.value)
         text = str(value.value)
         if value.type == ParameterValueType.PATH:
-            for rule in self.job.path_mapping_rules:
-                changed, result = rule.apply(path=text)
-                if changed:
-                    return str(result)
+            return self._map_path(text)
         return text
 
-    def base_symtab(self) -> SymbolTable:
-        """``Session.*``, ``Param.*`` and ``RawParam.*`` (and ``Job.Status`` in finally steps)."""
+    def _map_path(self, text: str) -> str:
+        for rule in self.job.path_mapping_rules:
+            changed, result = rule.apply(path=text)
+            if changed:
+                return str(result)
+        return text
+
+    def base_symtab(self, step: str | None = None) -> SymbolTable:
+        """``Session.*``, ``Param.*`` and ``RawParam.*`` (and ``Job.Status`` in finally steps).
+
+        With EXPR (RFC 0005), as openjd-sessions 0.14 ``Session._symbol_table`` does: the
+        symbols openjd-model resolved at job creation come first (the job scope, or with
+        ``step`` that step's scope: ``Step.Name`` and its template-scope ``let`` bindings),
+        the session's own values layer on top with their EXPR types, and the path mapping
+        rules are given to ``openjd.expr`` for the host-context functions
+        (``apply_path_mapping``)."""
         directory = self.open()
         symtab = SymbolTable()
+        expr = self.job.uses_expr
+        if expr:
+            symtab.expr_host_rules = self._expr_host_rules()
+            base = self.job.step_scopes.get(step, {}) if step else self.job.job_scope
+            for name, value in base.items():
+                symtab[name] = value
         symtab["Session.WorkingDirectory"] = directory
+        if expr:
+            symtab.expr_types["Session.WorkingDirectory"] = ParameterValueType.PATH.value
         rules = self.job.path_mapping_rules
         symtab["Session.HasPathMappingRules"] = "true" if rules else "false"
         rules_file = os.path.join(directory, "path-mapping-rules.json")
@@ -405,17 +544,77 @@ class Session:
                     fh,
                 )
         symtab["Session.PathMappingRulesFile"] = rules_file
+        if expr:  # typed as openjd-sessions types them for EXPR (the legacy path keeps strings)
+            symtab.expr_types["Session.HasPathMappingRules"] = ParameterValueType.BOOL.value
+            symtab.expr_types["Session.PathMappingRulesFile"] = ParameterValueType.PATH.value
         for name, value in self.job.parameter_values.items():
-            symtab[f"RawParam.{name}"] = str(value.value)
-            symtab[f"Param.{name}"] = self.map_value(value)
+            self.add_parameter(symtab, "", name, value)
         if self.job_status is not None:
             symtab[f"Param.{JOB_STATUS_PARAMETER}"] = self.job_status
+            if expr and step is not None and self.job.template.is_finally(step):
+                # A finally step's template-scope `let` was evaluated at job creation, before
+                # the run's outcome was known: evaluate it again with {{Job.Status}}.
+                apply_let(symtab, getattr(self.job.step(step), "let", None))
         return symtab
 
-    def embedded_files(self, files: Any, symtab: SymbolTable, prefix: str) -> dict[str, str]:
+    def add_parameter(self, symtab: SymbolTable, prefix: str, name: str, value: Any) -> None:
+        """Set ``<prefix>Param.<name>`` (path-mapped) and ``<prefix>RawParam.<name>``; with
+        EXPR, with their types as openjd-sessions records them (``RawParam`` of a PATH stays a
+        string, of a LIST[PATH] a LIST[STRING]; CHUNK[INT] range strings stay strings)."""
+        key, raw_key = f"{prefix}Param.{name}", f"{prefix}RawParam.{name}"
+        if not self.job.uses_expr:
+            symtab[raw_key] = str(value.value)
+            symtab[key] = self.map_value(value)
+            return
+        symtab[raw_key] = value.value
+        symtab[key] = self.map_value(value)
+        ptype = value.type
+        if ptype == ParameterValueType.CHUNK_INT:
+            return
+        symtab.expr_types[key] = ptype.value
+        if ptype == ParameterValueType.LIST_PATH:
+            symtab.expr_types[raw_key] = ParameterValueType.LIST_STRING.value
+        elif ptype != ParameterValueType.PATH:
+            symtab.expr_types[raw_key] = ptype.value
+
+    def _expr_host_rules(self) -> list[Any]:
+        """The path mapping rules in ``openjd.expr`` form (an empty list: still host scope)."""
+        if not self.job.path_mapping_rules:
+            return []
+        from openjd.expr import PathFormat, PathMappingRule
+
+        return [
+            PathMappingRule(
+                source_path_format=getattr(PathFormat, rule.source_path_format.name),
+                source_path=str(rule.source_path),
+                destination_path=str(rule.destination_path),
+            )
+            for rule in self.job.path_mapping_rules
+        ]
+
+    def env_symtab(self, step: str | None) -> SymbolTable:
+        """The symbol table of an environment's actions (a step's environments: with
+        ``Step.Name`` and the step's template-scope ``let`` bindings under EXPR)."""
+        symtab = SymbolTable(source=self.base_symtab(step))
+        if step is not None and self.job.uses_expr:
+            symtab["Step.Name"] = step
+        return symtab
+
+    def embedded_files(
+        self, files: Any, symtab: SymbolTable, prefix: str, *, let: list[str] | None = None
+    ) -> dict[str, str]:
         """Write embedded files into the working directory; add ``<prefix>.File.<name>`` to
-        ``symtab``; return those symbols and paths."""
+        ``symtab``; return those symbols and paths. The script's EXPR ``let`` bindings are
+        evaluated into ``symtab`` after the files' paths are known and before their contents
+        are written (as openjd-sessions does), so each may use the other.
+
+        Raises:
+            ValueError: a binding or a file's data cannot be evaluated (FormatStringError,
+                ExpressionError).
+            OSError: a file cannot be written.
+        """
         if not files:
+            apply_let(symtab, let)
             return {}
         directory = tempfile.mkdtemp(prefix="embedded_files", dir=self.open())
         paths: dict[str, str] = {}
@@ -424,10 +623,16 @@ class Session:
             paths[f"{prefix}.File.{f.name}"] = os.path.join(directory, str(filename))
         for k, v in paths.items():
             symtab[k] = v
+            if self.job.uses_expr:
+                symtab.expr_types[k] = ParameterValueType.PATH.value
+        apply_let(symtab, let)
         for f in files:
             target = paths[f"{prefix}.File.{f.name}"]
             data = f.data.resolve(symtab=symtab)
-            with open(target, "w", encoding="utf-8") as fh:
+            # FEATURE_BUNDLE_1 endOfLine: LF or CRLF; AUTO (the default) is this host's.
+            eol = str(getattr(getattr(f, "endOfLine", None), "value", "") or "")
+            newline = {"LF": "\n", "CRLF": "\r\n"}.get(eol)
+            with open(target, "w", encoding="utf-8", newline=newline) as fh:
                 fh.write(data)
             mode = stat.S_IRUSR | stat.S_IWUSR
             if getattr(f, "runnable", False):

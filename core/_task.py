@@ -30,6 +30,7 @@ from typing import Any
 from openjd.model import FormatStringError, SymbolTable
 
 from ._errors import StoreError
+from ._expr import resolve_args, resolve_cancelation, resolve_int_field
 from ._files import (
     CaptureStats,
     FileCapture,
@@ -72,7 +73,8 @@ from ._store import (
     TaskStatus,
     host_id,
 )
-from ._template import CancelMethod
+from ._template import DEFAULT_NOTIFY_PERIOD_SECONDS, ActionCheckpointSpec, CancelMethod
+from ._wrap import inject_wrapped
 
 __all__ = (
     "DEFAULT_MAX_OUTPUT_WARNINGS",
@@ -382,7 +384,7 @@ class TaskExecution:
             session.working_dir,
             MessageContext(in_task_action=False, redaction_enabled=self._redaction()),
             env_action=True,
-            stoppable=which != "onExit",
+            stoppable=which not in ("onExit", "onWrapEnvExit"),
             marker=marker,
         )
 
@@ -423,17 +425,65 @@ class TaskExecution:
             self._persist(force=True)
             return TaskResult(outcome, exit_code, message, rec.model_copy(deep=True))
 
+    def _extensions(self) -> list[str]:
+        from ._template import MODEL_EXTENSIONS
+
+        return sorted(e for e in self.job.template.extensions if e in MODEL_EXTENSIONS)
+
+    def _effective_spec(self, action: Any, path: str, symtab: SymbolTable) -> ActionCheckpointSpec:
+        """The action's CHECKPOINT parts with a ``cancelation`` given by format strings
+        (FEATURE_BUNDLE_1: a ``mode`` or ``notifyPeriodInSeconds``, as WRAP_ACTIONS forwards
+        them) resolved now, against the scope the command resolved in: a value that cannot be
+        resolved fails the action before it starts, as in openjd-sessions.
+
+        Raises:
+            ValueError: the cancelation does not resolve to a valid one.
+        """
+        spec = self.job.template.action_spec(path)
+        cancel = getattr(action, "cancelation", None)
+        if cancel is None or (
+            path in self.job.template.actions
+            and isinstance(getattr(cancel, "mode", None), Enum)
+            and not hasattr(getattr(cancel, "notifyPeriodInSeconds", None), "resolve_value")
+        ):
+            return spec  # literal values of the job template: validated with it
+        # Format strings, or an external environment template's action (not in the job
+        # template's table): taken from the action's own model.
+        mode, period = resolve_cancelation(cancel, symtab)
+        if mode != "NOTIFY_THEN_TERMINATE":
+            method = CancelMethod()
+        else:
+            default = (
+                DEFAULT_NOTIFY_PERIOD_SECONDS
+                if path.endswith((".onRun", ".onCheckpointResume", ".onWrapTaskRun"))
+                else 30
+            )
+            method = dataclasses.replace(
+                spec.cancelation,
+                mode=mode,
+                notify_period_seconds=float(period if period is not None else default),
+                notify_period_text=None,
+            )
+        return dataclasses.replace(spec, cancelation=method)
+
     def _redaction(self) -> bool:
-        return "REDACTED_ENV_VARS" in self.job.template.extensions
+        """``openjd_redacted_env`` is honoured whether or not the template declares
+        REDACTED_ENV_VARS, as openjd-sessions 0.14 does: a secret is never shown because of a
+        missing declaration (docs/decisions.md, "Extensions")."""
+        return True
 
     def _run_task_action(self, session: Session) -> tuple[int, str]:
         step = self.job.step(self.spec.step_name)
         idx = self.job.template.step_index(self.spec.step_name)
-        symtab = SymbolTable(source=session.base_symtab())
+        symtab = SymbolTable(source=session.base_symtab(self.spec.step_name))
         for name, value in self.spec.parameters.items():
-            symtab[f"Task.RawParam.{name}"] = str(value.value)
-            symtab[f"Task.Param.{name}"] = session.map_value(value)
-        session.embedded_files(step.script.embeddedFiles, symtab, "Task")
+            session.add_parameter(symtab, "Task.", name, value)
+        try:
+            session.embedded_files(
+                step.script.embeddedFiles, symtab, "Task", let=getattr(step.script, "let", None)
+            )
+        except ValueError as exc:  # a let binding or a file's data (EXPR) cannot be evaluated
+            return 1, f"steps[{idx}].script: {exc}"
         session_dir = session.open()
         env = dict(session.env)
         resume = self.spec.resume
@@ -472,8 +522,27 @@ class TaskExecution:
             in_task_action=True,
             redaction_enabled=self._redaction(),
         )
+        wrapped_path: str | None = None
+        wrapper = session.wrapper("onRun")
+        if wrapper is not None:  # WRAP_ACTIONS: the hook runs in place of the task's action
+            try:
+                hook_symtab = session.wrap_symtab(wrapper)
+                inject_wrapped(
+                    hook_symtab,
+                    action,
+                    symtab,
+                    environment=session.environment_list(),
+                    task_run=True,
+                )
+                hook_symtab["WrappedStep.Name"] = self.spec.step_name
+            except ValueError as exc:
+                return 1, f"{wrapper.path}.script.actions.onWrapTaskRun: {exc}"
+            wrapped_path, path = path, f"{wrapper.path}.script.actions.onWrapTaskRun"
+            action, symtab = wrapper.model.script.actions.onWrapTaskRun, hook_symtab
         try:
-            return self._run_action(action, path, symtab, env, session_dir, ctx)
+            return self._run_action(
+                action, path, symtab, env, session_dir, ctx, wrapped_path=wrapped_path
+            )
         finally:
             if self._capture is not None:
                 self._capture.close()
@@ -594,15 +663,27 @@ class TaskExecution:
         env_action: bool = False,
         stoppable: bool = True,
         marker: str | None = None,
+        wrapped_path: str | None = None,
     ) -> tuple[int, str]:
+        """Run one action. ``wrapped_path``: the task action a WRAP_ACTIONS hook runs in place
+        of; a checkpoint request then uses that action's ``checkpointCancelation`` (sent to the
+        hook's process group, so the wrapped process gets the notify signal too), while a
+        cancel or a time-out uses the hook's own ``cancelation``."""
         try:
-            argv = [action.command.resolve(symtab=symtab)] + [
-                a.resolve(symtab=symtab) for a in (action.args or [])
-            ]
-        except FormatStringError as exc:
+            argv = [action.command.resolve(symtab=symtab)] + resolve_args(action.args, symtab)
+            timeout = resolve_int_field(
+                getattr(action, "timeout", None), symtab, ge=1, description="timeout"
+            )
+            spec = self._effective_spec(action, path, symtab)
+            if wrapped_path is not None:
+                spec = dataclasses.replace(
+                    spec,
+                    checkpoint_cancelation=self.job.template.action_spec(
+                        wrapped_path
+                    ).checkpoint_cancelation,
+                )
+        except ValueError as exc:  # FormatStringError, ExpressionError, a bad resolved value
             return 1, f"{path}: {exc}"
-        timeout = _seconds(getattr(action, "timeout", None), symtab)
-        spec = self.job.template.action_spec(path)
         env_changes: dict[str, str | None] = {}
         self._fail_message = None
 
@@ -657,7 +738,7 @@ class TaskExecution:
                     )
             if want != handled and want[0] is not None:
                 handled = want
-                method = _resolved(self._method(spec, want[0]), symtab)
+                method = _resolved(self._method(spec, want[0]), symtab, self._extensions())
                 period = method.notify_period_seconds
                 if want[2] is not None and method.notifies:
                     left = want[2] - time.time() - STOP_KILL_MARGIN_SECONDS
@@ -689,7 +770,7 @@ class TaskExecution:
                 and want[0] is None
             ):
                 timed_out = True
-                method = _resolved(spec.cancelation, symtab)
+                method = _resolved(spec.cancelation, symtab, self._extensions())
                 self._warn(f"{path}: timed out after {timeout:g} s")
                 if method.notifies:
                     self._write_cancel_info(session_dir, method)
@@ -719,6 +800,8 @@ class TaskExecution:
                     env[name] = value
         if timed_out:
             return (code if code != 0 else 1), f"{path}: timed out after {timeout:g} s"
+        if env_action and code and not self._fail_message:  # no task exit code is shown for it
+            return code, f"{path} failed: exited with code {code}"
         return code, (self._fail_message or (f"{path} failed" if code else ""))
 
     def _method(self, spec: Any, intent: StopIntent) -> CancelMethod:
@@ -1024,31 +1107,23 @@ class TaskExecution:
                 pass
 
 
-def _resolved(method: CancelMethod, symtab: SymbolTable) -> CancelMethod:
-    """The method with a format-string ``notifyPeriodInSeconds`` (FEATURE_BUNDLE_1) resolved."""
+def _resolved(
+    method: CancelMethod, symtab: SymbolTable, extensions: list[str] | None = None
+) -> CancelMethod:
+    """The method with a format-string ``notifyPeriodInSeconds`` (FEATURE_BUNDLE_1, and EXPR
+    expressions when the template declares EXPR) resolved."""
     if method.notify_period_text is None:
         return method
     from openjd.model._format_strings import FormatString
     from openjd.model.v2023_09 import ModelParsingContext
 
     try:
-        context = ModelParsingContext(supported_extensions=["FEATURE_BUNDLE_1"])
+        context = ModelParsingContext(supported_extensions=extensions or ["FEATURE_BUNDLE_1"])
         text = FormatString(method.notify_period_text, context=context).resolve(symtab=symtab)
         seconds = float(text)
     except (FormatStringError, ValueError, TypeError):
         return method  # the default period stands
     return dataclasses.replace(method, notify_period_seconds=min(max(seconds, 1.0), 600.0))
-
-
-def _seconds(value: Any, symtab: SymbolTable) -> float | None:
-    if value is None:
-        return None
-    if hasattr(value, "resolve"):
-        value = value.resolve(symtab=symtab)
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
 
 
 def kill_recorded_process(info: ProcessInfo) -> bool:

@@ -45,6 +45,7 @@ from ._inputs import load_document, read_input_file
 
 __all__ = (
     "CHECKPOINT_EXTENSION",
+    "MODEL_EXTENSIONS",
     "SUPPORTED_EXTENSIONS",
     "CancelMethod",
     "CheckpointJobTemplate",
@@ -68,12 +69,19 @@ SUPPORTED_EXTENSIONS = frozenset(
         "TASK_CHUNKING",
         "REDACTED_ENV_VARS",
         "FEATURE_BUNDLE_1",
+        "EXPR",
+        "WRAP_ACTIONS",
         CHECKPOINT_EXTENSION,
         FINALLY_EXTENSION,
     }
 )
-"""Extensions the runner implements. EXPR and WRAP_ACTIONS are validated by openjd-model but
-not run by this runner, so they are refused with a message that says so."""
+"""Extensions the runner implements. All but CHECKPOINT and FINALLY are openjd-model's own
+(validated by it, evaluated with ``openjd.expr``); see docs/decisions.md, "Extensions"."""
+
+MODEL_EXTENSIONS = frozenset(
+    {"TASK_CHUNKING", "REDACTED_ENV_VARS", "FEATURE_BUNDLE_1", "EXPR", "WRAP_ACTIONS"}
+)
+"""The extensions openjd-model 0.14 validates, which external environment templates may use."""
 
 NOTIFY_SIGNALS = frozenset(
     {
@@ -93,13 +101,25 @@ NOTIFY_SIGNALS = frozenset(
 """Signal names ``signalToNotify`` takes. SIGKILL and SIGSTOP cannot be caught, so they cannot
 notify anything, and are refused. See docs/decisions.md for the Windows mapping."""
 
+WRAP_NEEDS_EXPR = (
+    "extension 'WRAP_ACTIONS' requires the EXPR extension (RFC 0008): list EXPR in 'extensions' too"
+)
+
 DEFAULT_NOTIFY_PERIOD_SECONDS = 120
 """The OpenJD 2023-09 default ``notifyPeriodInSeconds`` of NOTIFY_THEN_TERMINATE."""
 
 _JOB_STATUS_REF = re.compile(r"\bJob\.Status(?![A-Za-z0-9_])")
 _STEP_INDEX = re.compile(r"\bsteps\[(\d+)\]")
 _CHECKPOINT_REF = re.compile(r"Task\.Checkpoint\.(State|File)(?![A-Za-z0-9_])")
-_ACTION_NAMES = ("onRun", "onCheckpointResume", "onEnter", "onExit")
+_ACTION_NAMES = (
+    "onRun",
+    "onCheckpointResume",
+    "onEnter",
+    "onExit",
+    "onWrapEnvEnter",
+    "onWrapTaskRun",
+    "onWrapEnvExit",
+)
 
 
 @dataclass(frozen=True)
@@ -241,6 +261,8 @@ def parse_template(document: Any, *, source: Path | None = None) -> CheckpointJo
         raise TemplateError(
             ["<root>: the document is nested too deeply to be a job template"], source=where
         ) from None
+    except OverflowError as exc:  # openjd-model 0.14 on a range endpoint past int64 (EXPR)
+        raise TemplateError([f"<root>: a number is out of range: {exc}"], source=where) from None
 
 
 def _parse_template(document: dict[str, Any], *, source: Path | None) -> CheckpointJobTemplate:
@@ -264,6 +286,9 @@ def _parse_template(document: dict[str, Any], *, source: Path | None) -> Checkpo
                 f"extensions[{i}]: extension '{name}' is not supported by openjd-checkpoint "
                 f"(supported: {', '.join(sorted(SUPPORTED_EXTENSIONS))})"
             )
+    if "WRAP_ACTIONS" in extensions and "EXPR" not in extensions:
+        i = extensions.index("WRAP_ACTIONS")
+        problems.append(f"extensions[{i}]: {WRAP_NEEDS_EXPR}")
     if problems:
         raise TemplateError(problems, source=where)
     has_checkpoint = CHECKPOINT_EXTENSION in extensions

@@ -288,8 +288,8 @@ INVALID = [
     pytest.param(
         _set_extensions(["CHECKPOINT", "WRAP_ACTIONS"]),
         "extensions[1]",
-        "'WRAP_ACTIONS' is not supported",
-        id="extension-WRAP_ACTIONS",
+        "'WRAP_ACTIONS' requires the EXPR extension",
+        id="extension-WRAP_ACTIONS-without-EXPR",
     ),
     pytest.param(
         _set_extensions(["BOGUS", "CHECKPOINT"]),

@@ -1,0 +1,50 @@
+"""``core._expr``: EXPR typed results applied to an action's fields, as openjd-sessions does."""
+
+from __future__ import annotations
+
+import pytest
+from openjd.model import SymbolTable
+from openjd.model._format_strings import FormatString
+from openjd.model.v2023_09 import ModelParsingContext
+
+from core._expr import resolve_args, resolve_int_field
+
+
+def fs(text: str) -> FormatString:
+    return FormatString(
+        text, context=ModelParsingContext(supported_extensions=["EXPR", "FEATURE_BUNDLE_1"])
+    )
+
+
+def table() -> SymbolTable:
+    symtab = SymbolTable()
+    symtab["Param.Frames"] = [1, 2, 3]
+    symtab.expr_types["Param.Frames"] = "LIST[INT]"
+    symtab["Param.Name"] = "a b"
+    return symtab
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        pytest.param(["{{ Param.Frames }}"], ["1", "2", "3"], id="list-flattens"),
+        pytest.param(["x", "{{ null }}", "y"], ["x", "y"], id="null-is-left-out"),
+        pytest.param(["n={{ Param.Frames }}"], ["n=[1, 2, 3]"], id="list-inside-text"),
+        pytest.param(["{{ Param.Name }}"], ["a b"], id="string-is-one-argument"),
+        pytest.param(["{{ len(Param.Frames) * 2 }}"], ["6"], id="number"),
+    ],
+)
+def test_resolve_args(args: list[str], expected: list[str]) -> None:
+    assert resolve_args([fs(a) for a in args], table()) == expected
+
+
+def test_resolve_int_field() -> None:
+    symtab = table()
+    assert resolve_int_field(None, symtab, description="timeout") is None
+    assert resolve_int_field(5, symtab, description="timeout") == 5
+    assert resolve_int_field(fs("{{ len(Param.Frames) }}"), symtab, description="t") == 3
+    assert resolve_int_field(fs("{{ null }}"), symtab, description="t") is None
+    with pytest.raises(ValueError, match="must be between 1 and 600"):
+        resolve_int_field(fs("{{ 601 }}"), symtab, ge=1, le=600, description="period")
+    with pytest.raises(ValueError, match="must be an integer"):
+        resolve_int_field(fs("{{ Param.Name }}"), symtab, description="timeout")
