@@ -21,6 +21,22 @@ component at a time. Anything else is refused with a ``StoreError`` naming the p
 for a record, set aside like any unreadable record. Every operating-system error becomes a
 ``StoreError`` naming the path and the reason.
 
+Leases (the right to run a run or a task) and the run's and job's locks depend on the store:
+
+- local directory: ``flock``s, dropped by the kernel when their owner dies;
+- ``s3://`` (s3fs): objects written with S3 conditional writes (``If-None-Match: *`` to create,
+  ``If-Match: <ETag>`` to renew or take over an expired one), so that of two takers exactly one
+  wins. A server that does not honour them (probed once per process and bucket) gets the
+  best-effort files of other stores, with a warning (``logging``, once);
+- ``memory://`` (one process): threading locks, exact within the process;
+- any other fsspec store: a ``*.lease.json`` with an expiry, read then written (best effort),
+  and no run or job lock.
+
+Everywhere but a local store, a held lease is renewed by a daemon thread of its process, so it
+expires only when its process died (or stalled for its whole ttl). Directory listings are never
+taken from a cache (another process may have written since). A URL's credentials are never
+shown: ``location`` is the URL with its userinfo and query values replaced by ``***``.
+
 Implements the storage side of the CHECKPOINT RFC idea (seed 000: "each save supersedes the
 previous one"; a scheduler "could offer a history of checkpoints") and Trax's "a run that
 completes deletes its checkpoints" (seed 001).
@@ -29,8 +45,10 @@ completes deletes its checkpoints" (seed 001).
 from __future__ import annotations
 
 import contextlib
+import email.utils
 import errno
 import json
+import logging
 import os
 import posixpath
 import re
@@ -38,8 +56,11 @@ import shutil
 import socket
 import stat
 import tempfile
+import threading
 import time
+import urllib.parse
 import uuid
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from enum import Enum
 from pathlib import Path
@@ -48,6 +69,7 @@ from typing import Any
 import fsspec
 import platformdirs
 from fsspec.implementations.local import LocalFileSystem
+from fsspec.implementations.memory import MemoryFileSystem
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ._errors import StoreError
@@ -68,6 +90,7 @@ __all__ = (
     "TaskStatus",
     "default_store_location",
     "host_id",
+    "redact_location",
     "task_id_for",
 )
 
@@ -82,6 +105,14 @@ MAX_RECORD_BYTES = 64 * 1024 * 1024
 """The largest file the store reads as a record. A record holds at most a few checkpoint states
 of ``DEFAULT_MAX_STATE_BYTES`` (128 KiB) and file lists; anything larger is not a record: it is
 set aside unread, like any unreadable record."""
+
+
+LOCK_STALE_SECONDS = 30.0
+"""A run's or job's lock object on S3 that its holder has not refreshed for this long (its
+holder refreshes it every 10 s) belonged to a process that died: it is taken over."""
+
+_S3_PROTOCOLS = frozenset({"s3", "s3a"})
+_LOG = logging.getLogger(__name__)
 
 
 class _NotARecordError(Exception):
@@ -352,19 +383,42 @@ class CheckpointStore:
         if keep_generations < 1:
             raise StoreError("keep_generations must be 1 or more")
         self.keep_generations = keep_generations
+        self.url = loc
+        """The location as given. It may hold credentials: show ``location`` instead."""
+        self.location = redact_location(loc)
+        """The location to show: ``url`` with any credentials in it replaced by ``***``."""
+        options: dict[str, Any] = {}
+        if fsspec.core.split_protocol(loc)[0] in _S3_PROTOCOLS:
+            if "@" in urllib.parse.urlsplit(loc).netloc:
+                raise StoreError(
+                    f"checkpoint store {self.location!r}: an s3:// URL takes no credentials; "
+                    "give them as usual for AWS (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+                    "AWS_PROFILE, ~/.aws/credentials, an instance role)"
+                )
+            options["use_listings_cache"] = False  # other processes write here too
         try:
-            fs, root = fsspec.core.url_to_fs(loc)
+            fs, root = fsspec.core.url_to_fs(loc, **options)
         except (ValueError, ImportError) as exc:
-            raise StoreError(f"checkpoint store {loc!r} cannot be used: {exc}") from None
-        self.fs = fs
+            reason = str(exc).replace(loc, self.location)
+            raise StoreError(
+                f"checkpoint store {self.location!r} cannot be used: {reason}"
+            ) from None
         self.root = root.rstrip("/") or "/"
-        self.location = loc
         self._local = isinstance(fs, LocalFileSystem)
+        self._memory = isinstance(fs, MemoryFileSystem)
+        self._s3: _S3Objects | None = None
+        if _S3_PROTOCOLS.intersection(_protocols(fs)):
+            self._s3 = _S3Objects(fs)
+            fs = _OSErrorsOnly(fs)
+        self.fs = fs
+        """The fsspec file system (on S3 wrapped so that botocore's own errors are OSErrors)."""
         if create:
             try:
                 self.fs.makedirs(self.root, exist_ok=True)
             except OSError as exc:
-                raise StoreError(f"checkpoint store {loc!r} cannot be created: {exc}") from None
+                raise StoreError(
+                    f"checkpoint store {self.location!r} cannot be created: {exc}"
+                ) from None
 
     # --- paths ---------------------------------------------------------------------------------
     def _run_dir(self, job_key: str, run_id: str) -> str:
@@ -704,6 +758,7 @@ class CheckpointStore:
             if self._local:
                 names = os.listdir(path)
             else:
+                self.fs.invalidate_cache(path)  # another process may have written since
                 names = [
                     posixpath.basename(str(e).rstrip("/")) for e in self.fs.ls(path, detail=False)
                 ]
@@ -730,20 +785,61 @@ class CheckpointStore:
         """Hold the run's record lock while reading and rewriting ``run.json`` or accepting a
         stop request, so that concurrent writers lose nothing.
 
-        A blocking ``flock`` on ``run.lock`` on a local store; elsewhere nothing (object stores
-        have no locks: best effort, see docs/decisions.md).
+        ``run.lock``: see ``_lock`` for what it is on each kind of store.
 
         Raises:
             StoreError: the lock was not had within ``timeout`` seconds.
         """
-        with self._flock(posixpath.join(self._run_dir(job_key, run_id), "run.lock"), timeout):
+        with self._lock(posixpath.join(self._run_dir(job_key, run_id), "run.lock"), timeout):
+            yield
+
+    @contextlib.contextmanager
+    def _lock(self, path: str, timeout: float) -> Iterator[None]:
+        """Hold the lock ``path`` (waiting up to ``timeout`` seconds; not reentrant):
+
+        - local store: a blocking ``flock`` on the file ``path``;
+        - S3 with conditional writes: the object ``path``, created with ``If-None-Match`` (tried
+          again until ``timeout``) and deleted on exit. Its holder refreshes it every 10 s; one
+          not refreshed for ``LOCK_STALE_SECONDS`` (its holder died) is taken over with
+          ``If-Match``;
+        - ``memory://``: a threading lock of this process (a memory store lives in one process);
+        - other stores: nothing (best effort, see docs/decisions.md).
+        """
+        if self._local:
+            with self._flock(path, timeout):
+                yield
+        elif self._memory:
+            lock = _memory_lock(posixpath.join(self.root, path))
+            if not lock.acquire(timeout=timeout):
+                raise StoreError(f"{self._where(path)} stayed locked for {timeout:g} s")
+            try:
+                yield
+            finally:
+                lock.release()
+        elif self._s3 is not None and self._conditional_writes_or_store_error(path):
+            self._checked(path)
+            end = time.monotonic() + timeout
+            pause = 0.02
+            while True:
+                try:
+                    lease = self._take_object(path, LOCK_STALE_SECONDS)
+                except OSError as exc:
+                    raise StoreError(f"cannot lock {self._where(path)}: {_reason(exc)}") from None
+                if lease is not None:
+                    break
+                if time.monotonic() > end:
+                    raise StoreError(f"{self._where(path)} stayed locked for {timeout:g} s")
+                time.sleep(pause)
+                pause = min(pause * 1.5, 0.25)
+            try:
+                yield
+            finally:
+                lease.release()
+        else:
             yield
 
     @contextlib.contextmanager
     def _flock(self, path: str, timeout: float) -> Iterator[None]:
-        if not self._local:
-            yield
-            return
         import fcntl
 
         try:
@@ -808,8 +904,9 @@ class CheckpointStore:
 
         On a local store the lease is an exclusive ``flock`` on ``lease.lock`` in the run's
         directory: the kernel releases it when its owner dies, however it dies. Elsewhere it is
-        a ``lease.json`` with an expiry time that its owner renews (``Lease.renew()``); an
-        expired lease may be taken over (object stores have no locks: best effort).
+        a ``lease.lease.json`` with a ttl that its owner's process renews on its own (``Lease``);
+        an expired lease may be taken over: exactly one taker wins on S3 (conditional writes)
+        and in one process on ``memory://``; on other stores it is best effort.
         """
         run_dir = self._run_dir(run.job_key, run.run_id)
         return self._acquire(posixpath.join(run_dir, "lease"), ttl_seconds)
@@ -913,19 +1010,81 @@ class CheckpointStore:
                 except OSError:
                     os.close(fd)
                     return None
-                return Lease(self, base, fd=fd, ttl=ttl_seconds)
+                return Lease(self, base + ".lock", fd=fd, ttl=ttl_seconds)
+            if self._conditional_writes():
+                return self._take_object(self._checked(base + ".lease.json"), ttl_seconds)
         except OSError as exc:
             raise StoreError(f"cannot take the lease {self._where(base)}: {_reason(exc)}") from None
         path = base + ".lease.json"
+        # Read, then write: exact within one process on memory:// (one lock around both), a
+        # race between processes on other stores (best effort).
+        with _MEMORY_GUARD if self._memory else contextlib.nullcontext():
+            try:
+                raw = self._read_bytes(path)
+                current = json.loads(raw) if raw is not None else {}
+                if float(current.get("expires_at", 0)) > time.time():
+                    return None
+            except (_NotARecordError, ValueError, TypeError, AttributeError):
+                pass
+            lease = Lease(self, path, ttl=ttl_seconds)
+            self._write(path, lease._content())
+        _KEEPER.add(lease)
+        return lease
+
+    # --- S3: conditional writes -----------------------------------------------------------------
+    def _conditional_writes(self) -> bool:
+        """True on an S3 store whose server honours conditional writes.
+
+        Probed once per process, endpoint and bucket with an object of its own below the root:
+        created with ``If-None-Match: *`` twice (the second must fail), then rewritten with the
+        ``If-Match`` of an ETag it does not have (must fail). A server that lets either through
+        gets the best-effort leases of other stores and no run or job locks, and this process
+        logs a warning (once). Raises OSError (the probe could not be written)."""
+        if self._s3 is None:
+            return False
+        key = (self._s3.endpoint(), self.root.split("/")[0])
+        known = _S3_SUPPORT.get(key)
+        if known is not None:
+            return known.writes
+        probe = self._checked(posixpath.join(self.root, f".conditional-write-probe-{_token()}"))
+        support = self._s3.probe(probe)
+        _S3_SUPPORT[key] = support
+        if not support.writes:
+            _LOG.warning(
+                "checkpoint store %s: the S3 server does not honour conditional writes "
+                "(If-None-Match / If-Match); leases are best effort (read, then written) and "
+                "run and job locks do nothing",
+                self.location,
+            )
+        return support.writes
+
+    def _conditional_writes_or_store_error(self, path: str) -> bool:
         try:
-            raw = self._read_bytes(path)
-            current = json.loads(raw) if raw is not None else {}
-            if float(current.get("expires_at", 0)) > time.time():
+            return self._conditional_writes()
+        except OSError as exc:
+            raise StoreError(f"cannot lock {self._where(path)}: {_reason(exc)}") from None
+
+    def _take_object(self, path: str, ttl: float) -> Lease | None:
+        """Take the lease object ``path`` on S3: create it with ``If-None-Match: *``; if it is
+        there and expired (its age by the server's clock is more than its ttl), rewrite it with
+        ``If-Match`` of the ETag read. Returns None if a live holder has it or another taker
+        won. OSError is the caller's."""
+        assert self._s3 is not None
+        lease = Lease(self, path, ttl=ttl)
+        etag = self._s3.create(path, lease._content_bytes())
+        if etag is None:
+            current = self._s3.get(path)
+            if current is None:  # released in between: one more try
+                etag = self._s3.create(path, lease._content_bytes())
+            else:
+                data, held_etag, age = current
+                if age <= _held_ttl(data):
+                    return None
+                etag = self._s3.replace(path, lease._content_bytes(), held_etag)
+            if etag is None:
                 return None
-        except (_NotARecordError, ValueError, TypeError, AttributeError):
-            pass
-        lease = Lease(self, base, fd=None, ttl=ttl_seconds)
-        lease.renew()
+        lease._etag = etag
+        _KEEPER.add(lease)
         return lease
 
     @contextlib.contextmanager
@@ -933,14 +1092,14 @@ class CheckpointStore:
         """Hold the job's lock while choosing or creating the run a new attempt works on, so
         that two processes starting the same job at once cannot both start it.
 
-        A blocking ``flock`` on a local store; on other stores nothing (best effort).
+        ``jobs/<job_key>/job.lock``: see ``_lock`` for what it is on each kind of store.
 
         Raises:
             StoreError: the lock was not had within ``timeout`` seconds.
         """
         if not _JOB_KEY.fullmatch(job_key):
             raise StoreError(f"checkpoint store {self.location!r}: {job_key!r} is not a job key")
-        with self._flock(posixpath.join(self.root, "jobs", job_key, "job.lock"), timeout):
+        with self._lock(posixpath.join(self.root, "jobs", job_key, "job.lock"), timeout):
             yield
 
     def lease_held(self, run: RunRecord) -> bool:
@@ -1103,32 +1262,127 @@ class CheckpointStore:
 
 
 class Lease:
-    """A held run lease; ``release()`` when done (also released when the owner dies)."""
+    """A held lease (of a run, a task or a session, or a run's or job's lock on S3);
+    ``release()`` when done.
 
-    def __init__(self, store: CheckpointStore, base: str, *, fd: int | None, ttl: float):
+    On a local store it is an exclusive ``flock``, which the kernel drops when its owner dies.
+    Elsewhere it is a file with a ttl: on S3 with conditional writes, an object rewritten only
+    with ``If-Match`` of the ETag this lease wrote last; on other stores, a JSON file read then
+    written. There a daemon thread of this process (``_KEEPER``) renews every held lease every
+    third of its ttl, so a lease expires only when its process died (or stalled for its whole
+    ttl). ``lost`` says that a renewal found another holder in its place.
+    """
+
+    def __init__(
+        self, store: CheckpointStore, path: str, *, ttl: float, fd: int | None = None
+    ) -> None:
         self._store = store
-        self._base = base
+        self._path = path
         self._fd = fd
         self._ttl = ttl
+        self._etag: str | None = None
+        """The ETag this lease last wrote (S3 with conditional writes)."""
+        self._token = _token()
+        self._renewals = 0
+        self._mutex = threading.Lock()
+        self._released = False
+        self._due = time.monotonic() + ttl / 3
         self.owner = this_process()
+        self.lost = False
+        """A renewal found that the lease had expired and another process had taken it."""
+
+    def _content(self) -> dict[str, Any]:
+        return {
+            "owner": self.owner.model_dump(mode="json"),
+            "token": self._token,
+            "ttl": self._ttl,
+            "expires_at": time.time() + self._ttl,
+            "renewals": self._renewals,
+        }
+
+    def _content_bytes(self) -> bytes:
+        return (json.dumps(self._content(), sort_keys=True) + "\n").encode("utf-8")
 
     def renew(self) -> None:
-        """Extend the lease (needed only on stores without locks)."""
+        """Extend the lease by its ttl (a no-op on a local store; the holder's process does it
+        on its own elsewhere, so calling it is never needed).
+
+        Raises:
+            StoreError: the lease was lost (it expired and another process took it: ``lost``
+                is then True), or it could not be written.
+        """
         if self._fd is not None:
             return
-        self._store._write(
-            self._base + ".lease.json",
-            {"owner": self.owner.model_dump(mode="json"), "expires_at": time.time() + self._ttl},
+        store = self._store
+        with self._mutex:
+            if self._released:
+                return
+            if self.lost:
+                raise StoreError(self._lost_message())
+            self._renewals += 1
+            try:
+                if self._etag is not None:
+                    assert store._s3 is not None
+                    etag = store._s3.replace(self._path, self._content_bytes(), self._etag)
+                    if etag is None:
+                        self.lost = True
+                    else:
+                        self._etag = etag
+                else:
+                    raw = store._read_bytes(self._path)
+                    if raw is not None and _lease_token(raw) not in (self._token, None):
+                        self.lost = True
+                    else:
+                        store._write(self._path, self._content())
+            except (OSError, _NotARecordError) as exc:
+                raise StoreError(
+                    f"cannot renew the lease {store._where(self._path)}: {exc}"
+                ) from None
+            if self.lost:
+                raise StoreError(self._lost_message())
+            self._due = time.monotonic() + self._ttl / 3
+
+    def _lost_message(self) -> str:
+        return (
+            f"the lease {self._store._where(self._path)} was lost: it expired (not renewed "
+            f"within {self._ttl:g} s) and another process took it"
         )
 
+    def _keep(self) -> None:
+        """Renew, for the keeper thread: on an error try again in a second, until lost."""
+        try:
+            self.renew()
+        except StoreError:
+            if self.lost:
+                _KEEPER.discard(self)
+                return
+            self._due = time.monotonic() + min(1.0, self._ttl / 10)
+
     def release(self) -> None:
+        """Let the lease go (once; later calls do nothing). Elsewhere than on a local store,
+        the lease's file is deleted only if it is still this lease's (best effort)."""
+        with self._mutex:
+            if self._released:
+                return
+            self._released = True
         if self._fd is not None:
             os.close(self._fd)  # closing the descriptor drops the flock
             self._fd = None
             return
+        _KEEPER.discard(self)
+        if self.lost:
+            return
+        store = self._store
         try:
-            self._store._remove_file(self._base + ".lease.json")
-        except (OSError, StoreError):
+            if self._etag is not None:
+                assert store._s3 is not None
+                store._s3.delete(self._path, self._etag)
+            else:
+                with _MEMORY_GUARD if store._memory else contextlib.nullcontext():
+                    raw = store._read_bytes(self._path)
+                    if raw is not None and _lease_token(raw) in (self._token, None):
+                        store._remove_file(self._path)
+        except (OSError, StoreError, _NotARecordError):
             pass
 
 
@@ -1181,3 +1435,344 @@ def _kind(mode: int) -> str:
         if test(mode):
             return name
     return "special file"
+
+
+def redact_location(location: str) -> str:
+    """``location`` as it may be shown: in a URL, userinfo (``user:secret@``) becomes ``***@``
+    and each query value ``***`` (``s3://***@bucket/prefix``); a path is shown as it is."""
+    shown: list[str] = []
+    for part in location.split("::"):  # fsspec chains URLs with "::"
+        if "://" not in part:
+            shown.append(part)
+            continue
+        try:
+            url = urllib.parse.urlsplit(part)
+        except ValueError:
+            shown.append(part.split("://", 1)[0] + "://***")
+            continue
+        netloc = url.netloc
+        if "@" in netloc:
+            netloc = "***@" + netloc.rpartition("@")[2]
+        query = "&".join(
+            f"{name}=***" if sep else name
+            for name, sep, _value in (item.partition("=") for item in url.query.split("&") if item)
+        )
+        shown.append(urllib.parse.urlunsplit((url.scheme, netloc, url.path, query, url.fragment)))
+    return "::".join(shown)
+
+
+def _protocols(fs: Any) -> tuple[str, ...]:
+    protocol = getattr(fs, "protocol", ())
+    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
+
+
+def _token() -> str:
+    return uuid.uuid4().hex
+
+
+def _lease_token(raw: bytes) -> str | None:
+    """The token of a lease file's content, None if it has none (or is not JSON)."""
+    try:
+        token = json.loads(raw).get("token")
+    except (ValueError, AttributeError):
+        return None
+    return token if isinstance(token, str) else None
+
+
+def _held_ttl(raw: bytes) -> float:
+    """A lease object's ttl in seconds (what its holder renews it within); 60 if it says none."""
+    try:
+        ttl = float(json.loads(raw).get("ttl", 60.0))
+    except (ValueError, TypeError, AttributeError):
+        return 60.0
+    return ttl if 0 <= ttl < 86400 else 60.0
+
+
+# --- memory:// (one process) ---------------------------------------------------------------------
+_MEMORY_GUARD = threading.Lock()
+"""Makes a lease's read-then-write on ``memory://`` one step: a memory store lives in one process,
+so a threading lock is all it takes."""
+_MEMORY_LOCKS: dict[str, threading.Lock] = {}
+
+
+def _memory_lock(path: str) -> threading.Lock:
+    """The process-wide threading lock standing for the lock file ``path`` on ``memory://``."""
+    with _MEMORY_GUARD:
+        return _MEMORY_LOCKS.setdefault(path, threading.Lock())
+
+
+# --- renewing leases -----------------------------------------------------------------------------
+class _Keeper:
+    """One daemon thread per process that renews every held lease (but local ones) when due."""
+
+    def __init__(self) -> None:
+        self._leases: weakref.WeakSet[Lease] = weakref.WeakSet()
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+        """Started with the first lease; after a fork, again in the child."""
+
+    def add(self, lease: Lease) -> None:
+        with self._wake:
+            self._leases.add(lease)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._loop, name="openjd-lease-keeper", daemon=True
+                )
+                self._thread.start()
+            self._wake.notify()
+
+    def discard(self, lease: Lease) -> None:
+        with self._wake:
+            self._leases.discard(lease)
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                now = time.monotonic()
+                due = [lease for lease in self._leases if lease._due <= now]
+                if not due:
+                    soonest = min((lease._due for lease in self._leases), default=now + 5.0)
+                    self._wake.wait(min(max(soonest - now, 0.01), 5.0))
+                    continue
+            for lease in due:
+                lease._keep()
+            del due
+
+    def reset(self) -> None:
+        """In a forked child: the parent's leases are not this process's to renew."""
+        self._leases = weakref.WeakSet()
+        self._wake = threading.Condition()
+        self._thread = None
+
+
+_KEEPER = _Keeper()
+
+
+def _after_fork_in_child() -> None:
+    global _MEMORY_GUARD
+    _KEEPER.reset()
+    _MEMORY_GUARD = threading.Lock()
+    _MEMORY_LOCKS.clear()
+    _S3_SUPPORT.clear()
+
+
+# --- S3 ------------------------------------------------------------------------------------------
+class _S3Support:
+    """What an S3 server honours (``CheckpointStore._conditional_writes``)."""
+
+    def __init__(self, *, writes: bool, deletes: bool) -> None:
+        self.writes = writes
+        """``If-None-Match: *`` and ``If-Match`` on PutObject."""
+        self.deletes = deletes
+        """``If-Match`` on DeleteObject."""
+
+
+_S3_SUPPORT: dict[tuple[str, str], _S3Support] = {}
+"""(endpoint, bucket) -> what its server honours, probed once per process."""
+
+_PRECONDITION_FAILED = frozenset({"PreconditionFailed", "412"})
+_CONFLICT = frozenset({"ConditionalRequestConflict", "409"})
+"""AWS: another conditional request on the key is under way; this one lost."""
+_MISSING = frozenset({"NoSuchKey", "404"})
+_NOT_SUPPORTED = frozenset({"NotImplemented", "501", "InvalidArgument", "InvalidRequest"})
+
+
+def _s3_code(exc: BaseException) -> str | None:
+    """The S3 error code behind ``exc`` (an s3fs OSError caused by a botocore ClientError)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        response = getattr(seen, "response", None)
+        if isinstance(response, dict):
+            code = response.get("Error", {}).get("Code")
+            if code:
+                return str(code)
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if status:
+                return str(status)
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+class _S3Objects:
+    """Conditional writes of small objects through s3fs's client (its ``call_s3``). Every
+    method raises OSError for what it does not handle, never botocore's own errors."""
+
+    def __init__(self, fs: Any) -> None:
+        self.fs = fs
+
+    def endpoint(self) -> str:
+        kwargs = getattr(self.fs, "client_kwargs", None) or {}
+        return str(getattr(self.fs, "endpoint_url", None) or kwargs.get("endpoint_url") or "")
+
+    def _bucket_key(self, path: str) -> tuple[str, str]:
+        bucket, key, _version = self.fs.split_path(path)
+        return bucket, key
+
+    def _put(self, path: str, body: bytes, **condition: str) -> str | None:
+        """Put ``body`` at ``path`` under ``condition``: the new ETag, or None if the condition
+        did not hold."""
+        bucket, key = self._bucket_key(path)
+        try:
+            with _os_errors(self.fs):
+                response = self.fs.call_s3(
+                    "put_object", Bucket=bucket, Key=key, Body=body, **condition
+                )
+        except FileExistsError:  # s3fs: If-None-Match failed
+            return None
+        except FileNotFoundError:  # If-Match on a key that is gone
+            return None
+        except OSError as exc:
+            if _s3_code(exc) in _PRECONDITION_FAILED | _CONFLICT | _MISSING:
+                return None
+            raise
+        return str(response["ETag"])
+
+    def create(self, path: str, body: bytes) -> str | None:
+        """Write ``path`` if nothing is there (``If-None-Match: *``): its ETag, else None."""
+        return self._put(path, body, IfNoneMatch="*")
+
+    def replace(self, path: str, body: bytes, etag: str) -> str | None:
+        """Rewrite ``path`` if its ETag is ``etag`` (``If-Match``): the new ETag, else None."""
+        return self._put(path, body, IfMatch=etag)
+
+    def get(self, path: str) -> tuple[bytes, str, float] | None:
+        """The object's bytes, ETag and age in seconds by the server's clock (its ``Date`` less
+        the object's ``LastModified``, each to the second), None if there is none. One request,
+        so the bytes and the ETag belong together."""
+        bucket, key = self._bucket_key(path)
+
+        async def fetch() -> tuple[bytes, dict[str, Any]]:
+            response = await self.fs._call_s3("get_object", Bucket=bucket, Key=key)
+            try:
+                data = await response["Body"].read()
+            finally:
+                response["Body"].close()
+            return bytes(data), response
+
+        try:
+            with _os_errors(self.fs):
+                data, response = fsspec.asyn.sync(self.fs.loop, fetch)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if _s3_code(exc) in _MISSING:
+                return None
+            raise
+        modified = response["LastModified"].timestamp()
+        date = response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+        try:
+            now = email.utils.parsedate_to_datetime(date).timestamp() if date else time.time()
+        except (TypeError, ValueError):
+            now = time.time()
+        return data, str(response["ETag"]), now - modified
+
+    def delete(self, path: str, etag: str) -> None:
+        """Delete ``path`` if its ETag is still ``etag`` (``If-Match``; where the server ignores
+        that on deletes, a read of the ETag just before stands in for it)."""
+        bucket, key = self._bucket_key(path)
+        support = _S3_SUPPORT.get((self.endpoint(), bucket))
+        if support is not None and not support.deletes:
+            current = self.get(path)
+            if current is None or current[1] != etag:
+                return
+            condition: dict[str, str] = {}
+        else:
+            condition = {"IfMatch": etag}
+        try:
+            with _os_errors(self.fs):
+                self.fs.call_s3("delete_object", Bucket=bucket, Key=key, **condition)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            if _s3_code(exc) not in _PRECONDITION_FAILED | _CONFLICT | _MISSING:
+                raise
+
+    def probe(self, path: str) -> _S3Support:
+        """What the server honours, found with a probe object of its own at ``path`` (see
+        ``CheckpointStore._conditional_writes``). OSError if it cannot be written at all."""
+        bogus = '"00000000000000000000000000000000"'
+        try:
+            try:
+                writes = (
+                    self.create(path, b"1\n") is not None
+                    and self.create(path, b"2\n") is None
+                    and self.replace(path, b"3\n", bogus) is None
+                )
+            except OSError as exc:
+                if _s3_code(exc) in _NOT_SUPPORTED:
+                    return _S3Support(writes=False, deletes=False)
+                raise
+            bucket, key = self._bucket_key(path)
+            try:
+                with _os_errors(self.fs):
+                    self.fs.call_s3("delete_object", Bucket=bucket, Key=key, IfMatch=bogus)
+                deletes = False  # deleted although the ETag did not match
+            except OSError as exc:
+                deletes = _s3_code(exc) in _PRECONDITION_FAILED
+            return _S3Support(writes=writes, deletes=deletes)
+        finally:
+            with contextlib.suppress(Exception):
+                self.fs.rm_file(path)
+
+
+def _client_error(exc: BaseException) -> bool:
+    """True for an error of S3's client libraries (botocore, aiobotocore, aiohttp) that is not
+    an OSError (``EndpointConnectionError``, ``NoCredentialsError``...)."""
+    return any(
+        cls.__module__.split(".")[0] in ("botocore", "aiobotocore", "aiohttp")
+        for cls in type(exc).__mro__
+    )
+
+
+def _scrub(text: str, fs: Any) -> str:
+    """``text`` with the secrets the file system's client knows replaced by ``***``."""
+    secrets = {
+        os.environ.get("AWS_SECRET_ACCESS_KEY"),
+        os.environ.get("AWS_SESSION_TOKEN"),
+        getattr(fs, "secret", None),
+        getattr(fs, "token", None),
+    }
+    for secret in secrets:
+        if isinstance(secret, str) and len(secret) >= 4:
+            text = text.replace(secret, "***")
+    return text
+
+
+@contextlib.contextmanager
+def _os_errors(fs: Any) -> Iterator[None]:
+    """Raise the client library's own errors as OSErrors, and no secret in any message."""
+    try:
+        yield
+    except OSError as exc:
+        text = str(exc)
+        clean = _scrub(text, fs)
+        if clean == text:
+            raise
+        raise type(exc)(exc.errno or errno.EIO, clean) from None
+    except Exception as exc:
+        if not _client_error(exc):
+            raise
+        raise OSError(errno.EIO, _scrub(f"{type(exc).__name__}: {exc}", fs)) from None
+
+
+class _OSErrorsOnly:
+    """An fsspec file system (s3fs) whose public methods raise OSErrors (``_os_errors``), so
+    that the store's ``except OSError`` makes ``StoreError``s of every failure."""
+
+    def __init__(self, fs: Any) -> None:
+        self._fs = fs
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._fs, name)
+        if name.startswith("_") or not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with _os_errors(self._fs):
+                return attr(*args, **kwargs)
+
+        return call
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -554,7 +554,7 @@ def _build(
     if isinstance(store, CheckpointStoreBlock):
         location: Any = store.store_location()
     elif isinstance(store, CheckpointStore):
-        location = store.location
+        location = store.url  # as given: its credentials, if any, included
     else:
         location = store
     flow_name = name or template.name

@@ -1,4 +1,6 @@
-"""Shared helpers: run the real CLI as a subprocess, and run single tasks through the core API."""
+"""Shared helpers: run the real CLI as a subprocess, and run single tasks through the core API;
+stores of every kind (a local folder, ``memory://``, ``s3://`` on a moto server, see
+``s3server.py``)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -101,3 +105,44 @@ def one_step_template(path: Path, name: str, python_code: str) -> Path:
 def store(tmp_path: Path) -> Path:
     path = tmp_path / "store"
     return path
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[object]:
+    """One moto S3 server for the whole session (it takes a second or two to start); the
+    environment points every S3 client, in this process and in subprocesses, at it."""
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto.server")
+    from s3server import running_s3_server
+
+    with running_s3_server() as server:
+        yield server
+
+
+@pytest.fixture
+def s3_store(s3_server) -> str:
+    """A fresh store of its own on the S3 server: ``s3://openjd-test/<unique prefix>``."""
+    return s3_server.new_store()
+
+
+STORE_KINDS = ["local", "memory", "s3"]
+
+
+@pytest.fixture(params=STORE_KINDS)
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh, empty store location of each kind: a local folder, ``memory://`` (in this
+    process only) or ``s3://`` on the session's S3 server. Narrow the kinds with
+    ``@pytest.mark.parametrize("store_url", ["local", "s3"], indirect=True)``."""
+    kind = request.param
+    if kind == "local":
+        yield str(tmp_path / "store")
+    elif kind == "memory":
+        import fsspec
+
+        url = f"memory://openjd-test-{uuid.uuid4().hex[:12]}"
+        yield url
+        fs, root = fsspec.core.url_to_fs(url)
+        if fs.exists(root):
+            fs.rm(root, recursive=True)
+    else:
+        yield request.getfixturevalue("s3_server").new_store()

@@ -1,9 +1,11 @@
-"""The checkpoint store: atomic versioned records, generations, unreadable records kept."""
+"""The checkpoint store: atomic versioned records, generations, unreadable records kept; on a
+local folder, ``memory://`` and ``s3://`` (a moto server) alike (the ``store_url`` fixture)."""
 
 from __future__ import annotations
 
 import json
 import os
+import posixpath
 import signal
 import subprocess
 import sys
@@ -17,6 +19,30 @@ from core._store import task_id_for
 
 JK = "0123456789abcdef"
 RID = "20260101-000000-abcdef"
+RUN_DIR = f"jobs/{JK}/runs/{RID}"
+TASK_FILE = f"{RUN_DIR}/tasks/{task_id_for('S', '{}')}.json"
+LOCAL_AND_S3 = pytest.mark.parametrize("store_url", ["local", "s3"], indirect=True)
+
+
+def raw_path(store: CheckpointStore, rel: str) -> str:
+    """The store's own name of ``rel`` below its root (what its messages show)."""
+    return posixpath.join(store.root, rel)
+
+
+def write_raw(store: CheckpointStore, rel: str, data: str | bytes) -> None:
+    """Write a file below the store's root behind the store's back."""
+    payload = data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
+    store.fs.pipe_file(raw_path(store, rel), payload)
+
+
+def read_json(store: CheckpointStore, rel: str) -> dict:
+    return json.loads(store.fs.cat_file(raw_path(store, rel)))
+
+
+def names(store: CheckpointStore, rel: str) -> list[str]:
+    return sorted(
+        posixpath.basename(p.rstrip("/")) for p in store.fs.ls(raw_path(store, rel), detail=False)
+    )
 
 
 def record(**kw) -> TaskRecord:
@@ -29,8 +55,8 @@ def ck(gen: int, state: str = "s") -> CheckpointData:
     return CheckpointData(generation=gen, state=f"{state}{gen}", saved_at=1.0, attempt=1)
 
 
-def test_round_trip_and_generations_kept(tmp_path: Path) -> None:
-    store = CheckpointStore(tmp_path, keep_generations=2)
+def test_round_trip_and_generations_kept(store_url: str) -> None:
+    store = CheckpointStore(store_url, keep_generations=2)
     rec = record()
     for gen in range(1, 6):
         store.commit_checkpoint(rec, ck(gen))
@@ -40,41 +66,41 @@ def test_round_trip_and_generations_kept(tmp_path: Path) -> None:
     assert [g.generation for g in store.list_generations(tasks[0])] == [4, 5]
 
 
-def test_unreadable_record_is_moved_aside_not_overwritten(tmp_path: Path) -> None:
-    store = CheckpointStore(tmp_path)
+def test_unreadable_record_is_moved_aside_not_overwritten(store_url: str) -> None:
+    store = CheckpointStore(store_url)
     rec = record()
     store.commit_checkpoint(rec, ck(1))
-    path = tmp_path / f"jobs/{JK}/runs/{RID}/tasks" / f"{task_id_for('S', '{}')}.json"
-    path.write_text("{ not json")
+    write_raw(store, TASK_FILE, "{ not json")
     tasks, warnings = store.read_tasks(JK, RID)
     assert tasks == []
-    assert len(warnings) == 1 and str(path) in warnings[0] and "unreadable" in warnings[0]
-    aside = [p for p in path.parent.iterdir() if ".unreadable-" in p.name]
-    assert len(aside) == 1 and aside[0].read_text() == "{ not json"
+    path = raw_path(store, TASK_FILE)
+    assert len(warnings) == 1 and path in warnings[0] and "unreadable" in warnings[0]
+    aside = [n for n in names(store, f"{RUN_DIR}/tasks") if ".unreadable-" in n]
+    assert len(aside) == 1
+    assert store.fs.cat_file(raw_path(store, f"{RUN_DIR}/tasks/{aside[0]}")) == b"{ not json"
     # the checkpoint generation file is still there too
-    assert any(".gen-000001" in p.name for p in path.parent.iterdir())
+    assert any(".gen-000001" in n for n in names(store, f"{RUN_DIR}/tasks"))
 
 
-def test_other_schema_version_is_refused_by_name(tmp_path: Path) -> None:
-    store = CheckpointStore(tmp_path)
+def test_other_schema_version_is_refused_by_name(store_url: str) -> None:
+    store = CheckpointStore(store_url)
     run = RunRecord(job_key=JK, run_id=RID, job_name="n", template_hash="h")
     store.write_run(run)
-    path = tmp_path / f"jobs/{JK}/runs/{RID}/run.json"
-    data = json.loads(path.read_text())
+    data = read_json(store, f"{RUN_DIR}/run.json")
     data["schema_version"] = 99
-    path.write_text(json.dumps(data))
+    write_raw(store, f"{RUN_DIR}/run.json", json.dumps(data))
     with pytest.raises(StoreError, match="schema version 99"):
         store.read_run(JK, RID)
-    assert path.exists()  # not moved: a newer openjd-checkpoint can still read it
+    # not moved: a newer openjd-checkpoint can still read it
+    assert store.fs.exists(raw_path(store, f"{RUN_DIR}/run.json"))
 
 
-def test_record_with_unknown_field_is_refused(tmp_path: Path) -> None:
-    store = CheckpointStore(tmp_path)
+def test_record_with_unknown_field_is_refused(store_url: str) -> None:
+    store = CheckpointStore(store_url)
     store.write_task(record())
-    path = next((tmp_path / f"jobs/{JK}/runs/{RID}/tasks").iterdir())
-    data = json.loads(path.read_text())
+    data = read_json(store, TASK_FILE)
     data["surprise"] = 1
-    path.write_text(json.dumps(data))
+    write_raw(store, TASK_FILE, json.dumps(data))
     tasks, warnings = store.read_tasks(JK, RID)
     assert tasks == [] and "surprise" in warnings[0]
 
@@ -88,8 +114,8 @@ def test_leftover_temporary_file_is_ignored(tmp_path: Path) -> None:
     assert warnings == [] and len(tasks) == 1
 
 
-def test_memory_filesystem_store() -> None:
-    store = CheckpointStore("memory://openjd-checkpoint-test")
+def test_delete_run(store_url: str) -> None:
+    store = CheckpointStore(store_url)
     rec = record()
     store.commit_checkpoint(rec, ck(1))
     assert store.read_tasks(JK, RID)[0][0].checkpoint.state == "s1"
@@ -117,12 +143,16 @@ CRASHER = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("delay", [0.05, 0.13, 0.29])
-def test_sigkill_during_a_burst_of_saves_leaves_a_readable_latest(tmp_path: Path, delay) -> None:
+@pytest.mark.parametrize(
+    ("store_url", "delay"),
+    [("local", 0.05), ("local", 0.13), ("local", 0.29), ("s3", 0.29)],
+    indirect=["store_url"],
+)
+def test_sigkill_during_a_burst_of_saves_leaves_a_readable_latest(store_url: str, delay) -> None:
     """A writer killed at an arbitrary instant: the record is whole and not older than the
     previous generation it had committed."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", CRASHER, str(tmp_path)],
+        [sys.executable, "-c", CRASHER, store_url],
         stdout=subprocess.PIPE,
         cwd=Path(__file__).resolve().parent.parent,
     )
@@ -132,7 +162,7 @@ def test_sigkill_during_a_burst_of_saves_leaves_a_readable_latest(tmp_path: Path
     time.sleep(delay)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    store = CheckpointStore(tmp_path)
+    store = CheckpointStore(store_url)
     tasks, warnings = store.read_tasks(JK, RID)
     assert warnings == []
     (task,) = tasks
@@ -144,23 +174,22 @@ def test_sigkill_during_a_burst_of_saves_leaves_a_readable_latest(tmp_path: Path
 
 
 @pytest.mark.parametrize("bad", ["../../x", "..", "a/b", "", ".hidden", "x" * 200])
-def test_ids_that_are_not_one_safe_path_component_are_refused(tmp_path: Path, bad: str) -> None:
-    store = CheckpointStore(tmp_path / "store")
+def test_ids_that_are_not_one_safe_path_component_are_refused(store_url: str, bad: str) -> None:
+    store = CheckpointStore(store_url)
     with pytest.raises(StoreError, match="refusing to use it as a path"):
         store.delete_run(JK, bad)
     assert store.find_run(bad) is None
 
 
-def test_record_whose_ids_do_not_match_its_folder_is_refused(tmp_path: Path) -> None:
+def test_record_whose_ids_do_not_match_its_folder_is_refused(store_url: str) -> None:
     """An edited run.json naming another run must not make the store touch that run."""
-    store = CheckpointStore(tmp_path)
+    store = CheckpointStore(store_url)
     store.write_run(RunRecord(job_key=JK, run_id=RID, job_name="n", template_hash="h"))
     other = "20260101-000000-ffffff"
     store.write_run(RunRecord(job_key=JK, run_id=other, job_name="n", template_hash="h"))
-    path = tmp_path / f"jobs/{JK}/runs/{RID}/run.json"
-    data = json.loads(path.read_text())
+    data = read_json(store, f"{RUN_DIR}/run.json")
     data["run_id"] = other
-    path.write_text(json.dumps(data))
+    write_raw(store, f"{RUN_DIR}/run.json", json.dumps(data))
     runs, warnings = store.list_runs()
     assert [r.run_id for r in runs] == [other]
     assert "does not match its folder" in warnings[0]
@@ -171,11 +200,10 @@ def test_record_whose_ids_do_not_match_its_folder_is_refused(tmp_path: Path) -> 
     ['{"schema_version": 1, "x": ' + "9" * 5000 + "}", "[" * 100_000, "\udcff"],
     ids=["huge-int", "deep", "bad-utf8"],
 )
-def test_hostile_record_is_a_warning_not_a_crash(tmp_path: Path, garbage: str) -> None:
-    store = CheckpointStore(tmp_path)
+def test_hostile_record_is_a_warning_not_a_crash(store_url: str, garbage: str) -> None:
+    store = CheckpointStore(store_url)
     store.write_run(RunRecord(job_key=JK, run_id=RID, job_name="n", template_hash="h"))
-    path = tmp_path / f"jobs/{JK}/runs/{RID}/run.json"
-    path.write_bytes(garbage.encode("utf-8", "surrogateescape"))
+    write_raw(store, f"{RUN_DIR}/run.json", garbage)
     runs, warnings = store.list_runs()
     assert runs == [] and "unreadable" in warnings[0]
 
