@@ -175,7 +175,7 @@ class OpenJDBeginOperator(BaseOperator):
         params = context["params"]
         values = {n: params[n] for n in self.parameter_names if params.get(n) is not None}
         store = _store(self)
-        location = store.location
+        location = store.location  # to show: any credentials in the URL are masked
         try:
             job = core.prepare_job(self.template_path, values)
         except core.TemplateError as exc:
@@ -210,7 +210,7 @@ class OpenJDBeginOperator(BaseOperator):
             " (resumed)" if attempt.resumed else "",
         )
         # The store travels with the attempt so that the plugin's endpoints find the run.
-        return {**attempt.to_dict(), "store": location, "files": store.file_flow.value}
+        return {**attempt.to_dict(), "store": store.url, "files": store.file_flow.value}
 
 
 # ------------------------------------------------------------------------------------ plan
