@@ -710,7 +710,8 @@ class FileCapture:
             self._warn(f"checkpoint not stored, the previous generation stays: {exc}")
             save.done.set()
             return
-        save.commit(digest, save.file)
+        if not self._abandoned:  # a deadline or a cancel came meanwhile: commit nothing more
+            save.commit(digest, save.file)
         save.done.set()
 
     def _entry_for(self, path: str, *, declared: bool) -> ManifestEntry:

@@ -809,7 +809,7 @@ class CheckpointStore:
             with self._flock(path, timeout):
                 yield
         elif self._memory:
-            lock = _memory_lock(posixpath.join(self.root, path))
+            lock = _memory_lock(path)
             if not lock.acquire(timeout=timeout):
                 raise StoreError(f"{self._where(path)} stayed locked for {timeout:g} s")
             try:

@@ -545,14 +545,22 @@ class TaskExecution:
         capture = self._capture
         if capture is None:
             return
-        deadline = self._stop_deadline
-        timeout = None if deadline is None else max(0.0, deadline - time.time())
-        if not capture.drain(timeout):
-            capture.abandon()
-            self._warn(
-                "the stop deadline came before every checkpoint file was stored: the last "
-                "save was not committed, the previous generation stays"
-            )
+        while not capture.drain(0.1):
+            deadline = self._stop_deadline
+            if self._stop_intent == StopIntent.CANCEL or (
+                deadline is not None and time.time() >= deadline - STOP_KILL_MARGIN_SECONDS
+            ):
+                capture.abandon()
+                why = (
+                    "the task was canceled"
+                    if self._stop_intent == StopIntent.CANCEL
+                    else ("the stop deadline came")
+                )
+                self._warn(
+                    f"{why} before every checkpoint file was stored: the saves still uploading "
+                    "were not committed, the previous generation stays"
+                )
+                break
         self._write_outputs()
 
     # --- one action -------------------------------------------------------------------------------

@@ -12,7 +12,10 @@ that subprocesses (the CLI, ``tests/run_worker.py``, Airflow and Prefect workers
 - ``NO_PROXY`` for 127.0.0.1.
 
 The previous environment comes back when the server stops. Each test takes a store of its own
-below the bucket (``S3Server.new_store()``: ``s3://openjd-test/<unique prefix>``).
+below the bucket (``S3Server.new_store()``: ``s3://openjd-test/<unique prefix>``). The server
+belongs to the session, not to a test: it runs without the environment markers by which the
+Prefect and Airflow fixtures find the processes a test left behind (``OPENJD_*_SESSION``,
+``OPENJD_*_STACK``, ``OPENJD_*_MARKER``).
 
 The fixtures ``s3_server`` (session) and ``s3_store`` are in ``tests/conftest.py``; folders with
 a conftest of their own (``tests/airflow``, ``tests/prefect``) see them too, and may ``import
@@ -105,12 +108,18 @@ def running_s3_server() -> Iterator[S3Server]:
 
     log = Path(tempfile.mkdtemp(prefix="openjd-s3-test-")) / "moto.log"
     port = _free_port()
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not (k.startswith("OPENJD_") and k.endswith(("_SESSION", "_STACK", "_MARKER")))
+    }
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, __file__, "127.0.0.1", str(port)],
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            env=env,
             start_new_session=True,
         )
     server = S3Server(proc, port, log)

@@ -25,7 +25,7 @@ def fib(n: int) -> int:
     return a
 
 
-def only_run(store: Path):
+def only_run(store: Path | str):
     runs, warnings = CheckpointStore(store).list_runs()
     assert not warnings
     assert len(runs) == 1, runs
@@ -72,7 +72,7 @@ def test_seed_fibonacci_interrupted_by_sigterm_then_resumed(store: Path) -> None
 
 
 def test_chunked_step_interrupted_mid_chunk_runs_only_unfinished_frames(
-    store: Path, tmp_path: Path
+    store: Path | str, tmp_path: Path
 ) -> None:
     template = EXAMPLES / "chunked-frames" / "chunked-frames.yaml"
     args = (
@@ -101,6 +101,41 @@ def test_chunked_step_interrupted_mid_chunk_runs_only_unfinished_frames(
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
         f"frame-{i:04d}.txt" for i in range(1, 9)
     ]
+
+
+@pytest.mark.parametrize("store_url", ["s3"], indirect=True)
+def test_fibonacci_on_an_s3_store_interrupted_then_resumed(store_url: str) -> None:
+    """The demo's Fibonacci template with ``--store s3://…`` (a moto server): SIGTERM makes the
+    task checkpoint, the run is interrupted (exit 75), and the same command resumes it."""
+    n = 20
+    template = EXAMPLES / "fibonacci" / "fibonacci-fast.yaml"
+    args = ("run", str(template), "-p", f"N={n}", "-p", "StepSeconds=0.1", "--store", store_url)
+    first = CliProcess(*args)
+    first.wait_for("checkpoint generation 1 stored", stream="err")
+    first.proc.send_signal(signal.SIGTERM)
+    assert first.wait(60) == 75, first.stderr
+    assert "to resume: openjd-checkpoint resume " in first.stderr
+    assert store_url in first.stderr
+    run, (task,) = only_run(store_url)
+    assert run.status.value == "interrupted" and task.status == TaskStatus.INTERRUPTED
+    assert task.checkpoint is not None
+    saved_n, v0, v1 = (int(x) for x in task.checkpoint.state.split(","))
+    assert (v0, v1) == (fib(saved_n), fib(saved_n + 1)) and saved_n < n
+
+    second = subprocess.run(cli_cmd(*args), capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert second.returncode == 0, second.stderr
+    assert '"RESUMED"' in second.stdout
+    assert f"Fibonacci number {n} is {fib(n)}" in second.stdout
+    (done,) = CheckpointStore(store_url).list_runs()[0]
+    assert done.status.value == "succeeded" and done.attempt == 2
+    assert CheckpointStore(store_url).read_tasks(done.job_key, done.run_id) == ([], [])
+
+
+@pytest.mark.parametrize("store_url", ["s3"], indirect=True)
+def test_chunked_step_on_an_s3_store_resumes_only_unfinished_frames(
+    store_url: str, tmp_path: Path
+) -> None:
+    test_chunked_step_interrupted_mid_chunk_runs_only_unfinished_frames(store_url, tmp_path)
 
 
 def test_cli_killed_with_sigkill_resumes_from_last_periodic_checkpoint(

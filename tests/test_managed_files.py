@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import posixpath
 import re
 import textwrap
 import threading
@@ -125,6 +126,26 @@ def managed_store(request, tmp_path: Path):
     except pytest.FixtureLookupError:
         pytest.skip("no S3-protocol fixture")
     return CheckpointStore(url, files="managed")
+
+
+def get(store, key: str) -> bytes:
+    """The bytes of ``key`` below the store's root, whatever the backend."""
+    return bytes(store.fs.cat_file(posixpath.join(store.root, key)))
+
+
+def put(store, key: str, data: bytes) -> None:
+    path = posixpath.join(store.root, key)
+    store.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+    store.fs.pipe_file(path, data)
+
+
+def blob_names(store, folder: str = "blobs/sha256") -> list[str]:
+    base = posixpath.join(store.root, folder)
+    try:
+        store.fs.invalidate_cache()
+        return sorted(posixpath.basename(p) for p in store.fs.find(base))
+    except FileNotFoundError:
+        return []
 
 
 class Run:
@@ -256,9 +277,9 @@ time.sleep(0.5)
 
 @pytest.mark.parametrize("change", ["delete", "change"])
 def test_a_file_deleted_or_changed_before_the_commit_fails_that_save(
-    change: str, tmp_path: Path
+    change: str, managed_store, tmp_path: Path
 ) -> None:
-    store = CheckpointStore(tmp_path / "store", files="managed")
+    store = managed_store
     doc = {
         "specificationVersion": "jobtemplate-2023-09",
         "name": "changed file",
@@ -336,10 +357,12 @@ print("openjd_checkpoint_save: " + json.dumps({{"state": "after"}}), flush=True)
 """
 
 
-def test_hostile_declarations_capture_nothing_outside_the_roots(tmp_path: Path) -> None:
+def test_hostile_declarations_capture_nothing_outside_the_roots(
+    managed_store, tmp_path: Path
+) -> None:
     outside = tmp_path / "outside.txt"
     outside.write_text("secret outside the roots")
-    store = CheckpointStore(tmp_path / "store", files="managed")
+    store = managed_store
     doc = {
         "specificationVersion": "jobtemplate-2023-09",
         "name": "hostile",
@@ -364,10 +387,11 @@ def test_hostile_declarations_capture_nothing_outside_the_roots(tmp_path: Path) 
     assert cp is not None and cp.state == "after" and cp.manifest
     # Only d/ok.txt (and the folder d) made it into the store.
     secrets = {Path("/etc/passwd").read_bytes(), outside.read_bytes()}
-    blobs = [p for p in (tmp_path / "store" / "blobs").rglob("*") if p.is_file()]
-    assert [p.read_bytes() for p in blobs] == [b"ok"]
-    assert not secrets & {p.read_bytes() for p in blobs}
-    manifest = json.loads((tmp_path / "store" / manifest_key(cp.manifest)).read_text())
+    contents = [get(store, blob_key(name)) for name in blob_names(store)]
+    assert contents == [b"ok"]
+    assert not secrets & set(contents)
+    assert blob_names(store, "blobs/tmp") == []
+    manifest = json.loads(get(store, manifest_key(cp.manifest)))
     assert sorted(e["path"] for e in manifest["entries"]) == ["d", "d/ok.txt"]
 
 
@@ -381,40 +405,35 @@ def _first_run(store, tmp_path: Path, frames: int = 4, stop_at: int = 2):
     return job, result
 
 
-def _rewrite_manifest(store_root: Path, digest: str, edit) -> str:
-    data = json.loads((store_root / manifest_key(digest)).read_text())
+def _rewrite_manifest(store, digest: str, edit) -> str:
+    data = json.loads(get(store, manifest_key(digest)))
     edit(data)
     raw = (json.dumps(data, sort_keys=True) + "\n").encode()
     new = hashlib.sha256(raw).hexdigest()
-    path = store_root / manifest_key(new)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(raw)
+    put(store, manifest_key(new), raw)
     return new
 
 
 @pytest.mark.parametrize(
     "evil", ["../../escaped.txt", "/tmp/escaped-abs.txt", "frames/../../escaped.txt"]
 )
-def test_a_manifest_edited_to_point_outside_is_refused_whole(evil: str, tmp_path: Path) -> None:
-    root = tmp_path / "store"
-    store = CheckpointStore(root, files="managed")
+def test_a_manifest_edited_to_point_outside_is_refused_whole(
+    evil: str, managed_store, tmp_path: Path
+) -> None:
+    store = managed_store
     job, result = _first_run(store, tmp_path)
     cp = result.record.checkpoint
 
     def edit(data: dict) -> None:
         data["entries"][0]["path"] = evil
 
-    tampered = cp.model_copy(update={"manifest": _rewrite_manifest(root, cp.manifest, edit)})
+    tampered = cp.model_copy(update={"manifest": _rewrite_manifest(store, cp.manifest, edit)})
     # Every generation is tampered: nothing can be restored, the task runs from the top.
     for gen in store.list_generations(result.record):
-        path = root.joinpath(
-            *Path(store._gen_path(job.job_key, RUN_ID, *_tid(result.record), gen.generation))
-            .relative_to(root)
-            .parts
-        )
-        data = json.loads(path.read_text())
+        path = store._gen_path(job.job_key, RUN_ID, *_tid(result.record), gen.generation)
+        data = json.loads(store.fs.cat_file(path))
         data["manifest"] = tampered.manifest
-        path.write_text(json.dumps(data))
+        store.fs.pipe_file(path, json.dumps(data).encode())
     second = Run(job, store, tmp_path / "host-b", record=result.record, resume=tampered)
     assert second.join().outcome == TaskOutcome.SUCCEEDED
     assert any("refused whole" in w for w in second.ex.warnings), second.ex.warnings
@@ -431,17 +450,15 @@ def _tid(record) -> tuple[str]:
 
 
 def test_a_blob_that_does_not_match_its_hash_fails_that_generation_only(
-    tmp_path: Path,
+    managed_store, tmp_path: Path
 ) -> None:
-    root = tmp_path / "store"
-    store = CheckpointStore(root, files="managed")
+    store = managed_store
     job, result = _first_run(store, tmp_path, frames=5, stop_at=3)
     cp = result.record.checkpoint
-    manifest = json.loads((root / manifest_key(cp.manifest)).read_text())
+    manifest = json.loads(get(store, manifest_key(cp.manifest)))
     # Damage the content of the newest checkpoint file (ckpt.txt holds a new number each save).
     entry = next(e for e in manifest["entries"] if e["path"] == "ckpt.txt")
-    blob = root / blob_key(entry["sha256"])
-    blob.write_bytes(b"9" * entry["size"])
+    put(store, blob_key(entry["sha256"]), b"9" * entry["size"])
     second = Run(job, store, tmp_path / "host-b", record=result.record, resume=cp)
     result2 = second.join()
     assert result2.outcome == TaskOutcome.SUCCEEDED, (result2.message, second.ex.warnings)
@@ -454,10 +471,10 @@ def test_a_blob_that_does_not_match_its_hash_fails_that_generation_only(
     assert f"RESULT {expected(5)}" in second.lines
 
 
-def test_restoring_twice_gives_the_same_tree(tmp_path: Path) -> None:
+def test_restoring_twice_gives_the_same_tree(managed_store, tmp_path: Path) -> None:
     from core._files import restore_checkpoint
 
-    store = CheckpointStore(tmp_path / "store", files="managed")
+    store = managed_store
     _job, result = _first_run(store, tmp_path)
     cp = result.record.checkpoint
     target = tmp_path / "restore"
@@ -492,9 +509,8 @@ def test_restore_never_writes_through_a_link_in_the_restore_root(tmp_path: Path)
     assert list(elsewhere.iterdir()) == []
 
 
-def test_gc_frees_exactly_what_no_kept_generation_references(tmp_path: Path) -> None:
-    root = tmp_path / "store"
-    store = CheckpointStore(root, files="managed")
+def test_gc_frees_exactly_what_no_kept_generation_references(managed_store, tmp_path: Path) -> None:
+    store = managed_store
     # Three runs of the job, each interrupted (three kept runs of checkpoints).
     job = frames_job(frames=4)
     records = []
@@ -536,11 +552,11 @@ def test_gc_frees_exactly_what_no_kept_generation_references(tmp_path: Path) -> 
         keep: set[str] = set()
         for rec in records:
             for gen in store.list_generations(rec.record):
-                data = json.loads((root / manifest_key(gen.manifest)).read_text())
+                data = json.loads(get(store, manifest_key(gen.manifest)))
                 keep |= {e["sha256"] for e in data["entries"] if e.get("sha256")}
         return keep
 
-    all_blobs = {p.name for p in (root / "blobs" / "sha256").rglob("*") if p.is_file()}
+    all_blobs = set(blob_names(store))
     # Nothing is collected within the grace period.
     assert collect_file_garbage(store).blobs_removed == 0
     # Forget the second run: only content the others do not share goes.
@@ -548,7 +564,7 @@ def test_gc_frees_exactly_what_no_kept_generation_references(tmp_path: Path) -> 
     records = [r for r in records if r.record.run_id != "20260101-000000-00000b"]
     keep = live()
     report = collect_file_garbage(store, grace_seconds=0)
-    left = {p.name for p in (root / "blobs" / "sha256").rglob("*") if p.is_file()}
+    left = set(blob_names(store))
     assert left == keep
     # Run b's frames were its own (salted); the checkpoint files' content is shared by all.
     assert report.blobs_removed == len(all_blobs - keep) >= 2
@@ -649,10 +665,9 @@ print("openjd_checkpoint_save: " + json.dumps({"state": "s"}), flush=True)
 
 
 def test_a_file_named_again_while_uploading_ends_up_with_the_newer_content(
-    tmp_path: Path,
+    managed_store, tmp_path: Path
 ) -> None:
-    root = tmp_path / "store"
-    store = CheckpointStore(root, files="managed")
+    store = managed_store
     doc = {
         "specificationVersion": "jobtemplate-2023-09",
         "name": "named again",
@@ -669,7 +684,7 @@ def test_a_file_named_again_while_uploading_ends_up_with_the_newer_content(
     result = run.join()
     cp = result.record.checkpoint
     assert cp is not None and cp.manifest, run.ex.warnings
-    manifest = json.loads((root / manifest_key(cp.manifest)).read_text())
+    manifest = json.loads(get(store, manifest_key(cp.manifest)))
     (entry,) = [e for e in manifest["entries"] if e["path"] == "weights.bin"]
     newer = hashlib.sha256(b"y" * ((30 << 20) + 1)).hexdigest()
     assert entry["sha256"] == newer and entry["size"] == (30 << 20) + 1
@@ -686,9 +701,8 @@ while not os.path.exists(go_on):
 """
 
 
-def test_declared_files_are_in_the_store_while_the_task_runs(tmp_path: Path) -> None:
-    root = tmp_path / "store"
-    store = CheckpointStore(root, files="managed")
+def test_declared_files_are_in_the_store_while_the_task_runs(managed_store, tmp_path: Path) -> None:
+    store = managed_store
     go_on = tmp_path / "go-on"
     doc = {
         "specificationVersion": "jobtemplate-2023-09",
@@ -714,7 +728,48 @@ def test_declared_files_are_in_the_store_while_the_task_runs(tmp_path: Path) -> 
         (index,) = indexes
         ((name, item),) = index["files"].items()
         assert name.endswith("/frame-0001.exr")
-        assert (root / item["blob"]).read_bytes() == b"pixels"
+        assert get(store, item["blob"]) == b"pixels"
     finally:
         go_on.touch()
     assert run.join().outcome == TaskOutcome.SUCCEEDED
+
+
+SLOW_SAVE = """
+import json, os, sys, time
+wd = os.getcwd()
+small = os.path.join(wd, "small.txt")
+open(small, "w").write("one")
+print("openjd_checkpoint_save: " + json.dumps({"file": small, "state": "one"}), flush=True)
+time.sleep(1.0)
+big = os.path.join(wd, "big.bin")
+with open(big, "wb") as fh:
+    block = os.urandom(1 << 20)
+    for _ in range(400):
+        fh.write(block)
+print("openjd_checkpoint_save: " + json.dumps({"file": big, "state": "two"}), flush=True)
+print("SAVING BIG", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_save_still_uploading_at_the_stop_deadline_is_dropped(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path / "store", files="managed")
+    doc = {
+        "specificationVersion": "jobtemplate-2023-09",
+        "name": "slow save",
+        "steps": [
+            {
+                "name": "S",
+                "script": {"actions": {"onRun": {"command": "python3", "args": ["-c", SLOW_SAVE]}}},
+            }
+        ],
+    }
+    run = Run(prepare_job(parse_template(doc)), store, tmp_path / "work")
+    run.wait_line("SAVING BIG")
+    started = time.monotonic()
+    run.ex.stop(StopIntent.CHECKPOINT, deadline=time.time() + 1.0)
+    result = run.join()
+    assert time.monotonic() - started < 5
+    cp = result.record.checkpoint
+    assert cp is not None and cp.state == "one", cp
+    assert any("stop deadline came" in w for w in run.ex.warnings), run.ex.warnings

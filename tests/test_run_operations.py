@@ -1,6 +1,9 @@
 """Run-level core operations (issue 6), driven as a distributed scheduler drives them: every
 task in a separate OS process (``tests/run_worker.py`` stands in for an Airflow or Prefect
-worker), termination requests from yet another process, the store as the only thing shared."""
+worker), termination requests from yet another process, the store as the only thing shared.
+
+The lease and concurrency tests run on a local store and on an S3 store (the ``store_url``
+fixture: a moto server), where leases and the run's lock are conditional writes."""
 
 from __future__ import annotations
 
@@ -30,12 +33,13 @@ pytestmark = pytest.mark.slow
 THREE = DATA / "three_steps.yaml"
 COUNTER = DATA / "counter.yaml"
 WORKER = str(Path(__file__).resolve().parent / "run_worker.py")
+LOCAL_AND_S3 = pytest.mark.parametrize("store_url", ["local", "s3"], indirect=True)
 
 
 class Worker:
     """One worker process running one task."""
 
-    def __init__(self, store: Path, job_key: str, run_id: str, spec: TaskSpec) -> None:
+    def __init__(self, store: Path | str, job_key: str, run_id: str, spec: TaskSpec) -> None:
         self.spec = spec
         self.proc = subprocess.Popen(
             [sys.executable, WORKER, str(store), job_key, run_id, json.dumps(spec.to_dict())],
@@ -131,8 +135,9 @@ def test_three_steps_in_separate_processes_end_as_the_job_runner(
         assert tasks == []  # a succeeded run deletes its checkpoints and task records
 
 
-def test_two_processes_claim_one_task_and_exactly_one_runs(tmp_path: Path) -> None:
-    store = tmp_path / "store"
+@LOCAL_AND_S3
+def test_two_processes_claim_one_task_and_exactly_one_runs(store_url: str) -> None:
+    store = store_url
     job = prepare_job(COUNTER, {"N": 10, "StepSeconds": 0.2})
     attempt = begin_attempt(CheckpointStore(store), job, external_key="claim")
     [spec] = plan_step(CheckpointStore(store), job, attempt.run_id, "Count")
@@ -193,13 +198,17 @@ MODES = {
 }
 
 
-@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize(
+    ("store_url", "mode"),
+    [("local", mode) for mode in MODES] + [("s3", "Suspended")],
+    indirect=["store_url"],
+)
 def test_a_request_from_a_third_process_reaches_tasks_in_two_others(
-    tmp_path: Path, mode: str
+    tmp_path: Path, store_url: str, mode: str
 ) -> None:
     out = tmp_path / "out"
     out.mkdir()
-    store = tmp_path / "store"
+    store = store_url
     # Two chunks of two frames, each frame 2.5 s long: both run at once in two workers.
     job = prepare_job(THREE, {"Out": str(out), "FrameSeconds": 2.5})
     attempt = begin_attempt(CheckpointStore(store), job, external_key=f"modes-{mode}")
@@ -237,7 +246,7 @@ def test_a_request_from_a_third_process_reaches_tasks_in_two_others(
         assert all(t.checkpoint is not None for t in tasks if t.step == "Render")
 
 
-def _started(store: Path) -> str:
+def _started(store: Path | str) -> str:
     """Which Render chunks have a running process (their task records name one)."""
     st = CheckpointStore(store)
     runs, _ = st.list_runs()
@@ -321,7 +330,7 @@ def test_runner_killed_before_first_checkpoint_leaves_nothing_for_the_next_run(
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
 
 
-def _task_pid(store: Path) -> int:
+def _task_pid(store: Path | str) -> int:
     end = time.monotonic() + 30
     while time.monotonic() < end:
         st = CheckpointStore(store)
@@ -336,6 +345,8 @@ def _task_pid(store: Path) -> int:
 
 
 def test_ten_concurrent_fresh_runs_of_one_job_run_it_once(tmp_path: Path) -> None:
+    """(On S3 the job's lock is tested in test_leases.py: ten CLI processes that import s3fs
+    take too long to start on a small machine.)"""
     store = tmp_path / "store"
     args = ["run", str(COUNTER), "--store", str(store), "-q", "--fresh"]
     args += ["-p", "N=10", "-p", "StepSeconds=0.3", "-p", f"LockFile={tmp_path / 'lock'}"]
@@ -450,22 +461,30 @@ FINALLY_PAIRS = [
 ]
 
 
-@pytest.mark.parametrize("phase", ["start-up", "regular", "finally"])
-def test_concurrent_stop_requests_end_in_the_more_forceful_mode(tmp_path: Path, phase: str) -> None:
+@pytest.mark.parametrize(
+    ("store_url", "phase", "reps"),
+    [("local", phase, 24) for phase in ("start-up", "regular", "finally")] + [("s3", "regular", 8)],
+    indirect=["store_url"],
+)
+def test_concurrent_stop_requests_end_in_the_more_forceful_mode(
+    tmp_path: Path, store_url: str, phase: str, reps: int
+) -> None:
+    """Two stop requests and a record update at once, from three processes: the run's lock
+    keeps every one (8 repetitions cover every pair in both orders)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     out = tmp_path / "out"
     out.mkdir()
-    store = tmp_path / "store"
+    store = store_url
     job = prepare_job(THREE, {"Out": str(out)})
     st = CheckpointStore(store)
     pairs = FINALLY_PAIRS if phase == "finally" else PAIRS
     ctx = multiprocessing.get_context("fork")
     with ProcessPoolExecutor(max_workers=3, mp_context=ctx) as pool:
-        for rep in range(24):
+        for rep in range(reps):
             first, second, want = pairs[rep % len(pairs)]
-            if rep % 2:
+            if (rep // len(pairs)) % 2:
                 first, second = second, first  # both orders
             attempt = begin_attempt(st, job, external_key=f"{phase}-{rep}")
             args = (str(store), attempt.job_key, attempt.run_id)
