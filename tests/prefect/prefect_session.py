@@ -396,11 +396,7 @@ def process_work_pool(prefect_server: PrefectServer, s3_server: Any) -> Iterator
 
     The session's S3 server (``s3_server``, ``tests/s3server.py``) starts first: the workers,
     and the flow runs they start, inherit its endpoint and credentials, so that the hosts can
-    share a store on it (``s3_server.new_store()``). It lives for the session like the Prefect
-    server (registered as a kept process, so the checks for left-over processes pass it by)."""
-    ph.ManagedProcess(
-        name="s3-server", cmd=[], log_path=s3_server.log, proc=s3_server.proc, keep=True
-    )
+    share a store on it (``s3_server.new_store()``)."""
     pool = ProcessWorkPool(name="openjd-process", root=SESSION_HOME / "hosts")
     create_process_work_pool(pool.name)
     try:
