@@ -498,7 +498,7 @@ def test_managed_files_resume_on_the_other_host(celery_hosts: CeleryHosts) -> No
     hosts.ensure_workers()
     # An epoch a second: the store keeps up with the saves, so the one the stop asks for is
     # committed within the 4 s Airflow leaves a killed task (operators.KILL_BUDGET_SECONDS).
-    epochs = 12
+    epochs = 10
     expected = sum(k * k for k in range(epochs))
     key = ""
     try:
@@ -511,10 +511,10 @@ def test_managed_files_resume_on_the_other_host(celery_hosts: CeleryHosts) -> No
                 key,
                 lambda r: (
                     r.checkpoint is not None
-                    and r.checkpoint.generation >= 3
+                    and r.checkpoint.generation >= 2
                     and r.process is not None
                 ),
-                "the training task to store its third checkpoint",
+                "the training task to store its second checkpoint",
                 timeout=180,
             )
             assert first.process is not None and first.process.host == LOST
@@ -541,7 +541,7 @@ def test_managed_files_resume_on_the_other_host(celery_hosts: CeleryHosts) -> No
         assert saved and all(path.startswith(a_tmp) for path in saved), log1[-3000:]
         [(epoch, model)] = re.findall(r"resumed at epoch (\d+) from (\S+)", log2)
         assert model.startswith(b_tmp) and model.endswith("model.txt"), log2[-3000:]
-        assert 3 <= int(epoch) < epochs
+        assert 2 <= int(epoch) < epochs
         assert f"result: {expected}" in log2, log2[-3000:]
         assert "checkpoint files: managed" in log2
         listing = client.request(
