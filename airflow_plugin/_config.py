@@ -1,12 +1,28 @@
-"""Where the adapter's checkpoints live, and the few names shared by its modules."""
+"""Where the adapter's checkpoints live, how the store treats checkpoint files, and the few
+names shared by its modules."""
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import core
 
 CONFIG_SECTION = "openjd_checkpoint"
-"""The Airflow configuration section: ``[openjd_checkpoint] store = <path or fsspec URL>``
-(or ``AIRFLOW__OPENJD_CHECKPOINT__STORE``)."""
+"""The Airflow configuration section::
+
+    [openjd_checkpoint]
+    store = <path or fsspec URL>        # AIRFLOW__OPENJD_CHECKPOINT__STORE
+    files = shared | managed            # AIRFLOW__OPENJD_CHECKPOINT__FILES
+    file_roots = /a:/b                  # AIRFLOW__OPENJD_CHECKPOINT__FILE_ROOTS (os.pathsep)
+"""
+
+FILE_MODES = ("shared", "managed")
+"""The file data flows of a store (``core._files``): ``shared`` keeps paths only, ``managed``
+keeps the checkpoint files themselves and restores them on resume, on any worker."""
 
 BEGIN_TASK_ID = "openjd_begin"
 FINISH_TASK_ID = "openjd_finish"
@@ -34,6 +50,88 @@ def store_location(explicit: str | None = None) -> str:
     import core
 
     return str(core.default_store_location())
+
+
+def files_mode(explicit: str | None = None) -> str | None:
+    """The store's file data flow: ``explicit`` (a ``dag_from_template``/operator argument),
+    else ``[openjd_checkpoint] files`` from the Airflow configuration of the process that asks
+    (a worker), else None: the core's default (``$OPENJD_CHECKPOINT_FILES``, else ``shared``).
+
+    Raises:
+        ValueError: the value is not ``shared`` or ``managed`` (naming where it came from).
+    """
+    if explicit is not None:
+        return check_files_mode(explicit, "files=")
+    from airflow.sdk import conf
+
+    configured = conf.get(CONFIG_SECTION, "files", fallback=None)
+    if configured is None or not str(configured).strip():
+        return None
+    return check_files_mode(str(configured), f"[{CONFIG_SECTION}] files = ")
+
+
+def check_files_mode(value: str, origin: str) -> str:
+    """``value`` normalized (``shared`` or ``managed``).
+
+    Raises:
+        ValueError: anything else; the message starts with ``origin`` (``files=``).
+    """
+    mode = value.strip().lower()
+    if mode not in FILE_MODES:
+        raise ValueError(f"{origin}{value!r} is not one of {', '.join(FILE_MODES)}")
+    return mode
+
+
+def file_roots(explicit: Sequence[str] | str | None = None) -> list[str]:
+    """Absolute folders (besides the session working directory) whose files a managed store
+    may capture and restore: ``explicit`` (a list, or one string of folders separated by
+    ``os.pathsep``), else ``[openjd_checkpoint] file_roots`` (separated by ``os.pathsep``), else
+    none. The core adds ``$OPENJD_CHECKPOINT_FILE_ROOTS`` to them.
+
+    Raises:
+        ValueError: a root is not an absolute path (naming where it came from).
+    """
+    if explicit is not None:
+        return check_file_roots(explicit, "file_roots")
+    from airflow.sdk import conf
+
+    configured = conf.get(CONFIG_SECTION, "file_roots", fallback=None)
+    if not configured:
+        return []
+    return check_file_roots(str(configured), f"[{CONFIG_SECTION}] file_roots")
+
+
+def check_file_roots(roots: Sequence[str] | str, origin: str) -> list[str]:
+    """``roots`` as a list (a string is split on ``os.pathsep``; blanks are dropped).
+
+    Raises:
+        ValueError: a root that is not an absolute path; the message names ``origin``.
+    """
+    items = roots.split(os.pathsep) if isinstance(roots, str) else list(roots)
+    found = [str(r).strip() for r in items if str(r).strip()]
+    for root in found:
+        if not os.path.isabs(root):
+            raise ValueError(f"{origin}: {root!r} is not an absolute path")
+    return found
+
+
+def open_store(
+    store: str | None = None,
+    files: str | None = None,
+    roots: Sequence[str] | str | None = None,
+) -> core.CheckpointStore:
+    """The checkpoint store a worker uses: ``store_location(store)`` with the file data flow
+    ``files_mode(files)`` and the roots ``file_roots(roots)``.
+
+    Raises:
+        ValueError: a bad ``files`` or ``file_roots`` setting.
+        core.StoreError: the store cannot be used.
+    """
+    import core
+
+    return core.CheckpointStore(
+        store_location(store), files=files_mode(files), file_roots=file_roots(roots)
+    )
 
 
 def task_id_for(name: str, taken: set[str]) -> str:

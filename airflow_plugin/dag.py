@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,14 @@ from airflow.sdk import DAG, Param
 
 import core
 
-from ._config import BEGIN_TASK_ID, FINISH_TASK_ID, RESUME_PARAM, task_id_for
+from ._config import (
+    BEGIN_TASK_ID,
+    FINISH_TASK_ID,
+    RESUME_PARAM,
+    check_file_roots,
+    check_files_mode,
+    task_id_for,
+)
 from .operators import (
     OpenJDBeginOperator,
     OpenJDFinishOperator,
@@ -161,6 +168,8 @@ def dag_from_template(
     *,
     dag_id: str,
     store: str | None = None,
+    files: str | None = None,
+    file_roots: Sequence[str] | str | None = None,
     host_requirements: HostRequirementsMapping | None = None,
     max_map_length: int | None = None,
     **dag_kwargs: Any,
@@ -173,6 +182,15 @@ def dag_from_template(
         dag_id: the DAG id.
         store: the checkpoint store (path or fsspec URL) shared by all workers; None: the
             workers' ``[openjd_checkpoint] store`` setting, else the core's default.
+        files: how the store treats checkpoint files: ``shared`` (paths only, on a file system
+            every worker sees) or ``managed`` (the store keeps the files the tasks name and
+            restores them into the session working directory of the task that resumes, on any
+            worker); None: the workers' ``[openjd_checkpoint] files`` setting, else
+            ``$OPENJD_CHECKPOINT_FILES``, else ``shared``.
+        file_roots: absolute folders, besides the session working directory, whose files a
+            managed store may capture and restore (a list, or one string separated by
+            ``os.pathsep``); None: the workers' ``[openjd_checkpoint] file_roots`` setting.
+            ``$OPENJD_CHECKPOINT_FILE_ROOTS`` is added either way.
         host_requirements: how steps' ``hostRequirements`` map to operator arguments (``queue``,
             ``pool``, ``pool_slots``...): a mapping step name -> arguments, or a function
             ``(step name, requirements dict) -> arguments or None``.
@@ -187,9 +205,14 @@ def dag_from_template(
 
     Raises:
         core.TemplateError: the template is invalid (the core's message, naming the field).
-        ValueError: a job parameter is named ``resume``, or a host requirements mapping gives
-            an unsupported argument.
+        ValueError: a job parameter is named ``resume``, a host requirements mapping gives
+            an unsupported argument, ``files`` is not ``shared`` or ``managed``, or a file root
+            is not an absolute path.
     """
+    if files is not None:
+        files = check_files_mode(files, "files=")
+    roots = check_file_roots(file_roots, "file_roots") if file_roots is not None else None
+    store_args: dict[str, Any] = {"store": store, "files": files, "file_roots": roots}
     path = Path(template_path)
     if not path.is_absolute():
         path = _caller_folder() / path
@@ -208,7 +231,7 @@ def dag_from_template(
             task_id=BEGIN_TASK_ID,
             template_path=template_file,
             parameter_names=parameter_names,
-            store=store,
+            **store_args,
         )
         taken = {BEGIN_TASK_ID, FINISH_TASK_ID}
         step_ids = {s: task_id_for(s, taken) for s in template.regular_steps}
@@ -220,14 +243,14 @@ def dag_from_template(
             plan = OpenJDPlanOperator(
                 task_id=task_id_for(f"plan_{tid}", taken),
                 step=step,
-                store=store,
                 max_map_length=max_map_length,
+                **store_args,
             )
             begin >> plan
             mapped = OpenJDTaskOperator.partial(
                 task_id=tid,
                 step=step,
-                store=store,
+                **store_args,
                 map_index_template="{{ task.group['label'] }}",
                 **_host_kwargs(template, step, host_requirements, dag_id),
             ).expand(group=plan.output)
@@ -241,7 +264,7 @@ def dag_from_template(
             tasks[step].as_teardown(setups=begin)
             for r in regular:
                 r >> tasks[step]
-        finish = OpenJDFinishOperator(task_id=FINISH_TASK_ID, store=store, retries=0)
+        finish = OpenJDFinishOperator(task_id=FINISH_TASK_ID, retries=0, **store_args)
         for t in tasks.values():
             t >> finish
         finish.as_teardown(setups=begin, on_failure_fail_dagrun=True)

@@ -37,7 +37,7 @@ from airflow.sdk.exceptions import (
 
 import core
 
-from ._config import BEGIN_TASK_ID, RESUME_PARAM, STATE_STORE_KEY, store_location
+from ._config import BEGIN_TASK_ID, RESUME_PARAM, STATE_STORE_KEY, open_store
 
 KILL_BUDGET_SECONDS = 4.0
 """How long after ``on_kill`` the task's processes must be gone, in seconds: inside the 5 s
@@ -52,6 +52,16 @@ def _attempt(context: Any, begin_task_id: str = BEGIN_TASK_ID) -> core.Attempt:
             "clear the whole DAG run to begin again"
         )
     return core.Attempt.from_dict(data)
+
+
+def _store(op: Any) -> core.CheckpointStore:
+    """The operator's checkpoint store (its ``store``, ``files`` and ``file_roots``, else the
+    worker's ``[openjd_checkpoint]`` settings; ``_config.open_store``). A bad setting fails the
+    task without a retry: a retry would read the same setting."""
+    try:
+        return open_store(op.store, op.files, op.file_roots)
+    except ValueError as exc:
+        raise AirflowFailException(f"the checkpoint store settings: {exc}") from None
 
 
 def _job(store: core.CheckpointStore, attempt: core.Attempt) -> core.PreparedJob:
@@ -131,9 +141,15 @@ class OpenJDBeginOperator(BaseOperator):
     Args:
         template_path: the job template file (absolute).
         parameter_names: the job parameters, read from the DAG run's params.
-        store: the checkpoint store location (None: see ``store_location``).
+        store: the checkpoint store location (None: see ``_config.store_location``).
+        files: the store's file data flow, ``shared`` or ``managed`` (None: the worker's
+            ``[openjd_checkpoint] files``, else ``$OPENJD_CHECKPOINT_FILES``, else ``shared``).
+        file_roots: absolute folders a managed store may capture files from and restore them
+            to, besides the session working directory (None: ``[openjd_checkpoint]
+            file_roots``).
 
-    Returns (XCom): ``core.Attempt.to_dict()`` plus ``store`` (the store's location).
+    Returns (XCom): ``core.Attempt.to_dict()`` plus ``store`` (the store's location) and
+    ``files`` (its file data flow).
     """
 
     ui_color = "#d9ead3"
@@ -144,18 +160,22 @@ class OpenJDBeginOperator(BaseOperator):
         template_path: str,
         parameter_names: Sequence[str],
         store: str | None = None,
+        files: str | None = None,
+        file_roots: Sequence[str] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.template_path = template_path
         self.parameter_names = list(parameter_names)
         self.store = store
+        self.files = files
+        self.file_roots = file_roots
 
     def execute(self, context: Any) -> dict[str, Any]:
         params = context["params"]
         values = {n: params[n] for n in self.parameter_names if params.get(n) is not None}
-        location = store_location(self.store)
-        store = core.CheckpointStore(location)
+        store = _store(self)
+        location = store.location  # to show: any credentials in the URL are masked
         try:
             job = core.prepare_job(self.template_path, values)
         except core.TemplateError as exc:
@@ -181,15 +201,16 @@ class OpenJDBeginOperator(BaseOperator):
         for note in attempt.notes:
             self.log.info("%s", note)
         self.log.info(
-            "core run %s, attempt %d, job key %s, store %s%s",
+            "core run %s, attempt %d, job key %s, store %s%s%s",
             attempt.run_id,
             attempt.attempt,
             attempt.job_key,
             location,
+            ", checkpoint files: managed" if store.file_flow.value == "managed" else "",
             " (resumed)" if attempt.resumed else "",
         )
         # The store travels with the attempt so that the plugin's endpoints find the run.
-        return {**attempt.to_dict(), "store": location}
+        return {**attempt.to_dict(), "store": store.url, "files": store.file_flow.value}
 
 
 # ------------------------------------------------------------------------------------ plan
@@ -201,7 +222,12 @@ class OpenJDPlanOperator(BaseOperator):
 
     Args:
         step: the OpenJD step name.
-        store: the checkpoint store location (None: see ``store_location``).
+        store: the checkpoint store location (None: see ``_config.store_location``).
+        files: the store's file data flow, ``shared`` or ``managed`` (None: the worker's
+            ``[openjd_checkpoint] files``, else ``$OPENJD_CHECKPOINT_FILES``, else ``shared``).
+        file_roots: absolute folders a managed store may capture files from and restore them
+            to, besides the session working directory (None: ``[openjd_checkpoint]
+            file_roots``).
         max_map_length: the most groups (None: ``[core] max_map_length``).
 
     Returns (XCom): ``group_tasks(...)``.
@@ -215,18 +241,22 @@ class OpenJDPlanOperator(BaseOperator):
         step: str,
         store: str | None = None,
         max_map_length: int | None = None,
+        files: str | None = None,
+        file_roots: Sequence[str] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.step = step
         self.store = store
         self.max_map_length = max_map_length
+        self.files = files
+        self.file_roots = file_roots
 
     def execute(self, context: Any) -> list[dict[str, Any]]:
         from airflow.sdk import conf
 
         attempt = _attempt(context)
-        store = core.CheckpointStore(store_location(self.store))
+        store = _store(self)
         job = _job(store, attempt)
         originals = job.plan_step(self.step)
         limit = self.max_map_length or conf.getint("core", "max_map_length", fallback=1024)
@@ -248,18 +278,32 @@ class OpenJDFinishOperator(BaseOperator):
     when the whole run, finally steps included, succeeded.
 
     Args:
-        store: the checkpoint store location (None: see ``store_location``).
+        store: the checkpoint store location (None: see ``_config.store_location``).
+        files: the store's file data flow, ``shared`` or ``managed`` (None: the worker's
+            ``[openjd_checkpoint] files``, else ``$OPENJD_CHECKPOINT_FILES``, else ``shared``).
+        file_roots: absolute folders a managed store may capture files from and restore them
+            to, besides the session working directory (None: ``[openjd_checkpoint]
+            file_roots``).
     """
 
     ui_color = "#d9ead3"
 
-    def __init__(self, *, store: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        store: str | None = None,
+        files: str | None = None,
+        file_roots: Sequence[str] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.store = store
+        self.files = files
+        self.file_roots = file_roots
 
     def execute(self, context: Any) -> dict[str, Any]:
         attempt = _attempt(context)
-        store = core.CheckpointStore(store_location(self.store))
+        store = _store(self)
         job = _job(store, attempt)
         steps = job.template.regular_steps + job.template.finally_steps
         _wait_released(self.log, store, job, attempt.run_id, steps)
@@ -296,8 +340,9 @@ def checkpoint_summary(
     attempt: core.Attempt, records: Sequence[core.TaskRecord], labels: Sequence[str]
 ) -> dict[str, Any]:
     """What the task state store keeps for one task instance: per OpenJD task, its status and
-    latest checkpoint's generation, time, state size and files; never the state itself (it may
-    hold anything) nor environment values."""
+    latest checkpoint's generation, time, state size and files (and ``files_mode``: ``managed``
+    when the store keeps them); never the state itself (it may hold anything) nor environment
+    values."""
     tasks = []
     for rec, label in zip(records, labels, strict=False):
         ckpt = rec.checkpoint
@@ -311,6 +356,7 @@ def checkpoint_summary(
                 "files": (list(ckpt.files) + ([ckpt.file] if ckpt.file else []))[:20]
                 if ckpt
                 else [],
+                "files_mode": ("managed" if ckpt.manifest else "shared") if ckpt else None,
                 "frames_done": len(rec.completed_frames),
                 "resume_status": rec.resume_status,
             }
@@ -406,7 +452,12 @@ class OpenJDTaskOperator(BaseOperator):
     Args:
         step: the OpenJD step name.
         group: one item of ``OpenJDPlanOperator``'s list (the mapped argument).
-        store: the checkpoint store location (None: see ``store_location``).
+        store: the checkpoint store location (None: see ``_config.store_location``).
+        files: the store's file data flow, ``shared`` or ``managed`` (None: the worker's
+            ``[openjd_checkpoint] files``, else ``$OPENJD_CHECKPOINT_FILES``, else ``shared``).
+        file_roots: absolute folders a managed store may capture files from and restore them
+            to, besides the session working directory (None: ``[openjd_checkpoint]
+            file_roots``).
         begin_task_id: the setup task whose XCom holds the attempt.
         kill_budget_seconds: the ``on_kill`` deadline, in seconds from the call.
     """
@@ -420,6 +471,8 @@ class OpenJDTaskOperator(BaseOperator):
         step: str,
         group: dict[str, Any],
         store: str | None = None,
+        files: str | None = None,
+        file_roots: Sequence[str] | None = None,
         begin_task_id: str = BEGIN_TASK_ID,
         kill_budget_seconds: float = KILL_BUDGET_SECONDS,
         **kwargs: Any,
@@ -429,6 +482,8 @@ class OpenJDTaskOperator(BaseOperator):
         self.step = step
         self.group = group
         self.store = store
+        self.files = files
+        self.file_roots = file_roots
         self.begin_task_id = begin_task_id
         self.kill_budget_seconds = kill_budget_seconds
         self._execution: core.TaskExecution | None = None
@@ -445,7 +500,7 @@ class OpenJDTaskOperator(BaseOperator):
     def execute(self, context: Any) -> None:
         self._context = context
         attempt = _attempt(context, self.begin_task_id)
-        store = core.CheckpointStore(store_location(self.store))
+        store = _store(self)
         job = _job(store, attempt)
         run_id = attempt.run_id
         originals = _group_originals(job, self.step, self.group)
@@ -606,12 +661,13 @@ class OpenJDTaskOperator(BaseOperator):
         specs: list[core.TaskSpec],
     ) -> None:
         self.log.info(
-            "core run %s (attempt %d) of job %s on host %s (store %s)",
+            "core run %s (attempt %d) of job %s on host %s (store %s, checkpoint files: %s)",
             attempt.run_id,
             attempt.attempt,
             attempt.job_key,
             core.host_id(),
             store.location,
+            store.file_flow.value,
         )
         base_keys = {s.task_key.split("#", 1)[0] for s in specs}
         for orig in originals:
@@ -623,12 +679,13 @@ class OpenJDTaskOperator(BaseOperator):
             if spec.resume is not None:
                 ck = spec.resume
                 self.log.info(
-                    "%s: resuming from checkpoint generation %d (%d bytes of state, %d file(s), "
+                    "%s: resuming from checkpoint generation %d (%d bytes of state, %d file(s)%s, "
                     "saved by attempt %d)%s",
                     spec.label,
                     ck.generation,
                     len((ck.state or "").encode()),
                     len(ck.files) + (1 if ck.file else 0),
+                    " kept by the store" if ck.manifest else "",
                     ck.attempt,
                     f"; {skipped} frame(s) skipped" if skipped else "",
                 )

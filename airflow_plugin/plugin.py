@@ -10,10 +10,12 @@ Mounted by the api-server under ``/openjd`` (register ``OpenJDCheckpointPlugin``
   notify periods: no 5 s cap). 200 ``{"mode", "note"}``; 404 when the DAG run has no job run;
   409 when the run has ended or is already stopping in a mode this one may not replace; 422
   for an unknown mode. Needs permission to edit the DAG's runs.
-- ``GET /openjd/dags/{dag_id}/dagRuns/{dag_run_id}/checkpoints``: the job run's status and, per
-  OpenJD task, its status, finished frames, resume status and checkpoint generations (number,
-  time, state size in bytes, files); never checkpoint states. Needs permission to read the
-  DAG's task instances.
+- ``GET /openjd/dags/{dag_id}/dagRuns/{dag_run_id}/checkpoints``: the job run's status, the
+  store's file data flow (``file_data_flow``: ``shared`` or ``managed``, as the setup task saw
+  it) and, per OpenJD task, its status, finished frames, resume status and checkpoint
+  generations (number, time, state size in bytes, files, ``files_mode``: ``managed`` when the
+  store keeps the files); never checkpoint states. Needs permission to read the DAG's task
+  instances.
 - ``GET /openjd/ui/runs/{dag_id}/{dag_run_id}``: a page showing the above, with buttons for the
   termination modes; shown as the "OpenJD checkpoints" tab of a DAG run (``external_views``). It
   calls the endpoints with the UI's session cookie.
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import html
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
 from airflow.api_fastapi.common.db.common import SessionDep
@@ -34,7 +36,10 @@ from airflow.plugins_manager import AirflowPlugin
 from fastapi import Body, Depends, FastAPI, HTTPException
 from fastapi.responses import HTMLResponse
 
-from ._config import BEGIN_TASK_ID
+from ._config import BEGIN_TASK_ID, FILE_MODES
+
+if TYPE_CHECKING:
+    import core
 
 URL_PREFIX = "/openjd"
 MODES = ("Suspended", "StoppedRunFinally", "CancelledRunFinally", "Cancelled")
@@ -56,6 +61,17 @@ def _attempt(session: Any, dag_id: str, dag_run_id: str) -> dict[str, Any]:
             404, f"DAG run {dag_id}/{dag_run_id} has no OpenJD job run (no {BEGIN_TASK_ID} XCom)"
         )
     return value
+
+
+def _store(attempt: dict[str, Any]) -> core.CheckpointStore:
+    """The store the setup task used (read only here: the file data flow it pushed is passed
+    on, so that this process's ``$OPENJD_CHECKPOINT_FILES`` plays no part)."""
+    import core
+
+    files = attempt.get("files")
+    return core.CheckpointStore(
+        attempt["store"], create=False, files=files if files in FILE_MODES else None
+    )
 
 
 def _label(step: str, parameters: dict[str, dict[str, str]]) -> str:
@@ -80,7 +96,7 @@ def terminate(
     if mode not in MODES:
         raise HTTPException(422, f"unknown termination mode {mode!r}; one of {list(MODES)}")
     attempt = _attempt(session, dag_id, dag_run_id)
-    store = core.CheckpointStore(attempt["store"], create=False)
+    store = _store(attempt)
     try:
         term, note = core.request_termination(store, attempt["job_key"], attempt["run_id"], mode)
     except core.RunError as exc:
@@ -99,10 +115,8 @@ def terminate(
     ],
 )
 def checkpoints(dag_id: str, dag_run_id: str, session: SessionDep) -> dict[str, Any]:
-    import core
-
     attempt = _attempt(session, dag_id, dag_run_id)
-    store = core.CheckpointStore(attempt["store"], create=False)
+    store = _store(attempt)
     run = store.read_run(attempt["job_key"], attempt["run_id"])
     if run is None:
         raise HTTPException(404, f"job run {attempt['run_id']} is not in the store")
@@ -115,6 +129,7 @@ def checkpoints(dag_id: str, dag_run_id: str, session: SessionDep) -> dict[str, 
                 "saved_at": g.saved_at,
                 "state_bytes": len((g.state or "").encode()),
                 "files": list(g.files) + ([g.file] if g.file else []),
+                "files_mode": "managed" if g.manifest else "shared",
                 "attempt": g.attempt,
             }
             for g in store.list_generations(rec)
@@ -137,6 +152,7 @@ def checkpoints(dag_id: str, dag_run_id: str, session: SessionDep) -> dict[str, 
         "status": run.status.value,
         "attempt": run.attempt,
         "condition": run.condition.model_dump(),
+        "file_data_flow": store.file_flow.value,
         "termination": run.termination,
         "tasks": tasks,
         "warnings": warnings,
@@ -153,7 +169,8 @@ table {{ border-collapse: collapse; }} td, th {{ border: 1px solid #ccc; padding
 </style></head>
 <body>
 <h2>OpenJD checkpoints: <span id="dag">{dag}</span> / <span id="run">{run}</span></h2>
-<p>Job run <b id="job-run">…</b>: <b id="status">loading</b> <span id="condition"></span></p>
+<p>Job run <b id="job-run">…</b>: <b id="status">loading</b> <span id="condition"></span>;
+checkpoint files: <b id="files-mode">…</b></p>
 <p id="error"></p>
 <table><thead><tr><th>task</th><th>status</th><th>generation</th><th>saved</th>
 <th>state bytes</th><th>files</th><th>frames done</th><th>resume</th></tr></thead>
@@ -172,6 +189,7 @@ async function load() {{
   document.getElementById("error").textContent = "";
   document.getElementById("job-run").textContent = data.run_id;
   document.getElementById("status").textContent = data.status;
+  document.getElementById("files-mode").textContent = data.file_data_flow;
   document.getElementById("condition").textContent =
     data.condition.reason + (data.condition.message ? ": " + data.condition.message : "");
   const body = document.getElementById("tasks");

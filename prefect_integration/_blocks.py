@@ -7,11 +7,12 @@ so the UI can create one).
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from typing import Any, Literal
 
 from prefect.blocks.core import Block
 from prefect.filesystems import LocalFileSystem, RemoteFileSystem
-from pydantic import Field
+from pydantic import Field, field_validator
 
 __all__ = ("CheckpointStoreBlock",)
 
@@ -28,6 +29,12 @@ class CheckpointStoreBlock(Block):
         storage: a Prefect file system block whose ``basepath`` is used instead (its
             ``settings``, such as credentials, are not passed on: configure the file system
             through fsspec's usual configuration).
+        files: how the store treats checkpoint files: ``shared`` (paths only, on a file system
+            every worker sees) or ``managed`` (the store keeps the files tasks name and restores
+            them into the session working directory of the task that resumes, on any
+            machine); None: ``$OPENJD_CHECKPOINT_FILES`` where the flow runs, else ``shared``.
+        file_roots: absolute folders, besides the session working directory, whose files a
+            managed store may capture and restore (``$OPENJD_CHECKPOINT_FILE_ROOTS`` is added).
     """
 
     _block_type_name = "OpenJD Checkpoint Store"
@@ -40,6 +47,29 @@ class CheckpointStoreBlock(Block):
     storage: LocalFileSystem | RemoteFileSystem | None = Field(
         default=None, description="A file system block whose base path is used instead."
     )
+    files: Literal["shared", "managed"] | None = Field(
+        default=None,
+        description=(
+            "Checkpoint files: 'shared' (paths only, on a file system every worker sees) or "
+            "'managed' (the store keeps them and restores them on resume, on any machine). "
+            "Empty: $OPENJD_CHECKPOINT_FILES where the flow runs, else 'shared'."
+        ),
+    )
+    file_roots: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Absolute folders, besides the session working directory, whose files a managed "
+            "store may capture and restore."
+        ),
+    )
+
+    @field_validator("file_roots")
+    @classmethod
+    def _absolute(cls, roots: list[str]) -> list[str]:
+        for root in roots:
+            if not os.path.isabs(root):
+                raise ValueError(f"file root {root!r} is not an absolute path")
+        return roots
 
     def store_location(self) -> str:
         """The store's location (a path or an fsspec URL).

@@ -27,6 +27,7 @@ import core
 from core import CheckpointStore, RunError, StoreError, TerminationMode
 
 __all__ = (
+    "LABEL_FILES",
     "LABEL_JOB_KEY",
     "LABEL_RUN_ID",
     "LABEL_STORE",
@@ -66,6 +67,8 @@ LABEL_STORE = "openjd.store"
 LABEL_JOB_KEY = "openjd.job_key"
 LABEL_RUN_ID = "openjd.run_id"
 """Flow run labels naming the core run a flow run drives (set when its attempt begins)."""
+LABEL_FILES = "openjd.files"
+"""Flow run label: the store's file data flow for the run (``shared`` or ``managed``)."""
 
 
 def end_flow_run(
@@ -111,7 +114,13 @@ def end_flow_run(
         )
     if store is None:
         store = str(labels.get(LABEL_STORE) or "")
-    checkpoints = store if isinstance(store, CheckpointStore) else CheckpointStore(store)
+    if isinstance(store, CheckpointStore):
+        checkpoints = store
+    else:
+        files = labels.get(LABEL_FILES)  # as the flow run had it, not this process's setting
+        checkpoints = CheckpointStore(
+            store, files=files if files in ("shared", "managed") else None
+        )
     return core.request_termination(checkpoints, str(job_key), str(run_id), mode)
 
 

@@ -55,6 +55,7 @@ from core import (
 
 from ._blocks import CheckpointStoreBlock
 from ._cancel import (
+    LABEL_FILES,
     LABEL_JOB_KEY,
     LABEL_RUN_ID,
     LABEL_STORE,
@@ -78,6 +79,9 @@ DEFAULT_MAX_TASK_RUNS_PER_STEP = 100
 DEFAULT_MAX_WORKERS = 4
 """Task runs of a flow run that run at once (the ThreadPoolTaskRunner's ``max_workers``)."""
 
+FILE_MODES = ("shared", "managed")
+"""The file data flows of a store (``core._files``)."""
+
 ESCALATE_AFTER_SECONDS = STOP_DEADLINE_SECONDS + 1.0
 """After a SIGTERM, what still runs this long afterwards is killed (``Cancelled``, forced)
 before the runner's SIGKILL at 30 s, so that no task process is left."""
@@ -91,6 +95,9 @@ class _Config:
     store: str | None
     max_task_runs_per_step: int
     cancel_mode: TerminationMode
+    files: str | None = None
+    """``shared``, ``managed``, or None: ``$OPENJD_CHECKPOINT_FILES`` of the flow run process."""
+    file_roots: tuple[str, ...] = ()
     host_requirements: dict[str, list[str]] = field(default_factory=dict)
     task_retries: int = 0
     task_retry_delay_seconds: float = 0.0
@@ -102,6 +109,43 @@ def _store_location(config: _Config) -> str:
     return (
         config.store or os.environ.get("OPENJD_CHECKPOINT_STORE") or core.default_store_location()
     )
+
+
+def _open_store(config: _Config) -> CheckpointStore:
+    """The flow run's store. Its file data flow and roots, as resolved here (arguments, else
+    this process's environment), go to every task run as parameters: task runs elsewhere use
+    the same, whatever their environment."""
+    return CheckpointStore(
+        _store_location(config), files=config.files, file_roots=config.file_roots
+    )
+
+
+def _file_settings(
+    store: str | Path | CheckpointStore | CheckpointStoreBlock | None,
+    files: str | None,
+    file_roots: Sequence[str] | None,
+) -> tuple[str | None, tuple[str, ...]]:
+    """The file data flow and roots of a flow: the arguments, else the block's or the
+    ``CheckpointStore``'s own, else None and none (the environment where the flow runs).
+
+    Raises:
+        ValueError: ``files`` is not ``shared`` or ``managed``, or a root is not absolute.
+    """
+    if isinstance(store, CheckpointStoreBlock):
+        files = files if files is not None else store.files
+        file_roots = file_roots if file_roots is not None else store.file_roots
+    elif isinstance(store, CheckpointStore):
+        files = files if files is not None else store.file_flow.value
+        file_roots = file_roots if file_roots is not None else store.file_roots
+    if files is not None:
+        files = files.strip().lower()
+        if files not in FILE_MODES:
+            raise ValueError(f"files={files!r} is not one of {', '.join(FILE_MODES)}")
+    roots = tuple(str(r) for r in (file_roots or ()))
+    for root in roots:
+        if not os.path.isabs(root):
+            raise ValueError(f"file_roots: {root!r} is not an absolute path")
+    return files, roots
 
 
 def _slug(text: str) -> str:
@@ -222,7 +266,7 @@ def _submit_step(
     config: _Config,
     job: PreparedJob,
     run_id: str,
-    store_location: str,
+    store: CheckpointStore,
     step: str,
     wait_for: list[PrefectFuture[Any]],
     attempt: int,
@@ -250,8 +294,10 @@ def _submit_step(
                 run_id,
                 step,
                 [s.to_dict() for s in group],
-                store_location,
+                _store_location(config),
                 cache_key(job.job_key, run_id, step, group, attempt_part),
+                files=store.file_flow.value,
+                file_roots=list(store.file_roots),
                 wait_for=wait_for,
             )
         )
@@ -272,7 +318,7 @@ def _run_steps(
     config: _Config,
     job: PreparedJob,
     run_id: str,
-    store_location: str,
+    store: CheckpointStore,
     steps: Sequence[str],
     stopping: _Stopping,
     attempt: int,
@@ -281,7 +327,7 @@ def _run_steps(
     all_futures: list[PrefectFuture[Any]] = []
     for step in [s for s in job.step_order() if s in steps]:
         wait_for = [f for dep in job.dependencies(step) for f in by_step.get(dep, [])]
-        by_step[step] = _submit_step(config, job, run_id, store_location, step, wait_for, attempt)
+        by_step[step] = _submit_step(config, job, run_id, store, step, wait_for, attempt)
         all_futures.extend(by_step[step])
     _wait_all(all_futures, stopping)
     return all_futures
@@ -372,6 +418,7 @@ def _table(store: CheckpointStore, job: PreparedJob, run_id: str) -> list[dict[s
                 "checkpoint generation": ckpt.generation if ckpt else "",
                 "state bytes": len(ckpt.state.encode("utf-8")) if ckpt and ckpt.state else "",
                 "files": len(ckpt.files) + (1 if ckpt.file else 0) if ckpt else "",
+                "files kept by the store": ("yes" if ckpt.manifest else "no") if ckpt else "",
                 "resume status": rec.resume_status or "",
             }
         )
@@ -390,7 +437,7 @@ def _flow_body(
             values = dict(changed)
     job = core.prepare_job(template, _job_values(config, template, values))
     store_location = _store_location(config)
-    store = CheckpointStore(store_location)
+    store = _open_store(config)
     ctx = FlowRunContext.get()
     assert ctx is not None and ctx.flow_run is not None
     flow_run_id: uuid.UUID = ctx.flow_run.id
@@ -406,9 +453,10 @@ def _flow_body(
         run_id,
         attempt.attempt,
         job.job.name,
-        store_location,
+        store.location,
         core.host_id(),
     )
+    logger.info("checkpoint files: %s", store.file_flow.value)
     for line in attempt.notes:
         logger.info(line)
     for step in job.step_order():
@@ -420,7 +468,12 @@ def _flow_body(
         with get_client(sync_client=True) as client:
             client.update_flow_run_labels(
                 flow_run_id,
-                {LABEL_STORE: store_location, LABEL_JOB_KEY: job.job_key, LABEL_RUN_ID: run_id},
+                {
+                    LABEL_STORE: store_location,
+                    LABEL_JOB_KEY: job.job_key,
+                    LABEL_RUN_ID: run_id,
+                    LABEL_FILES: store.file_flow.value,
+                },
             )
     except Exception as exc:  # end_flow_run will not find the run; the run itself goes on
         logger.warning("could not label the flow run with its core run: %s", exc)
@@ -434,13 +487,13 @@ def _flow_body(
             if early is not None:
                 watcher.request(early)
             regular, n = job.template.regular_steps, attempt.attempt
-            _run_steps(config, job, run_id, store_location, regular, stopping, n)
+            _run_steps(config, job, run_id, store, regular, stopping, n)
             decision = core.enter_finally(store, job, run_id)
             if decision.run_finally:
                 logger.info("running finally steps (Job.Status=%s)", decision.job_status)
                 finally_steps = job.template.finally_steps
                 if _flow_run_running(flow_run_id):
-                    _run_steps(config, job, run_id, store_location, finally_steps, stopping, n)
+                    _run_steps(config, job, run_id, store, finally_steps, stopping, n)
                 else:  # Prefect starts no task run in a Cancelling flow run
                     logger.info("the flow run is being cancelled: finally steps run in the flow")
                     _run_inline(job, run_id, store, finally_steps, stopping, logger)
@@ -480,6 +533,8 @@ def _build(
     qualname: str | None,
     name: str | None,
     store: str | Path | CheckpointStore | CheckpointStoreBlock | None,
+    files: str | None,
+    file_roots: Sequence[str] | None,
     max_task_runs_per_step: int,
     max_workers: int,
     cancel_mode: TerminationMode | str,
@@ -495,6 +550,7 @@ def _build(
         raise ValueError(f"max_task_runs_per_step must be 1 or more, not {max_task_runs_per_step}")
     if max_workers < 1:
         raise ValueError(f"max_workers must be 1 or more, not {max_workers}")
+    files, roots = _file_settings(store, files, file_roots)
     if isinstance(store, CheckpointStoreBlock):
         location: Any = store.store_location()
     elif isinstance(store, CheckpointStore):
@@ -505,6 +561,8 @@ def _build(
     config = _Config(
         template_path=str(path),
         store=str(location) if location is not None else None,
+        files=files,
+        file_roots=roots,
         max_task_runs_per_step=max_task_runs_per_step,
         cancel_mode=TerminationMode(cancel_mode),
         host_requirements={k: list(v) for k, v in (host_requirements or {}).items()},
@@ -535,6 +593,8 @@ def flow_from_template(
     *,
     name: str | None = None,
     store: str | Path | CheckpointStore | CheckpointStoreBlock | None = None,
+    files: str | None = None,
+    file_roots: Sequence[str] | None = None,
     max_task_runs_per_step: int = DEFAULT_MAX_TASK_RUNS_PER_STEP,
     max_workers: int = DEFAULT_MAX_WORKERS,
     cancel_mode: TerminationMode | str = TerminationMode.SUSPENDED,
@@ -564,6 +624,15 @@ def flow_from_template(
             ``CheckpointStoreBlock``); default
             ``$OPENJD_CHECKPOINT_STORE`` at run time, else the per-user state directory.
             Every host that runs the flow must reach it.
+        files: how the store treats checkpoint files: ``shared`` (paths only, on a file system
+            every host sees) or ``managed`` (the store keeps the files tasks name and restores
+            them into the session working directory of the task that resumes, on any host).
+            Default: the block's (or the ``CheckpointStore``'s) ``files``, else
+            ``$OPENJD_CHECKPOINT_FILES`` of the flow run process, else ``shared``.
+        file_roots: absolute folders, besides the session working directory, whose files a
+            managed store may capture and restore. Default: the block's (or the
+            ``CheckpointStore``'s) ``file_roots``; ``$OPENJD_CHECKPOINT_FILE_ROOTS`` of the flow
+            run process is added.
         max_task_runs_per_step: at most this many task runs per step (>= 1).
         max_workers: task runs of one flow run that run at once (>= 1).
         cancel_mode: the termination mode a plain Prefect cancel means (a SIGTERM too):
@@ -581,7 +650,8 @@ def flow_from_template(
 
     Raises:
         TemplateError: the template is invalid.
-        ValueError: a bad option, or a job parameter named ``resume``.
+        ValueError: a bad option (``files`` not ``shared`` or ``managed``, a relative file
+            root...), or a job parameter named ``resume``.
     """
     caller_file, module = _caller_file(2)
     return _build(
@@ -592,6 +662,8 @@ def flow_from_template(
         qualname=None,
         name=name,
         store=store,
+        files=files,
+        file_roots=file_roots,
         max_task_runs_per_step=max_task_runs_per_step,
         max_workers=max_workers,
         cancel_mode=cancel_mode,
@@ -608,6 +680,8 @@ def openjd_flow(
     *,
     name: str | None = None,
     store: str | Path | CheckpointStore | CheckpointStoreBlock | None = None,
+    files: str | None = None,
+    file_roots: Sequence[str] | None = None,
     max_task_runs_per_step: int = DEFAULT_MAX_TASK_RUNS_PER_STEP,
     max_workers: int = DEFAULT_MAX_WORKERS,
     cancel_mode: TerminationMode | str = TerminationMode.SUSPENDED,
@@ -642,6 +716,8 @@ def openjd_flow(
             qualname=fn.__qualname__,
             name=name,
             store=store,
+            files=files,
+            file_roots=file_roots,
             max_task_runs_per_step=max_task_runs_per_step,
             max_workers=max_workers,
             cancel_mode=cancel_mode,

@@ -73,8 +73,15 @@ def run_group(
     originals: list[dict[str, Any]],
     store_location: str,
     result_key: str,
+    files: str | None = None,
+    file_roots: list[str] | None = None,
 ) -> Any:
     """Run what is left of a group of a step's original tasks (``TaskSpec.to_dict()`` each).
+
+    ``files`` and ``file_roots`` are the store's file data flow and allowed roots as the flow
+    run resolved them (None: this process's ``$OPENJD_CHECKPOINT_FILES``): they travel with the
+    task run's parameters, so a task run in another process or on another worker uses the
+    same.
 
     Returns a summary (``{"step", "ran": [[label, outcome], ...]}``) when every task of the
     group succeeded (that result is persisted under ``result_key``, so a retry skips it); a
@@ -87,7 +94,7 @@ def run_group(
         RunError, ResumeRefusedError, StoreError: from the core operations.
     """
     logger = get_run_logger()
-    store = CheckpointStore(store_location)
+    store = CheckpointStore(store_location, files=files, file_roots=file_roots or ())
     job = job_for(store, job_key, run_id)
     specs = core.plan_group(store, job, run_id, [TaskSpec.from_dict(d) for d in originals])
     if not specs:

@@ -1,7 +1,15 @@
 """Several hosts with the CeleryExecutor: two ``airflow celery worker`` processes (host-a,
-host-b: own folders, own ``OPENJD_CHECKPOINT_HOST_ID``, both on the ``default`` queue) stand in
-for two machines that share one checkpoint store (``[openjd_checkpoint] store``, a directory)
-and one Redis broker.
+host-b: own folders, own ``TMPDIR``, own ``OPENJD_CHECKPOINT_HOST_ID``, both on the ``default``
+queue) stand in for two machines that share one checkpoint store and one Redis broker. The store
+is on the S3 protocol (``[openjd_checkpoint] store = s3://...`` on the session's moto server,
+``tests/s3server.py``; the workers inherit its endpoint and credentials through the
+environment), with managed checkpoint files (``[openjd_checkpoint] files = managed``).
+
+- ``test_managed_files_resume_on_the_other_host``: the training example
+  (``examples/managed-files/training.yaml``) keeps its model file and samples in its session
+  working directory on host-a; the running task instance is cleared while host-a takes no new
+  work, so its next try runs on host-b, where the store restores those files into a session
+  working directory of host-b's: it resumes from the restored model file and sums every sample.
 
 Two counters (``tests/data/counter.yaml``, two DAG runs) run on host-a at once (host-b stops
 consuming for that while, through Celery's remote control). Once both stored a checkpoint,
@@ -11,7 +19,10 @@ of the second counter: it lives on, as on a host cut off by a network partition,
 SIGSTOP so that it is still there when its retry ends (running, it would finish first: it is
 ahead of the checkpoint its retry resumes from). No hook runs, no state changes: Airflow only
 notices the missing task heartbeats (``[scheduler] task_instance_heartbeat_timeout``, lowered
-here to ``HEARTBEAT_TIMEOUT``), fails both task instances and retries them, on host-b.
+here to ``HEARTBEAT_TIMEOUT``), fails both task instances and retries them, on host-b. On an S3
+store a dead holder's task lease expires only after its ttl (``LEASE_TTL``), not at once like a
+flock: a retry before then would be refused (``already-resumed``), so the counters' DAG waits
+``RETRY_DELAY`` before a retry.
 
 - ``test_a_dead_worker_s_task_resumes_on_the_other_host``: the first counter's retry runs on
   host-b, resumes from the last checkpoint and counts right; the DAG run succeeds.
@@ -42,27 +53,39 @@ from core._store import ProcessInfo
 
 ROOT = Path(__file__).resolve().parents[2]
 COUNTER = ROOT / "tests" / "data" / "counter.yaml"
+TRAINING = ROOT / "examples" / "managed-files" / "training.yaml"
 DAG_ID = "celery_counter"
 TASK = "Count"  # the counter's one step: a mapped task with one instance
+TRAINING_DAG_ID = "celery_training"
+TRAINING_TASK = "Train"
 HOSTS = ("host-a", "host-b")
 LOST, OTHER = HOSTS
 QUEUE = "default"
 MARKER = "OPENJD_CHECKPOINT_SESSION"
 HEARTBEAT_TIMEOUT = 12  # [scheduler] task_instance_heartbeat_timeout for this stack, seconds
+LEASE_TTL = 60  # a task lease on an S3 store expires this long after its holder's last renewal
+RETRY_DELAY = LEASE_TTL  # the counters' retry_delay: the retry comes after HEARTBEAT_TIMEOUT + it
 KILL_NOTE = "left running by"  # the core's note when it kills what a dead holder left
 
 DAG_FILE = """
+from datetime import timedelta
+
 from airflow_plugin import dag_from_template
 
-# No store argument: the workers' [openjd_checkpoint] store setting (a shared directory).
-dag = dag_from_template({template!r}, dag_id={dag_id!r}, default_args={{"retries": 2}})
+# No store or files argument: the workers' [openjd_checkpoint] store and files settings.
+dag = dag_from_template(
+    {template!r},
+    dag_id={dag_id!r},
+    default_args={{"retries": 2, "retry_delay": timedelta(seconds={retry_delay})}},
+)
 """
 
 pytestmark = pytest.mark.slow
 
 
 def _require_celery() -> None:
-    """Skip without Redis or the Celery provider; in CI (CI=true), fail instead."""
+    """Skip without Redis, the Celery provider or the S3 server's packages; in CI (CI=true),
+    fail instead."""
     missing = []
     if ah.redis_server_binary() is None:
         missing.append("redis-server (Debian package redis-server; .ci/run installs it)")
@@ -70,6 +93,11 @@ def _require_celery() -> None:
         importlib.metadata.version("apache-airflow-providers-celery")
     except importlib.metadata.PackageNotFoundError:
         missing.append("apache-airflow-providers-celery (the [airflow] extra)")
+    for package in ("s3fs", "moto"):
+        try:
+            importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(f"{package} (the [test] extra)")
     if missing:
         message = "the CeleryExecutor tests need " + " and ".join(missing)
         if os.environ.get("CI", "").lower() == "true":
@@ -85,8 +113,8 @@ class StoreWatcher:
     records showed (a record is deleted once its run succeeds: a test that looks later still
     learns where each try ran)."""
 
-    def __init__(self, store_path: Path, interval: float = 0.2) -> None:
-        self.store = CheckpointStore(str(store_path))
+    def __init__(self, store_url: str, interval: float = 0.5) -> None:
+        self.store = CheckpointStore(store_url)
         self.interval = interval
         self._seen: dict[str, list[ProcessInfo]] = {}
         self._lock = threading.Lock()
@@ -132,7 +160,7 @@ class CeleryHosts:
     stack: ah.AirflowStack
     redis: ah.RedisServer
     workers: dict[str, ah.CeleryWorker]
-    store_path: Path
+    store_url: str
     watcher: StoreWatcher
     markers: set[str] = field(default_factory=set)  # of every task process the tests saw
 
@@ -142,7 +170,7 @@ class CeleryHosts:
 
     @property
     def store(self) -> CheckpointStore:
-        return CheckpointStore(str(self.store_path))
+        return CheckpointStore(self.store_url)
 
     def ensure_workers(self, timeout: float = 120.0) -> None:
         """Every host's worker running and consuming (a killed one is started again)."""
@@ -178,7 +206,7 @@ class CeleryHosts:
 
     def report(self) -> str:
         """The workers' log tails (the stack's come with the failure report)."""
-        parts = [f"===== shared checkpoint store: {self.store_path}"]
+        parts = [f"===== shared checkpoint store: {self.store_url}"]
         for host, worker in self.workers.items():
             parts.append(f"===== celery worker {host}: {worker.log_path} (last 40 lines)")
             parts.append(ah.tail(worker.log_path, 40))
@@ -186,14 +214,16 @@ class CeleryHosts:
 
 
 @pytest.fixture(scope="module")
-def celery_hosts(migrated_db: Path) -> Iterator[CeleryHosts]:
+def celery_hosts(migrated_db: Path, request: pytest.FixtureRequest) -> Iterator[CeleryHosts]:
     """Redis on 127.0.0.1, a CeleryExecutor stack and two workers (host-a, host-b), started
-    together; stopped at the end of the module (SIGTERM, then SIGKILL), leaving none of their
-    processes (checked with psutil)."""
+    together, their store on the session's S3 server (whose settings every process of the
+    stack inherits); stopped at the end of the module (SIGTERM, then SIGKILL), leaving none of
+    their processes (checked with psutil)."""
     _require_celery()
+    s3 = request.getfixturevalue("s3_server")  # before the stack: its env carries the endpoint
     root = SESSION_ROOT / "celery-hosts"
     redis = ah.RedisServer(root / "redis")
-    store = root / "shared-store"
+    store = s3.new_store("celery-hosts")
     settings = {
         "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
         "AIRFLOW__CELERY__BROKER_URL": redis.url(0),
@@ -206,7 +236,8 @@ def celery_hosts(migrated_db: Path) -> Iterator[CeleryHosts]:
         # A lost worker is noticed when its task instances miss heartbeats this long.
         "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT),
         "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "2",
-        "AIRFLOW__OPENJD_CHECKPOINT__STORE": str(store),
+        "AIRFLOW__OPENJD_CHECKPOINT__STORE": store,
+        "AIRFLOW__OPENJD_CHECKPOINT__FILES": "managed",
     }
     stack = new_stack("celery", migrated_db, extra_env=settings)
     ah.prepare_home(stack.home)
@@ -215,12 +246,14 @@ def celery_hosts(migrated_db: Path) -> Iterator[CeleryHosts]:
         for host in HOSTS
     }
     watcher = StoreWatcher(store)
-    hosts = CeleryHosts(
-        stack=stack, redis=redis, workers=workers, store_path=store, watcher=watcher
-    )
+    hosts = CeleryHosts(stack=stack, redis=redis, workers=workers, store_url=store, watcher=watcher)
     # In the dags folder before the dag-processor starts: parsed while the rest starts.
-    source = DAG_FILE.format(template=str(COUNTER), dag_id=DAG_ID)
-    (stack.dags_folder / f"{DAG_ID}.py").write_text(source)
+    for dag_id, template, delay in (
+        (DAG_ID, COUNTER, RETRY_DELAY),
+        (TRAINING_DAG_ID, TRAINING, 1),
+    ):
+        source = DAG_FILE.format(template=str(template), dag_id=dag_id, retry_delay=delay)
+        (stack.dags_folder / f"{dag_id}.py").write_text(source)
     seen: list[psutil.Process] = []
     try:
         started = time.monotonic()
@@ -230,6 +263,7 @@ def celery_hosts(migrated_db: Path) -> Iterator[CeleryHosts]:
         start_stack(stack)
         hosts.ensure_workers()
         stack.client.wait_for_dag(DAG_ID, timeout=120)
+        stack.client.wait_for_dag(TRAINING_DAG_ID, timeout=120)
         ah.TIMINGS["celery: stack, Redis and two workers ready"] = time.monotonic() - started
         yield hosts
     finally:
@@ -402,8 +436,13 @@ def _wait_retry_on(hosts: CeleryHosts, key: str, host: str) -> ProcessInfo:
     def retried() -> ProcessInfo | None:
         return next((p for p in hosts.watcher.processes(key) if p.host == host), None)
 
-    what = f"the retry to start on {host} (heartbeat timeout {HEARTBEAT_TIMEOUT} s)"
-    process = ah.wait_until(retried, timeout=HEARTBEAT_TIMEOUT + 150, interval=0.2, what=what)
+    what = (
+        f"the retry to start on {host} (heartbeat timeout {HEARTBEAT_TIMEOUT} s, retry delay "
+        f"{RETRY_DELAY} s)"
+    )
+    process = ah.wait_until(
+        retried, timeout=HEARTBEAT_TIMEOUT + RETRY_DELAY + 150, interval=0.2, what=what
+    )
     seen = [p.host for p in hosts.watcher.processes(key)]
     assert set(seen) <= {LOST, host} and seen.count(host) == 1, seen  # one retry, there
     return process
@@ -446,6 +485,72 @@ def _check_resumed(hosts: CeleryHosts, counter: Counter) -> str:
 
 
 # ------------------------------------------------------------------------------------ tests
+
+
+def test_managed_files_resume_on_the_other_host(celery_hosts: CeleryHosts) -> None:
+    """The training task runs on host-a and writes its model file and samples in its session
+    working directory there. Cleared while host-a takes no new work, it checkpoints (the store
+    keeps the files: ``[openjd_checkpoint] files = managed``) and its next try runs on host-b,
+    in a session working directory of host-b's, where the store restored the files: it resumes
+    from the restored model file and sums every sample, host-a's included."""
+    hosts = celery_hosts
+    client = hosts.client
+    hosts.ensure_workers()
+    # An epoch a second: the store keeps up with the saves, so the one the stop asks for is
+    # committed within the 4 s Airflow leaves a killed task (operators.KILL_BUDGET_SECONDS).
+    epochs = 10
+    expected = sum(k * k for k in range(epochs))
+    key = ""
+    try:
+        hosts.consume(OTHER, False)
+        try:
+            run_id = client.trigger(TRAINING_DAG_ID, conf={"Epochs": epochs, "EpochSeconds": 1.0})
+            key = f"{TRAINING_DAG_ID}/{run_id}"
+            first = _wait_record(
+                hosts,
+                key,
+                lambda r: (
+                    r.checkpoint is not None
+                    and r.checkpoint.generation >= 2
+                    and r.process is not None
+                ),
+                "the training task to store its second checkpoint",
+                timeout=180,
+            )
+            assert first.process is not None and first.process.host == LOST
+            assert first.checkpoint is not None and first.checkpoint.manifest  # files kept
+        finally:
+            hosts.consume(OTHER, True)
+        hosts.consume(LOST, False)
+        try:
+            client.clear_task_instances(TRAINING_DAG_ID, run_id, [(TRAINING_TASK, 0)])
+            retry = _wait_retry_on(hosts, key, OTHER)
+        finally:
+            hosts.consume(LOST, True)
+        assert retry.pid != first.process.pid
+        run = client.wait_dag_run(TRAINING_DAG_ID, run_id, timeout=180)
+        assert run["state"] == "success", client.task_instances(TRAINING_DAG_ID, run_id)
+        ti = client.task_instance(TRAINING_DAG_ID, run_id, TRAINING_TASK, 0)
+        log1 = client.task_log(TRAINING_DAG_ID, run_id, TRAINING_TASK, 1, map_index=0)
+        log2 = client.task_log(
+            TRAINING_DAG_ID, run_id, TRAINING_TASK, ti["try_number"], map_index=0
+        )
+        a_tmp = str(hosts.workers[LOST].folder / "tmp") + os.sep
+        b_tmp = str(hosts.workers[OTHER].folder / "tmp") + os.sep
+        saved = re.findall(r'openjd_checkpoint_save: \{"file": "([^"]+)"\}', log1)
+        assert saved and all(path.startswith(a_tmp) for path in saved), log1[-3000:]
+        [(epoch, model)] = re.findall(r"resumed at epoch (\d+) from (\S+)", log2)
+        assert model.startswith(b_tmp) and model.endswith("model.txt"), log2[-3000:]
+        assert 2 <= int(epoch) < epochs
+        assert f"result: {expected}" in log2, log2[-3000:]
+        assert "checkpoint files: managed" in log2
+        listing = client.request(
+            "GET", f"/openjd/dags/{TRAINING_DAG_ID}/dagRuns/{run_id}/checkpoints"
+        ).json()
+        assert listing["file_data_flow"] == "managed" and listing["status"] == "succeeded"
+    except BaseException:
+        print(hosts.report())
+        raise
 
 
 def test_a_dead_worker_s_task_resumes_on_the_other_host(

@@ -1,10 +1,16 @@
 """dag_from_template under dag.test(): the DAG's shape, a run that succeeds, a failing step with
-the finally step still run, and an execution_timeout whose retry resumes from the checkpoint."""
+the finally step still run, an execution_timeout whose retry resumes from the checkpoint, and
+the same with managed checkpoint files (restored into the retry's new session); the
+``[openjd_checkpoint]`` file settings."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import threading
+import time
 from pathlib import Path
 
 import airflow_helpers as ah
@@ -14,6 +20,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 THREE_STEPS = ROOT / "tests" / "data" / "three_steps.yaml"
 FIBONACCI = ROOT / "examples" / "fibonacci" / "fibonacci-fast.yaml"
+TRAINING = ROOT / "examples" / "managed-files" / "training.yaml"
 
 DAG_FILE = """
 from datetime import timedelta
@@ -328,3 +335,116 @@ def test_host_requirements_map_to_queue_and_pool(tmp_path: Path) -> None:
     ]
     with pytest.raises(ValueError, match="unsupported operator arguments"):
         dag_from_template(template, dag_id="hosts2", host_requirements={"Gpu": {"image": "x"}})
+
+
+MANAGED_DAG = """
+from airflow_plugin import dag_from_template
+
+dag = dag_from_template(
+    {template!r}, dag_id={dag_id!r}, store={store!r}, files="managed", default_args={{"retries": 1}}
+)
+"""
+
+
+def _kill_at_generation(store: Path, generation: int, killed: list[int]) -> None:
+    """SIGKILL the running task's process once it has stored checkpoint ``generation`` (a
+    crash: the action fails, Airflow retries the task)."""
+    from core import CheckpointStore
+
+    checkpoints = CheckpointStore(str(store))
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and not killed:
+        for run in checkpoints.list_runs()[0]:
+            for rec in checkpoints.read_tasks(run.job_key, run.run_id)[0]:
+                ckpt = rec.checkpoint
+                if ckpt and ckpt.generation >= generation and rec.process is not None:
+                    os.kill(rec.process.pid, signal.SIGKILL)
+                    killed.append(rec.process.pid)
+                    return
+        time.sleep(0.05)
+
+
+def test_managed_files_are_restored_into_the_retry_s_session(
+    dag_tester: ah.DagTester, tmp_path: Path, capfd
+) -> None:
+    """``files="managed"``: the training example writes its model file and samples in the
+    session working directory, which is deleted when the try ends. Its process is killed after
+    a few checkpoints; the retry runs in a new session, where the store restored the files: it
+    resumes from the restored model file and sums every sample, those of the first try
+    included."""
+    store = tmp_path / "store"
+    epochs = 12
+    killed: list[int] = []
+    killer = threading.Thread(target=_kill_at_generation, args=(store, 3, killed), daemon=True)
+    killer.start()
+    result = dag_tester.run(
+        "training_managed.py",
+        source=MANAGED_DAG.format(
+            template=str(TRAINING), dag_id="training_managed", store=str(store)
+        ),
+        run_conf={"Epochs": epochs, "EpochSeconds": 0.3},
+    )
+    killer.join(5)
+
+    assert killed, "the task stored no checkpoint generation 3"
+    assert result.state == "success", (result.states(), result.history)
+    assert result.ti("Train", 0).try_number == 2
+    printed = capfd.readouterr().out
+    [(epoch, model)] = re.findall(r"resumed at epoch (\d+) from (\S+)", printed)
+    assert 3 <= int(epoch) < epochs
+    saved = re.findall(r'openjd_checkpoint_save: \{"file": "([^"]+)"\}', printed)
+    first_session = Path(saved[0]).parent
+    assert Path(model).name == "model.txt"
+    assert Path(model).parent != first_session  # a new session, the files restored into it
+    assert not first_session.exists()  # the first try's session is gone
+    assert f"result: {sum(k * k for k in range(epochs))}" in printed
+    assert list(store.glob("blobs/sha256/*/*")), "the store kept the files"
+    summary = state_store(result.dag.dag_id, result.run_id)[("Train", 0)]
+    [task] = summary["openjd_checkpoint"]["tasks"]
+    assert task["files_mode"] == "managed" and task["resume_status"] == "RESUMED"
+
+
+def test_file_settings_from_the_configuration_and_the_arguments(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``[openjd_checkpoint] files`` / ``file_roots`` (here through their AIRFLOW__ variables)
+    apply when the DAG gives none; an argument wins; a bad value is refused, naming where it
+    came from."""
+    from airflow_plugin import _config, dag_from_template
+
+    files_var, roots_var = (
+        "AIRFLOW__OPENJD_CHECKPOINT__FILES",
+        "AIRFLOW__OPENJD_CHECKPOINT__FILE_ROOTS",
+    )
+    monkeypatch.delenv("OPENJD_CHECKPOINT_FILES", raising=False)
+    monkeypatch.delenv("OPENJD_CHECKPOINT_FILE_ROOTS", raising=False)
+    monkeypatch.delenv(files_var, raising=False)
+    monkeypatch.delenv(roots_var, raising=False)
+    assert _config.files_mode() is None and _config.file_roots() == []
+    assert _config.open_store(str(tmp_path / "s")).file_flow.value == "shared"
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    monkeypatch.setenv(files_var, "Managed")
+    monkeypatch.setenv(roots_var, f"{a}:{b}")
+    store = _config.open_store(str(tmp_path / "s"))
+    assert store.file_flow.value == "managed" and store.file_roots == [str(a), str(b)]
+    store = _config.open_store(str(tmp_path / "s"), "shared", [str(b)])  # arguments win
+    assert store.file_flow.value == "shared" and store.file_roots == [str(b)]
+
+    monkeypatch.setenv(files_var, "copied")
+    with pytest.raises(ValueError, match=r"\[openjd_checkpoint\] files = 'copied' is not"):
+        _config.files_mode()
+    monkeypatch.setenv(roots_var, "relative/folder")
+    with pytest.raises(ValueError, match=r"\[openjd_checkpoint\] file_roots: 'relative/folder'"):
+        _config.file_roots()
+
+    dag = dag_from_template(TRAINING, dag_id="files_args", files="managed", file_roots=str(a))
+    train = dag.task_dict["Train"]
+    assert train.partial_kwargs["files"] == "managed"
+    assert train.partial_kwargs["file_roots"] == [str(a)]
+    assert dag.task_dict["openjd_begin"].files == "managed"
+    assert dag.task_dict["openjd_finish"].file_roots == [str(a)]
+    with pytest.raises(ValueError, match="files='copied' is not one of shared, managed"):
+        dag_from_template(TRAINING, dag_id="files_bad", files="copied")
+    with pytest.raises(ValueError, match="file_roots: 'relative' is not an absolute path"):
+        dag_from_template(TRAINING, dag_id="roots_bad", file_roots=["relative"])

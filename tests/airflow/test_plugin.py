@@ -108,6 +108,7 @@ def test_termination_mode_through_the_plugin(
     assert listing["status"] == core_status
     assert listing["condition"]["reason"] == mode
     assert listing["termination"] == mode
+    assert listing["file_data_flow"] == "shared"  # the default: no [openjd_checkpoint] files
     renders = [t for t in listing["tasks"] if t["step"] == "Render"]
     assert renders and all(t["status"] != "running" for t in renders)
     caught_record = json.loads(caught.read_text())
@@ -151,3 +152,4 @@ def test_checkpoints_page_is_served(airflow_live: ah.AirflowStack) -> None:
     resp = airflow_live.client.request("GET", "/openjd/ui/runs/some_dag/some_run", auth=False)
     assert "OpenJD checkpoints" in resp.text
     assert '"/openjd/dags/some_dag/dagRuns/some_run"' in resp.text
+    assert 'checkpoint files: <b id="files-mode">' in resp.text

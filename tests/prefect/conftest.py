@@ -13,7 +13,8 @@
 - ``process_work_pool`` (session, lazy): a process work pool with two ``prefect worker start``
   processes standing in for two hosts (own folder, own ``TMPDIR``, ``OPENJD_CHECKPOINT_HOST_ID``
   ``host-a`` / ``host-b``), each polling the pool's ``default`` queue and a queue named after its
-  host.
+  host. The session's S3 server (``s3_server`` in ``tests/conftest.py``: moto, one per session)
+  starts before them: they share stores on it.
 - After every test, the processes it started are stopped, and processes of the session that are
   still alive outside the server's and workers' trees fail the test (they are killed).
 

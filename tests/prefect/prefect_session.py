@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -390,8 +391,12 @@ def create_process_work_pool(name: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def process_work_pool(prefect_server: PrefectServer) -> Iterator[ProcessWorkPool]:
-    """Started on first use: the pool ``openjd-process`` and the workers of host-a and host-b."""
+def process_work_pool(prefect_server: PrefectServer, s3_server: Any) -> Iterator[ProcessWorkPool]:
+    """Started on first use: the pool ``openjd-process`` and the workers of host-a and host-b.
+
+    The session's S3 server (``s3_server``, ``tests/s3server.py``) starts first: the workers,
+    and the flow runs they start, inherit its endpoint and credentials, so that the hosts can
+    share a store on it (``s3_server.new_store()``)."""
     pool = ProcessWorkPool(name="openjd-process", root=SESSION_HOME / "hosts")
     create_process_work_pool(pool.name)
     try:

@@ -1,5 +1,6 @@
 """Flows from job templates against the session's Prefect server: task runs, dependencies,
-finally steps, final states, retries that resume, ``resume="latest"``."""
+finally steps, final states, retries that resume, ``resume="latest"``, managed checkpoint
+files."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from prefect_integration import flow_from_template, openjd_flow
 REPO = Path(__file__).resolve().parents[2]
 THREE_STEPS = REPO / "tests" / "data" / "three_steps.yaml"
 COUNTER = REPO / "tests" / "data" / "counter.yaml"
+TRAINING = REPO / "examples" / "managed-files" / "training.yaml"
 
 
 def _frames(out: Path) -> dict[int, str]:
@@ -241,6 +243,86 @@ def test_store_from_a_saved_block(tmp_path: Path) -> None:
         assert "neither a location nor a storage" in str(exc)
     else:
         raise AssertionError("an empty block gave a location")
+
+
+def _kill_at_generation(store: CheckpointStore, generation: int, killed: list[int]) -> None:
+    """SIGKILL the running task's process once it has stored checkpoint ``generation``."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for run in store.list_runs()[0]:
+            for rec in store.read_tasks(run.job_key, run.run_id)[0]:
+                ckpt = rec.checkpoint
+                if ckpt and ckpt.generation >= generation and rec.process is not None:
+                    os.kill(rec.process.pid, signal.SIGKILL)
+                    killed.append(rec.process.pid)
+                    return
+        time.sleep(0.05)
+
+
+def test_managed_files_from_a_block_are_restored_for_the_task_retry(tmp_path: Path) -> None:
+    """A saved block with ``files="managed"``: the training example keeps its model file and
+    samples in the session working directory, deleted when the task run's try ends. Its
+    process is killed after three checkpoints; the task retry runs in a new session, where the
+    store restored the files, and sums every sample (the first try's included)."""
+    from prefect_integration import CheckpointStoreBlock
+
+    CheckpointStoreBlock(location=str(tmp_path / "store"), files="managed").save(
+        "managed-store", overwrite=True
+    )
+    block = CheckpointStoreBlock.load("managed-store")
+    assert block.files == "managed" and block.file_roots == []
+    flow = flow_from_template(TRAINING, store=block, task_retries=1)
+    store = CheckpointStore(tmp_path / "store")
+    killed: list[int] = []
+    killer = threading.Thread(target=_kill_at_generation, args=(store, 3, killed))
+    killer.start()
+    epochs = 12
+    state = flow(Epochs=epochs, EpochSeconds=0.3, return_state=True)
+    killer.join()
+    assert killed, "the task stored no checkpoint generation 3"
+    assert state.is_completed(), state
+    flow_run_id = state.state_details.flow_run_id
+    [train] = ph.task_runs(flow_run_id)
+    assert train.run_count == 2
+    logs = ph.wait_for_logs(flow_run_id, "result: ")
+    messages = [log.message for log in logs]
+    assert "checkpoint files: managed" in messages
+    [resumed] = [m for m in messages if "resumed at epoch" in m]
+    epoch, model = resumed.split("resumed at epoch ")[1].split(" from ")
+    saves = [m for m in messages if "openjd_checkpoint_save" in m]
+    first_session = Path(saves[0].split('"file": "')[1].split('"')[0]).parent
+    assert int(epoch) >= 3 and Path(model).parent != first_session
+    assert not first_session.exists()
+    assert any(f"result: {sum(k * k for k in range(epochs))}" in m for m in messages), messages
+    assert list((tmp_path / "store").glob("blobs/sha256/*/*"))
+
+
+def test_file_settings_of_a_flow() -> None:
+    """``files``/``file_roots``: the arguments, else the block's or the CheckpointStore's, else
+    none (the environment where the flow runs); bad values are refused when the flow is made."""
+    from prefect_integration import CheckpointStoreBlock
+    from prefect_integration._flow import _file_settings
+
+    block = CheckpointStoreBlock(location="/s", files="managed", file_roots=["/data"])
+    assert _file_settings(block, None, None) == ("managed", ("/data",))
+    assert _file_settings(block, "shared", []) == ("shared", ())
+    assert _file_settings("/s", None, None) == (None, ())
+    assert _file_settings("/s", "Managed", ["/a", "/b"]) == ("managed", ("/a", "/b"))
+    store = CheckpointStore("memory://file-settings", files="managed", file_roots=["/r"])
+    assert _file_settings(store, None, None) == ("managed", ("/r",))
+    try:
+        CheckpointStoreBlock(location="/s", file_roots=["relative"])
+    except ValueError as exc:
+        assert "not an absolute path" in str(exc)
+    else:
+        raise AssertionError("a relative root was accepted")
+    for files, roots, message in (("copied", None, "files='copied'"), (None, ["r"], "'r'")):
+        try:
+            flow_from_template(COUNTER, store="/s", files=files, file_roots=roots)
+        except ValueError as exc:
+            assert message in str(exc)
+        else:
+            raise AssertionError(f"files={files!r} file_roots={roots!r} accepted")
 
 
 SECRETS_AND_HOSTS = Path(__file__).resolve().parent / "data" / "secrets_and_hosts.yaml"
