@@ -1086,12 +1086,10 @@ def _list_files(store: Any, prefix: str) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-def referenced_manifests(store: Any) -> tuple[set[str], list[str]]:
-    """The manifest hashes of every stored generation and task record of every run."""
+def referenced_manifests(store: Any, runs: list[Any]) -> tuple[set[str], list[str]]:
+    """The manifest hashes of every stored generation and task record of ``runs``."""
     names: set[str] = set()
     warnings: list[str] = []
-    runs, run_warnings = store.list_runs()
-    warnings.extend(run_warnings)
     for run in runs:
         tasks, task_warnings = store.read_tasks(run.job_key, run.run_id)
         warnings.extend(task_warnings)
@@ -1104,10 +1102,9 @@ def referenced_manifests(store: Any) -> tuple[set[str], list[str]]:
     return names, warnings
 
 
-def _output_blobs(store: Any, warnings: list[str]) -> set[str]:
-    """The content named by the early-outputs indexes of the runs still stored."""
+def _output_blobs(store: Any, runs: list[Any]) -> set[str]:
+    """The content named by the early-outputs indexes of ``runs``."""
     out: set[str] = set()
-    runs, _ = store.list_runs()
     for run in runs:
         for index in store.read_outputs(run.job_key, run.run_id):
             for item in index.get("files", {}).values():
@@ -1131,7 +1128,9 @@ def collect_file_garbage(
     """
     report = GcReport()
     now = time.time()
-    kept_manifests, warnings = referenced_manifests(store)
+    runs, run_warnings = store.list_runs()
+    report.warnings.extend(run_warnings)
+    kept_manifests, warnings = referenced_manifests(store, runs)
     report.warnings.extend(warnings)
     blobs = _Blobs(store)
     live_blobs: set[str] = set()
@@ -1142,7 +1141,7 @@ def collect_file_garbage(
             report.warnings.append(str(exc))
             continue
         live_blobs.update(e.sha256 for e in manifest.entries if e.sha256)
-    live_blobs.update(_output_blobs(store, report.warnings))
+    live_blobs.update(_output_blobs(store, runs))
 
     def remove(path: str) -> None:
         if dry_run:
