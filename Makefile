@@ -18,7 +18,7 @@ REFERENCE_CLI := openjd-cli==0.8.*
 STAMP_REFERENCE := $(VENV_REFERENCE)/.installed-$(shell echo '$(REFERENCE_CLI)' | cksum | cut -d' ' -f1)
 EXTRAS_AIRFLOW := airflow,test
 EXTRAS_PREFECT := prefect,test
-PYTEST_CORE := -q tests --ignore=tests/airflow --ignore=tests/prefect
+PYTEST_CORE := -q --durations=20 tests --ignore=tests/airflow --ignore=tests/prefect
 
 .PHONY: demo test test-core test-airflow test-prefect lint clean venvs
 
@@ -38,10 +38,10 @@ test-core: $(STAMP) $(STAMP_REFERENCE)
 	$(VENV)/bin/python -m pytest $(PYTEST_CORE)
 
 test-airflow: $(STAMP_AIRFLOW)
-	$(VENV_AIRFLOW)/bin/python -m pytest -q tests/airflow
+	$(VENV_AIRFLOW)/bin/python -m pytest -q --durations=10 tests/airflow
 
 test-prefect: $(STAMP_PREFECT)
-	$(VENV_PREFECT)/bin/python -m pytest -q tests/prefect
+	$(VENV_PREFECT)/bin/python -m pytest -q --durations=10 tests/prefect
 
 venvs: $(STAMP) $(STAMP_REFERENCE) $(STAMP_AIRFLOW) $(STAMP_PREFECT)
 
