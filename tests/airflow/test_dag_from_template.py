@@ -169,7 +169,8 @@ def test_execution_timeout_then_retry_resumes(
     [task] = summary["openjd_checkpoint"]["tasks"]
     assert task["label"] == "ResumableFibonacci"
     assert task["status"] == "succeeded"
-    assert task["generation"] >= 6  # 5 or more before the timeout, more after
+    # one or more before the timeout (how many depends on the machine's load), more after
+    assert task["generation"] >= 2
     assert task["resume_status"] == "RESUMED"
     assert "state" not in task
 
