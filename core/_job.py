@@ -482,8 +482,9 @@ def load_environment_template(path: str | Path) -> EnvironmentTemplate:
 def load_path_mapping_rules(
     source: str | Path | list[Any] | dict[str, Any],
 ) -> list[PathMappingRule]:
-    """Path mapping rules from a file or a decoded object: a list of rules, or
-    ``{"version": "pathmapping-1.0", "path_mapping_rules": [...]}`` as openjd-cli takes.
+    """Path mapping rules from a file (JSON, or YAML when it is named ``.yaml``/``.yml``) or a
+    decoded object: a list of rules, or ``{"version": "pathmapping-1.0", "path_mapping_rules":
+    [...]}`` as openjd-cli takes.
 
     Raises:
         TemplateError: the rules are unreadable or invalid.
@@ -492,16 +493,26 @@ def load_path_mapping_rules(
         obj: Any = source
         if isinstance(source, (str, Path)):
             text = read_input_file(source, "path mapping rules file")
-            obj = load_document(text, json_format=True, source=source)
+            is_yaml = Path(source).suffix.lower() in (".yaml", ".yml")
+            obj = load_document(text, json_format=not is_yaml, source=source)
         if isinstance(obj, dict):
-            obj = obj.get("path_mapping_rules", [])
+            if obj.get("version") != "pathmapping-1.0":
+                raise ValueError(
+                    f"'version' must be 'pathmapping-1.0' (got {obj.get('version')!r})"
+                )
+            obj = obj.get("path_mapping_rules")
+            if not isinstance(obj, list):
+                raise ValueError("'path_mapping_rules' must be a list of rules")
         if not isinstance(obj, list):
-            raise ValueError("expected a list of rules")
+            raise ValueError(
+                "expected a list of rules, or an object with 'version' and 'path_mapping_rules'"
+            )
         return [PathMappingRule.from_dict(rule=r) for r in obj]
     except TemplateError:
         raise
     except (OSError, ValueError, TypeError, KeyError) as exc:
-        raise TemplateError([f"path mapping rules: {exc}"], source=str(source)) from None
+        where = str(source) if isinstance(source, (str, Path)) else None
+        raise TemplateError([f"path mapping rules: {exc}"], source=where) from None
 
 
 def prepare_job(
