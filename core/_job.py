@@ -18,6 +18,7 @@ import re
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,7 @@ from ._template import (
     WRAP_NEEDS_EXPR,
     CheckpointJobTemplate,
     canonical_json,
+    int64_problems,
     load_template,
     sha256_hex,
 )
@@ -465,6 +467,9 @@ def load_environment_template(path: str | Path) -> EnvironmentTemplate:
     p = Path(path)
     text = read_input_file(p, "environment template")
     obj = load_document(text, json_format=p.suffix.lower() == ".json", source=p)
+    problems = int64_problems(obj)  # openjd-model 0.14 takes INT values past int64
+    if problems:
+        raise TemplateError(problems, source=str(p))
     try:
         env = decode_environment_template(
             template=obj, supported_extensions=sorted(MODEL_EXTENSIONS)
@@ -537,7 +542,11 @@ def prepare_job(
     """
     tmpl = template if isinstance(template, CheckpointJobTemplate) else load_template(template)
     # openjd-model 0.14 exports EnvironmentTemplate as a typing alias: test for paths instead.
-    envs = [load_environment_template(e) if isinstance(e, (str, Path)) else e for e in environments]
+    env_sources = list(environments)
+    envs = [load_environment_template(e) if isinstance(e, (str, Path)) else e for e in env_sources]
+    narrowing = _widening_problems(tmpl, envs, env_sources)
+    if narrowing:
+        raise TemplateError(narrowing, source=str(tmpl.source) if tmpl.source else None)
     template_dir = tmpl.source.parent if tmpl.source else Path.cwd()
     cwd = (current_working_dir or Path.cwd()).resolve()
     raw = {k: str(v) if not isinstance(v, str) else v for k, v in (parameters or {}).items()}
@@ -590,13 +599,113 @@ def prepare_job(
         parameter_values=values,
         environments=envs,
         environment_paths=[
-            str(Path(e).resolve()) for e in environments if isinstance(e, (str, Path))
+            str(Path(e).resolve()) for e in env_sources if isinstance(e, (str, Path))
         ],
         path_mapping_rules=list(path_mapping_rules or []),
         job_key=sha256_hex(canonical_json({"name": tmpl.name}))[:16],
         job_scope=job_scope,
         step_scopes=step_scopes,
     )
+
+
+_NARROWED = (
+    # (constraint, how a later value must compare with the earlier one, in words)
+    ("minValue", lambda later, earlier: later >= earlier, "at least"),
+    ("maxValue", lambda later, earlier: later <= earlier, "at most"),
+    ("minLength", lambda later, earlier: later >= earlier, "at least"),
+    ("maxLength", lambda later, earlier: later <= earlier, "at most"),
+)
+
+
+def _constraint_value(value: Any) -> Any:
+    """A constraint's value, comparable across definitions (INT and FLOAT bounds as Decimal,
+    so that ``10`` and ``"10"`` and ``10.0`` compare equal)."""
+    if isinstance(value, bool) or value is None:
+        return value
+    try:
+        return Decimal(str(value))
+    except (InvalidOperation, ValueError):
+        return str(value)
+
+
+def _widening_problems(
+    tmpl: CheckpointJobTemplate,
+    envs: list[EnvironmentTemplate],
+    sources: list[Any],
+) -> list[str]:
+    """Job parameter definitions that loosen a constraint an earlier template set.
+
+    Template Schemas 1.2.1: the definitions of one job parameter are processed in order, the
+    external environment templates in the order given and then the job template, and each
+    constraint may only become more constrained: a later ``allowedValues`` a subset of the
+    earlier, a later ``minValue``/``minLength`` no lower and ``maxValue``/``maxLength`` no
+    higher. openjd-model 0.14 intersects the constraints instead, so a job template that widens
+    an environment's range is accepted there; here it is refused, naming both definitions.
+    (The type must be the same too: openjd-model refuses a change of type.)
+    """
+    chain: dict[str, list[tuple[str, Any]]] = {}
+    for env, source in zip(envs, sources, strict=True):
+        env_name = getattr(getattr(env, "environment", None), "name", "?")
+        label = (
+            f"environment template {str(source)!r} ({env_name})"
+            if isinstance(source, (str, Path))
+            else f"environment template {env_name!r}"
+        )
+        for i, definition in enumerate(getattr(env, "parameterDefinitions", None) or []):
+            where = f"{label}, parameterDefinitions[{i}]"
+            chain.setdefault(str(definition.name), []).append((where, definition))
+    job_label = f"job template {str(tmpl.source)!r}" if tmpl.source else "the job template"
+    for i, definition in enumerate(getattr(tmpl.template, "parameterDefinitions", None) or []):
+        where = f"{job_label}, parameterDefinitions[{i}]"
+        chain.setdefault(str(definition.name), []).append((where, definition))
+    problems: list[str] = []
+    for name, definitions in chain.items():
+        if len(definitions) < 2:
+            continue
+        # the tightest value of each constraint so far, and where it was set
+        tightest: dict[str, tuple[Any, str]] = {}
+        allowed_so_far: tuple[set[Any], list[Any], str] | None = None
+        for where, definition in definitions:
+            for key, narrower, words in _NARROWED:
+                raw = getattr(definition, key, None)
+                if raw is None:
+                    continue
+                value = _constraint_value(raw)
+                if key in tightest:
+                    earlier, earlier_where = tightest[key]
+                    if not narrower(value, earlier):
+                        problems.append(
+                            f"job parameter {name}: {where}: {key} {raw} widens the {key} "
+                            f"{earlier} of {earlier_where}; a template processed later may "
+                            f"only narrow a job parameter's constraints ({key} {words} "
+                            f"{earlier}; Template Schemas 1.2.1)"
+                        )
+                        continue
+                tightest[key] = (value, where)
+            allowed = getattr(definition, "allowedValues", None)
+            if allowed:
+                numeric = str(getattr(definition.type, "value", definition.type)) in (
+                    "INT",
+                    "FLOAT",
+                )
+                values = [_constraint_value(a) if numeric else str(a) for a in allowed]
+                if allowed_so_far is not None:
+                    earlier_set, earlier_list, earlier_where = allowed_so_far
+                    extra = [
+                        str(a) for a, v in zip(allowed, values, strict=True) if v not in earlier_set
+                    ]
+                    if extra:
+                        problems.append(
+                            f"job parameter {name}: {where}: allowedValues "
+                            f"{[str(a) for a in allowed]} widens the allowedValues "
+                            f"{[str(a) for a in earlier_list]} of {earlier_where} (adds "
+                            f"{', '.join(extra)}); a template processed later may only narrow "
+                            "a job parameter's constraints (allowedValues a subset; Template "
+                            "Schemas 1.2.1)"
+                        )
+                        continue
+                allowed_so_far = (set(values), list(allowed), where)
+    return problems
 
 
 def _join_list_paths(
