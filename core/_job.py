@@ -550,10 +550,14 @@ def prepare_job(
     template_dir = tmpl.source.parent if tmpl.source else Path.cwd()
     cwd = (current_working_dir or Path.cwd()).resolve()
     raw = {k: str(v) if not isinstance(v, str) else v for k, v in (parameters or {}).items()}
+    uses_expr = "EXPR" in tmpl.extensions or any(
+        "EXPR" in (getattr(e, "extensions", None) or []) for e in envs
+    )
+    given = _normalize_given_paths(tmpl, envs, raw, cwd, keep_uris=uses_expr)
     try:
         values = preprocess_job_parameters(
             job_template=tmpl.template,
-            job_parameter_values=raw,
+            job_parameter_values=given,
             job_template_dir=template_dir.resolve(),
             current_working_dir=cwd,
             environment_templates=envs or None,
@@ -561,9 +565,7 @@ def prepare_job(
         values = _join_list_paths(tmpl, raw, values, template_dir.resolve(), cwd)
         job_scope: dict[str, Any] = {}
         step_scopes: dict[str, dict[str, Any]] = {}
-        if "EXPR" in tmpl.extensions or any(
-            "EXPR" in (getattr(e, "extensions", None) or []) for e in envs
-        ):
+        if uses_expr:
             created = create_job_with_symbol_tables(
                 job_template=tmpl.template,
                 job_parameter_values=values,
@@ -708,6 +710,38 @@ def _widening_problems(
     return problems
 
 
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def _normalize_given_paths(
+    tmpl: CheckpointJobTemplate,
+    envs: list[EnvironmentTemplate],
+    raw: Mapping[str, str],
+    cwd: Path,
+    *,
+    keep_uris: bool,
+) -> dict[str, str]:
+    """The given job parameter values with each relative PATH value joined with the current
+    directory and normalized lexically (Template Schemas 2.2): ``a/../b``, ``./x``, ``x/`` and
+    ``x//y`` become ``<cwd>/b``, ``<cwd>/x``, ``<cwd>/x`` and ``<cwd>/x/y``, as a default is
+    normalized against the template's folder. openjd-model 0.14 joins without collapsing
+    ``..``; joining here first means its constraint checks see the normalized value. The empty
+    value, absolute values and (under EXPR) URIs stay as they are."""
+    path_names = {
+        str(d.name)
+        for source in (tmpl.template, *envs)
+        for d in (getattr(source, "parameterDefinitions", None) or [])
+        if str(getattr(d.type, "value", d.type)) == "PATH"
+    }
+    out = dict(raw)
+    for name in path_names & set(raw):
+        value = raw[name]
+        if value == "" or os.path.isabs(value) or (keep_uris and _URI.match(value)):
+            continue
+        out[name] = os.path.normpath(os.path.join(cwd, value))
+    return out
+
+
 def _join_list_paths(
     tmpl: CheckpointJobTemplate,
     raw: Mapping[str, str],
@@ -735,7 +769,7 @@ def _join_list_paths(
             continue
         joined: list[str] = []
         for element in (str(e) for e in value.value):
-            if element == "" or re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", element):
+            if element == "" or _URI.match(element):
                 joined.append(element)
             elif name in raw:
                 joined.append(
