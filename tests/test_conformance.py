@@ -1,7 +1,7 @@
 """The OpenJD conformance test data, run through the CLI: a pass-rate floor against regressions.
 
 Runs ``tests/conformance.py`` once over every folder of the data, ``proposed/`` ones included
-(about 720 CLI subprocesses, two at a time: job tests with ``run``, template fixtures with
+(482 cases, each a CLI subprocess, two at a time: job tests with ``run``, template fixtures with
 ``check``) and writes its summary to the real stdout, so the rate shows in CI output without
 ``-s``.
 Skipped when the conformance data is absent (see ``tests/conformance.py`` for where it is read).
