@@ -257,6 +257,11 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    for env_path in args.environment or []:  # each refusal names the option
+        try:
+            load_environment_template(env_path)
+        except TemplateError as exc:
+            raise TemplateError([f"--environment {env_path}: {exc}"]) from None
     job = prepare_job(
         args.template,
         _params(args.parameter or []),

@@ -171,6 +171,16 @@ def test_environments_are_entered_in_the_order_given(job: Path) -> None:
     ], out
 
 
+def test_a_bad_environment_is_refused_naming_the_option(job: Path) -> None:
+    code, out, err = run(job, "--env", "missing.yaml")
+    assert code == 2, (out, err)
+    assert "--environment missing.yaml: missing.yaml: cannot read the environment template" in err
+    (job.parent / "bad.yaml").write_text(ENV.format(name="Bad") + "  bogus: 1\n")
+    code, out, err = run(job, "--environment", "bad.yaml")
+    assert code == 2 and "--environment bad.yaml: " in err and "bogus" in err, (out, err)
+    assert "Traceback" not in err
+
+
 def test_check_validates_an_environment_template(tmp_path: Path) -> None:
     good = tmp_path / "env.yaml"
     good.write_text(ENV.format(name="Good"))
