@@ -610,8 +610,8 @@ def prepare_job(
     )
 
 
-_NARROWED = (
-    # (constraint, how a later value must compare with the earlier one, in words)
+_NARROWED: tuple[tuple[str, Any, str], ...] = (
+    # (constraint, whether a later value is no looser than the earlier one, in words)
     ("minValue", lambda later, earlier: later >= earlier, "at least"),
     ("maxValue", lambda later, earlier: later <= earlier, "at most"),
     ("minLength", lambda later, earlier: later >= earlier, "at least"),
@@ -630,20 +630,40 @@ def _constraint_value(value: Any) -> Any:
         return str(value)
 
 
+def _admits(key: str, bound: Any, value: Any) -> bool:
+    """Whether a bound (``minValue``, ``maxLength``, ...) admits an allowed value."""
+    if key in ("minLength", "maxLength"):
+        measure: Any = Decimal(len(str(value)))
+    else:
+        measure = _constraint_value(value)
+        if not isinstance(measure, Decimal):
+            return True  # not a number: openjd-model judges it
+    return bool(measure >= bound if key.startswith("min") else measure <= bound)
+
+
+def _shown_values(values: list[str], limit: int = 5) -> str:
+    more = f" and {len(values) - limit} more" if len(values) > limit else ""
+    return ", ".join(repr(v) for v in values[:limit]) + more
+
+
 def _widening_problems(
     tmpl: CheckpointJobTemplate,
     envs: list[EnvironmentTemplate],
     sources: list[Any],
 ) -> list[str]:
-    """Job parameter definitions that loosen a constraint an earlier template set.
+    """Job parameter definitions that admit a value an earlier template's definition refused.
 
     Template Schemas 1.2.1: the definitions of one job parameter are processed in order, the
     external environment templates in the order given and then the job template, and each
-    constraint may only become more constrained: a later ``allowedValues`` a subset of the
-    earlier, a later ``minValue``/``minLength`` no lower and ``maxValue``/``maxLength`` no
-    higher. openjd-model 0.14 intersects the constraints instead, so a job template that widens
-    an environment's range is accepted there; here it is refused, naming both definitions.
-    (The type must be the same too: openjd-model refuses a change of type.)
+    constraint may only become more constrained. Read as sets of admissible values: what a later
+    definition admits (with the constraints it leaves out taken from the earlier ones) must be
+    admitted by the earlier ones too. So a later ``allowedValues`` must be a subset of the
+    earlier, and each of its values must meet the earlier bounds (then a looser bound beside it
+    admits nothing more); without a list of allowed values, a later ``minValue``/``minLength``
+    may be no lower and ``maxValue``/``maxLength`` no higher. openjd-model 0.14 intersects the
+    constraints instead, so a job template that widens an environment's range is accepted
+    there; here it is refused, naming both definitions. (The type must be the same too:
+    openjd-model refuses a change of type.)
     """
     chain: dict[str, list[tuple[str, Any]]] = {}
     for env, source in zip(envs, sources, strict=True):
@@ -661,52 +681,77 @@ def _widening_problems(
         where = f"{job_label}, parameterDefinitions[{i}]"
         chain.setdefault(str(definition.name), []).append((where, definition))
     problems: list[str] = []
+    rule = "a template processed later may only narrow a job parameter's constraints"
     for name, definitions in chain.items():
         if len(definitions) < 2:
             continue
-        # the tightest value of each constraint so far, and where it was set
-        tightest: dict[str, tuple[Any, str]] = {}
-        allowed_so_far: tuple[set[Any], list[Any], str] | None = None
+        bounds: dict[str, tuple[Any, Any, str]] = {}  # key -> (value, as written, where)
+        allowed: tuple[list[Any], str] | None = None  # the allowed values so far, where set
         for where, definition in definitions:
-            for key, narrower, words in _NARROWED:
-                raw = getattr(definition, key, None)
-                if raw is None:
-                    continue
-                value = _constraint_value(raw)
-                if key in tightest:
-                    earlier, earlier_where = tightest[key]
-                    if not narrower(value, earlier):
-                        problems.append(
-                            f"job parameter {name}: {where}: {key} {raw} widens the {key} "
-                            f"{earlier} of {earlier_where}; a template processed later may "
-                            f"only narrow a job parameter's constraints ({key} {words} "
-                            f"{earlier}; Template Schemas 1.2.1)"
-                        )
-                        continue
-                tightest[key] = (value, where)
-            allowed = getattr(definition, "allowedValues", None)
-            if allowed:
-                numeric = str(getattr(definition.type, "value", definition.type)) in (
-                    "INT",
-                    "FLOAT",
-                )
-                values = [_constraint_value(a) if numeric else str(a) for a in allowed]
-                if allowed_so_far is not None:
-                    earlier_set, earlier_list, earlier_where = allowed_so_far
-                    extra = [
-                        str(a) for a, v in zip(allowed, values, strict=True) if v not in earlier_set
+            numeric = str(getattr(definition.type, "value", definition.type)) in ("INT", "FLOAT")
+
+            def norm(value: Any, numeric: bool = numeric) -> Any:
+                return _constraint_value(value) if numeric else str(value)
+
+            own = {
+                key: (_constraint_value(raw), raw)
+                for key, *_ in _NARROWED
+                if (raw := getattr(definition, key, None)) is not None
+            }
+            own_allowed = list(getattr(definition, "allowedValues", None) or [])
+            candidates = own_allowed or (allowed[0] if allowed else [])
+            if bounds or allowed:
+                if candidates:  # a finite set: each value its own constraints admit must have
+                    # been admitted before (a value it lists must not be one an earlier bound
+                    # refused, though openjd-model's merge would drop it)
+                    admitted = [
+                        v for v in candidates if all(_admits(k, b, v) for k, (b, _r) in own.items())
                     ]
-                    if extra:
-                        problems.append(
-                            f"job parameter {name}: {where}: allowedValues "
-                            f"{[str(a) for a in allowed]} widens the allowedValues "
-                            f"{[str(a) for a in earlier_list]} of {earlier_where} (adds "
-                            f"{', '.join(extra)}); a template processed later may only narrow "
-                            "a job parameter's constraints (allowedValues a subset; Template "
-                            "Schemas 1.2.1)"
-                        )
-                        continue
-                allowed_so_far = (set(values), list(allowed), where)
+                    if allowed and own_allowed:
+                        earlier = {norm(a) for a in allowed[0]}
+                        extra = [str(v) for v in admitted if norm(v) not in earlier]
+                        if extra:
+                            problems.append(
+                                f"job parameter {name}: {where}: allowedValues "
+                                f"{[str(a) for a in own_allowed]} widens the allowedValues "
+                                f"{[str(a) for a in allowed[0]]} of {allowed[1]} (adds "
+                                f"{_shown_values(extra)}); {rule} (allowedValues a subset; "
+                                "Template Schemas 1.2.1)"
+                            )
+                    for key, (bound, raw_bound, bound_where) in bounds.items():
+                        outside = [str(v) for v in admitted if not _admits(key, bound, v)]
+                        if outside:
+                            subject = (
+                                f"{key} {own[key][1]}"
+                                if key in own
+                                else f"allowedValues {[str(a) for a in own_allowed]}"
+                            )
+                            problems.append(
+                                f"job parameter {name}: {where}: its {subject} admits "
+                                f"{_shown_values(outside)}, outside the {key} {raw_bound} of "
+                                f"{bound_where}; {rule} (Template Schemas 1.2.1)"
+                            )
+                else:  # no list of values anywhere: compare the bounds themselves
+                    for key, narrower, words in _NARROWED:
+                        if key in own and key in bounds:
+                            value, raw = own[key]
+                            earlier, raw_earlier, earlier_where = bounds[key]
+                            if not narrower(value, earlier):
+                                problems.append(
+                                    f"job parameter {name}: {where}: {key} {raw} widens the "
+                                    f"{key} {raw_earlier} of {earlier_where}; {rule} ({key} "
+                                    f"{words} {raw_earlier}; Template Schemas 1.2.1)"
+                                )
+            # the merged constraints so far (the tighter of each, as openjd-model merges them)
+            for key, narrower, _words in _NARROWED:
+                if key in own and (key not in bounds or narrower(own[key][0], bounds[key][0])):
+                    bounds[key] = (own[key][0], own[key][1], where)
+            if own_allowed:
+                if allowed:
+                    earlier = {norm(a) for a in allowed[0]}
+                    allowed = ([a for a in own_allowed if norm(a) in earlier], where)
+                else:
+                    allowed = (own_allowed, where)
     return problems
 
 

@@ -186,3 +186,59 @@ def test_narrowing_and_leaving_a_constraint_out_are_accepted(tmp_path: Path) -> 
     allowed = env_file(tmp_path, "Allowed", {"name": "P", "type": "INT", "allowedValues": [1, 2]})
     job = parse_template(job_with(allowedValues=[2], default=2))
     prepare_job(job, {}, environments=[allowed], current_working_dir=tmp_path)
+
+
+def test_a_looser_bound_beside_a_narrower_list_of_values_admits_nothing_more(
+    tmp_path: Path,
+) -> None:
+    """base/jobs/1.2.1--allowedvalues-intersection-string: the job's maxLength 10 is looser than
+    the environment's 9, but its allowedValues (5 and 6 characters) are a subset of the
+    environment's and meet its bounds, so the job admits no value the environment refused."""
+    env = env_file(
+        tmp_path,
+        "Env",
+        {
+            "name": "P",
+            "type": "STRING",
+            "allowedValues": ["aaa", "bbbbb", "cccccc"],
+            "minLength": 1,
+            "maxLength": 9,
+        },
+    )
+    doc = job_with(
+        type="STRING",
+        allowedValues=["bbbbb", "cccccc"],
+        minLength=2,
+        maxLength=10,
+        default="bbbbb",
+    )
+    prepared = prepare_job(
+        parse_template(doc), {}, environments=[env], current_working_dir=tmp_path
+    )
+    assert prepared.parameter_values["P"].value == "bbbbb"
+
+
+def test_allowed_values_outside_an_earlier_bound_are_refused(tmp_path: Path) -> None:
+    env = env_file(tmp_path, "Env", {"name": "P", "type": "STRING", "minLength": 4})
+    doc = job_with(type="STRING", allowedValues=["aaa", "bbbbb"], default="bbbbb")
+    with pytest.raises(TemplateError) as err:
+        prepare_job(parse_template(doc), {}, environments=[env], current_working_dir=tmp_path)
+    assert (
+        "its allowedValues ['aaa', 'bbbbb'] admits 'aaa', outside the minLength 4 of "
+        "environment template"
+    ) in str(err.value)
+
+
+def test_a_looser_bound_that_admits_an_earlier_allowed_value_is_refused(tmp_path: Path) -> None:
+    first = env_file(tmp_path, "First", {"name": "P", "type": "INT", "maxValue": 10})
+    second = env_file(tmp_path, "Second", {"name": "P", "type": "INT", "allowedValues": [5, 8]})
+    doc = job_with(maxValue=20, default=5)
+    prepare_job(parse_template(doc), {}, environments=[first, second], current_working_dir=tmp_path)
+    doc = job_with(allowedValues=[5, 12], default=5)
+    with pytest.raises(TemplateError) as err:
+        prepare_job(
+            parse_template(doc), {}, environments=[first, second], current_working_dir=tmp_path
+        )
+    text = str(err.value)
+    assert "allowedValues ['5', '12'] widens the allowedValues ['5', '8'] of environment" in text
+    assert "its allowedValues ['5', '12'] admits '12', outside the maxValue 10 of" in text
