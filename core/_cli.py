@@ -738,9 +738,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         type=Path,
         metavar="FILE",
-        help="an environment template (JSON or YAML) entered around every task; repeatable: "
-        "the environments are entered in the order given (and exited in reverse), before the "
-        "job's own",
+        help="an external environment template (JSON or YAML); repeatable: each session "
+        "enters them in the order given, before the job's own environments, and exits them in "
+        "reverse",
     )
     run.add_argument(
         "--path-mapping-rules",
