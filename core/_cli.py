@@ -20,8 +20,8 @@ from typing import Any
 from ._early import EARLY_SIGNALS
 from ._errors import OpenJDCheckpointError, RunError, StoreError, TemplateError
 from ._files import DEFAULT_GC_GRACE_SECONDS, collect_file_garbage
-from ._inputs import read_input_file, safe_yaml_load
-from ._job import load_path_mapping_rules, prepare_job
+from ._inputs import load_document, read_input_file
+from ._job import load_environment_template, load_path_mapping_rules, prepare_job
 from ._resume import RefusalCode, ResumeHow, ResumeRefusedError
 from ._run import delete_run, request_termination
 from ._runner import (
@@ -38,6 +38,9 @@ from ._store import (
 )
 from ._task import StopIntent, TaskEvent, TaskExecution
 from ._template import load_template
+
+ENV_VERSION = "environment-2023-09"
+"""The ``specificationVersion`` that makes ``check`` validate an environment template."""
 
 EPILOG = """\
 exit codes of 'run' and 'resume':
@@ -109,27 +112,141 @@ def _write(stream: Any, text: str) -> None:
         _closed_streams.add(id(stream))
 
 
+PARAM_FORMS = (
+    "NAME=VALUE, file://PATH or @PATH (a JSON or YAML document of name: value pairs), or "
+    "inline JSON such as '{\"NAME\": VALUE}'"
+)
+"""The forms ``-p``/``--job-param`` takes (those of openjd-cli's ``--job-param``, and ours)."""
+
+_PARAM_OPTION = "-p/--job-param"
+
+
+def _shown(text: str, limit: int = 120) -> str:
+    """An argument for a message, cut to ``limit`` characters."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _param_text(name: str, value: Any, where: str) -> str:
+    """A job parameter value from a JSON or YAML document as the text openjd-model takes: a
+    string as it is, a boolean as true/false, a number in base 10, a list as JSON."""
+    if isinstance(value, str):
+        return value
+    if value is None:
+        raise TemplateError([f"{where}: {name}: the value is null; give a value"])
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, (list, dict)):
+        return json.dumps(value)
+    return str(value)  # a YAML date or time: as written
+
+
+def _param_document(data: Any, where: str) -> dict[str, str]:
+    if not isinstance(data, dict):
+        raise TemplateError(
+            [
+                f"{where}: must hold a mapping of job parameter names to values, not a "
+                f"{type(data).__name__}"
+            ]
+        )
+    return {str(k): _param_text(str(k), v, where) for k, v in data.items()}
+
+
+def _param_file(path: Path, where: str) -> dict[str, str]:
+    try:
+        text = read_input_file(path, "parameter file")
+        data = load_document(text, json_format=path.suffix.lower() == ".json", source=path)
+    except TemplateError as exc:
+        raise TemplateError([f"{where}: {exc}"]) from None
+    return _param_document(data, where)
+
+
 def _params(pairs: list[str]) -> dict[str, str]:
+    """Job parameter values from ``-p``/``--job-param`` arguments, combined in order (a later
+    value of a name replaces an earlier one). Each argument is one of ``PARAM_FORMS``.
+
+    Raises:
+        TemplateError: an argument in none of the forms, or a file or JSON that cannot be read;
+            the message names the option and the argument.
+    """
     out: dict[str, str] = {}
     for pair in pairs:
-        if pair.startswith("@") or (pair.endswith((".json", ".yaml", ".yml")) and "=" not in pair):
-            path = Path(pair.lstrip("@"))
+        text = pair.strip()
+        where = f"{_PARAM_OPTION} {_shown(pair)}"
+        if text.startswith("file://"):
+            path = Path(text[len("file://") :]).expanduser()
+            if text == "file://":
+                raise TemplateError([f"{where}: no file named after 'file://'"])
+            out.update(_param_file(path, where))
+        elif text.startswith("@") or (
+            text.endswith((".json", ".yaml", ".yml")) and "=" not in text
+        ):
+            out.update(_param_file(Path(text.lstrip("@")).expanduser(), where))
+        elif text.startswith("{"):
             try:
-                data = safe_yaml_load(read_input_file(path, "parameter file"), path)
-            except TemplateError as exc:
-                raise TemplateError([f"-p {pair}: {p}" for p in exc.problems]) from None
-            if not isinstance(data, dict):
-                raise TemplateError([f"-p {pair}: a parameter file must hold a mapping"])
-            out.update({str(k): str(v) for k, v in data.items()})
-            continue
-        name, eq, value = pair.partition("=")
-        if not eq or not name:
-            raise TemplateError([f"-p {pair!r}: expected NAME=VALUE"])
-        out[name] = value
+                data = json.loads(text)
+            except (json.JSONDecodeError, RecursionError) as exc:
+                msg = (
+                    f"{exc.msg} at column {exc.colno}"
+                    if isinstance(exc, json.JSONDecodeError)
+                    else "nested too deeply"
+                )
+                raise TemplateError([f"{where}: not valid inline JSON: {msg}"]) from None
+            out.update(_param_document(data, where))
+        else:
+            name, eq, value = pair.partition("=")
+            if not eq or not name.strip():
+                raise TemplateError([f"{where}: expected {PARAM_FORMS}"])
+            out[name.strip()] = value
     return out
 
 
+def _path_mapping_rules(value: str) -> list[Any]:
+    """``--path-mapping-rules``: inline JSON, ``file://PATH`` or a plain path (JSON, or YAML when
+    the file is named ``.yaml``/``.yml``).
+
+    Raises:
+        TemplateError: unreadable or invalid rules, naming the option.
+    """
+    text = value.strip()
+    where = f"--path-mapping-rules {_shown(value)}"
+    try:
+        if text.startswith(("{", "[")):
+            try:
+                obj = json.loads(text)
+            except (json.JSONDecodeError, RecursionError) as exc:
+                msg = (
+                    f"{exc.msg} at column {exc.colno}"
+                    if isinstance(exc, json.JSONDecodeError)
+                    else "nested too deeply"
+                )
+                raise TemplateError([f"not valid inline JSON: {msg}"]) from None
+            return load_path_mapping_rules(obj)
+        if text.startswith("file://"):
+            if text == "file://":
+                raise TemplateError(["no file named after 'file://'"])
+            return load_path_mapping_rules(Path(text[len("file://") :]).expanduser())
+        return load_path_mapping_rules(Path(value).expanduser())
+    except TemplateError as exc:
+        raise TemplateError([f"{where}: {exc}"]) from None
+
+
 def _cmd_check(args: argparse.Namespace) -> int:
+    path = Path(args.template)
+    document = load_document(
+        read_input_file(path, "template file"),
+        json_format=path.suffix.lower() == ".json",
+        source=path,
+    )
+    if isinstance(document, dict) and document.get("specificationVersion") == ENV_VERSION:
+        env = load_environment_template(path)
+        name = getattr(getattr(env, "environment", None), "name", "")
+        print(f"{args.template}: valid environment template {name!r}")
+        env_extensions = list(getattr(env, "extensions", None) or [])
+        if env_extensions:
+            print(f"  extensions: {', '.join(sorted(str(e) for e in env_extensions))}")
+        return 0
     tmpl = load_template(args.template)
     resumable = sorted(tmpl.resume_actions)
     print(f"{args.template}: valid job template {tmpl.name!r}")
@@ -140,12 +257,17 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    for env_path in args.environment or []:  # each refusal names the option
+        try:
+            load_environment_template(env_path)
+        except TemplateError as exc:
+            raise TemplateError([f"--environment {env_path}: {exc}"]) from None
     job = prepare_job(
         args.template,
         _params(args.parameter or []),
         environments=args.environment or [],
         path_mapping_rules=(
-            load_path_mapping_rules(args.path_mapping_rules) if args.path_mapping_rules else []
+            _path_mapping_rules(args.path_mapping_rules) if args.path_mapping_rules else []
         ),
     )
     return _execute(args, job, how=ResumeHow.REQUEUE if args.fresh else ResumeHow.RETRY)
@@ -572,8 +694,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    check = sub.add_parser("check", help="validate a job template")
-    check.add_argument("template", type=Path, help="job template file (YAML or JSON)")
+    check = sub.add_parser(
+        "check",
+        help="validate a job template or an environment template",
+        description="Validate a job template, or an environment template (one whose "
+        "specificationVersion is environment-2023-09). Exit 0 if valid, 2 if not.",
+    )
+    check.add_argument(
+        "template", type=Path, help="job or environment template file (YAML or JSON)"
+    )
     check.set_defaults(func=_cmd_check)
 
     run = sub.add_parser(
@@ -585,10 +714,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("template", type=Path, help="job template file (YAML or JSON)")
     run.add_argument(
         "-p",
+        "--job-param",
         "--parameter",
+        dest="parameter",
         action="append",
-        metavar="NAME=VALUE",
-        help="a job parameter value (repeatable), or @FILE of name: value pairs",
+        metavar="NAME=VALUE|file://PATH|JSON",
+        help="job parameter values (repeatable, combined in order; a later value of a name wins): "
+        "NAME=VALUE, file://PATH or @PATH (a JSON or YAML document of name: value pairs), or "
+        "inline JSON such as '{\"N\": 5}'",
     )
     run.add_argument(
         "--store",
@@ -600,13 +733,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--environment",
+        "--env",
+        dest="environment",
         action="append",
         type=Path,
         metavar="FILE",
-        help="an environment template entered around every task (repeatable)",
+        help="an external environment template (JSON or YAML); repeatable: each session "
+        "enters them in the order given, before the job's own environments, and exits them in "
+        "reverse",
     )
     run.add_argument(
-        "--path-mapping-rules", metavar="FILE", help="path mapping rules JSON (as openjd-cli takes)"
+        "--path-mapping-rules",
+        metavar="RULES",
+        help="path mapping rules ('pathmapping-1.0', as openjd-cli takes them): inline JSON, "
+        "file://PATH, or a plain PATH (a JSON document, or YAML when named .yaml/.yml)",
     )
     _add_run_options(run)
     run.set_defaults(func=_cmd_run)
@@ -626,10 +766,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     resume.add_argument(
         "-p",
+        "--job-param",
         "--parameter",
+        dest="parameter",
         action="append",
-        metavar="NAME=VALUE",
-        help="job parameter values (default: the run's; others are refused)",
+        metavar="NAME=VALUE|file://PATH|JSON",
+        help="job parameter values, in the forms 'run' takes (default: the run's; others are "
+        "refused)",
     )
     resume.add_argument(
         "--from",

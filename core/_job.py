@@ -18,6 +18,7 @@ import re
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,7 @@ from ._template import (
     WRAP_NEEDS_EXPR,
     CheckpointJobTemplate,
     canonical_json,
+    int64_problems,
     load_template,
     sha256_hex,
 )
@@ -465,6 +467,9 @@ def load_environment_template(path: str | Path) -> EnvironmentTemplate:
     p = Path(path)
     text = read_input_file(p, "environment template")
     obj = load_document(text, json_format=p.suffix.lower() == ".json", source=p)
+    problems = int64_problems(obj)  # openjd-model 0.14 takes INT values past int64
+    if problems:
+        raise TemplateError(problems, source=str(p))
     try:
         env = decode_environment_template(
             template=obj, supported_extensions=sorted(MODEL_EXTENSIONS)
@@ -482,8 +487,9 @@ def load_environment_template(path: str | Path) -> EnvironmentTemplate:
 def load_path_mapping_rules(
     source: str | Path | list[Any] | dict[str, Any],
 ) -> list[PathMappingRule]:
-    """Path mapping rules from a file or a decoded object: a list of rules, or
-    ``{"version": "pathmapping-1.0", "path_mapping_rules": [...]}`` as openjd-cli takes.
+    """Path mapping rules from a file (JSON, or YAML when it is named ``.yaml``/``.yml``) or a
+    decoded object: a list of rules, or ``{"version": "pathmapping-1.0", "path_mapping_rules":
+    [...]}`` as openjd-cli takes.
 
     Raises:
         TemplateError: the rules are unreadable or invalid.
@@ -492,16 +498,26 @@ def load_path_mapping_rules(
         obj: Any = source
         if isinstance(source, (str, Path)):
             text = read_input_file(source, "path mapping rules file")
-            obj = load_document(text, json_format=True, source=source)
+            is_yaml = Path(source).suffix.lower() in (".yaml", ".yml")
+            obj = load_document(text, json_format=not is_yaml, source=source)
         if isinstance(obj, dict):
-            obj = obj.get("path_mapping_rules", [])
+            if obj.get("version") != "pathmapping-1.0":
+                raise ValueError(
+                    f"'version' must be 'pathmapping-1.0' (got {obj.get('version')!r})"
+                )
+            obj = obj.get("path_mapping_rules")
+            if not isinstance(obj, list):
+                raise ValueError("'path_mapping_rules' must be a list of rules")
         if not isinstance(obj, list):
-            raise ValueError("expected a list of rules")
+            raise ValueError(
+                "expected a list of rules, or an object with 'version' and 'path_mapping_rules'"
+            )
         return [PathMappingRule.from_dict(rule=r) for r in obj]
     except TemplateError:
         raise
     except (OSError, ValueError, TypeError, KeyError) as exc:
-        raise TemplateError([f"path mapping rules: {exc}"], source=str(source)) from None
+        where = str(source) if isinstance(source, (str, Path)) else None
+        raise TemplateError([f"path mapping rules: {exc}"], source=where) from None
 
 
 def prepare_job(
@@ -526,14 +542,22 @@ def prepare_job(
     """
     tmpl = template if isinstance(template, CheckpointJobTemplate) else load_template(template)
     # openjd-model 0.14 exports EnvironmentTemplate as a typing alias: test for paths instead.
-    envs = [load_environment_template(e) if isinstance(e, (str, Path)) else e for e in environments]
+    env_sources = list(environments)
+    envs = [load_environment_template(e) if isinstance(e, (str, Path)) else e for e in env_sources]
+    narrowing = _widening_problems(tmpl, envs, env_sources)
+    if narrowing:
+        raise TemplateError(narrowing, source=str(tmpl.source) if tmpl.source else None)
     template_dir = tmpl.source.parent if tmpl.source else Path.cwd()
     cwd = (current_working_dir or Path.cwd()).resolve()
     raw = {k: str(v) if not isinstance(v, str) else v for k, v in (parameters or {}).items()}
+    uses_expr = "EXPR" in tmpl.extensions or any(
+        "EXPR" in (getattr(e, "extensions", None) or []) for e in envs
+    )
+    given = _normalize_given_paths(tmpl, envs, raw, cwd, keep_uris=uses_expr)
     try:
         values = preprocess_job_parameters(
             job_template=tmpl.template,
-            job_parameter_values=raw,
+            job_parameter_values=given,
             job_template_dir=template_dir.resolve(),
             current_working_dir=cwd,
             environment_templates=envs or None,
@@ -541,9 +565,7 @@ def prepare_job(
         values = _join_list_paths(tmpl, raw, values, template_dir.resolve(), cwd)
         job_scope: dict[str, Any] = {}
         step_scopes: dict[str, dict[str, Any]] = {}
-        if "EXPR" in tmpl.extensions or any(
-            "EXPR" in (getattr(e, "extensions", None) or []) for e in envs
-        ):
+        if uses_expr:
             created = create_job_with_symbol_tables(
                 job_template=tmpl.template,
                 job_parameter_values=values,
@@ -579,13 +601,190 @@ def prepare_job(
         parameter_values=values,
         environments=envs,
         environment_paths=[
-            str(Path(e).resolve()) for e in environments if isinstance(e, (str, Path))
+            str(Path(e).resolve()) for e in env_sources if isinstance(e, (str, Path))
         ],
         path_mapping_rules=list(path_mapping_rules or []),
         job_key=sha256_hex(canonical_json({"name": tmpl.name}))[:16],
         job_scope=job_scope,
         step_scopes=step_scopes,
     )
+
+
+_NARROWED: tuple[tuple[str, Any, str], ...] = (
+    # (constraint, whether a later value is no looser than the earlier one, in words)
+    ("minValue", lambda later, earlier: later >= earlier, "at least"),
+    ("maxValue", lambda later, earlier: later <= earlier, "at most"),
+    ("minLength", lambda later, earlier: later >= earlier, "at least"),
+    ("maxLength", lambda later, earlier: later <= earlier, "at most"),
+)
+
+
+def _constraint_value(value: Any) -> Any:
+    """A constraint's value, comparable across definitions (INT and FLOAT bounds as Decimal,
+    so that ``10`` and ``"10"`` and ``10.0`` compare equal)."""
+    if isinstance(value, bool) or value is None:
+        return value
+    try:
+        return Decimal(str(value))
+    except (InvalidOperation, ValueError):
+        return str(value)
+
+
+def _admits(key: str, bound: Any, value: Any) -> bool:
+    """Whether a bound (``minValue``, ``maxLength``, ...) admits an allowed value."""
+    if key in ("minLength", "maxLength"):
+        measure: Any = Decimal(len(str(value)))
+    else:
+        measure = _constraint_value(value)
+        if not isinstance(measure, Decimal):
+            return True  # not a number: openjd-model judges it
+    return bool(measure >= bound if key.startswith("min") else measure <= bound)
+
+
+def _shown_values(values: list[str], limit: int = 5) -> str:
+    more = f" and {len(values) - limit} more" if len(values) > limit else ""
+    return ", ".join(repr(v) for v in values[:limit]) + more
+
+
+def _widening_problems(
+    tmpl: CheckpointJobTemplate,
+    envs: list[EnvironmentTemplate],
+    sources: list[Any],
+) -> list[str]:
+    """Job parameter definitions that admit a value an earlier template's definition refused.
+
+    Template Schemas 1.2.1: the definitions of one job parameter are processed in order, the
+    external environment templates in the order given and then the job template, and each
+    constraint may only become more constrained. Read as sets of admissible values: what a later
+    definition admits (with the constraints it leaves out taken from the earlier ones) must be
+    admitted by the earlier ones too. So a later ``allowedValues`` must be a subset of the
+    earlier, and each of its values must meet the earlier bounds (then a looser bound beside it
+    admits nothing more); without a list of allowed values, a later ``minValue``/``minLength``
+    may be no lower and ``maxValue``/``maxLength`` no higher. openjd-model 0.14 intersects the
+    constraints instead, so a job template that widens an environment's range is accepted
+    there; here it is refused, naming both definitions. (The type must be the same too:
+    openjd-model refuses a change of type.)
+    """
+    chain: dict[str, list[tuple[str, Any]]] = {}
+    for env, source in zip(envs, sources, strict=True):
+        env_name = getattr(getattr(env, "environment", None), "name", "?")
+        label = (
+            f"environment template {str(source)!r} ({env_name})"
+            if isinstance(source, (str, Path))
+            else f"environment template {env_name!r}"
+        )
+        for i, definition in enumerate(getattr(env, "parameterDefinitions", None) or []):
+            where = f"{label}, parameterDefinitions[{i}]"
+            chain.setdefault(str(definition.name), []).append((where, definition))
+    job_label = f"job template {str(tmpl.source)!r}" if tmpl.source else "the job template"
+    for i, definition in enumerate(getattr(tmpl.template, "parameterDefinitions", None) or []):
+        where = f"{job_label}, parameterDefinitions[{i}]"
+        chain.setdefault(str(definition.name), []).append((where, definition))
+    problems: list[str] = []
+    rule = "a template processed later may only narrow a job parameter's constraints"
+    for name, definitions in chain.items():
+        if len(definitions) < 2:
+            continue
+        bounds: dict[str, tuple[Any, Any, str]] = {}  # key -> (value, as written, where)
+        allowed: tuple[list[Any], str] | None = None  # the allowed values so far, where set
+        for where, definition in definitions:
+            numeric = str(getattr(definition.type, "value", definition.type)) in ("INT", "FLOAT")
+
+            def norm(value: Any, numeric: bool = numeric) -> Any:
+                return _constraint_value(value) if numeric else str(value)
+
+            own = {
+                key: (_constraint_value(raw), raw)
+                for key, *_ in _NARROWED
+                if (raw := getattr(definition, key, None)) is not None
+            }
+            own_allowed = list(getattr(definition, "allowedValues", None) or [])
+            candidates = own_allowed or (allowed[0] if allowed else [])
+            if bounds or allowed:
+                if candidates:  # a finite set: each value its own constraints admit must have
+                    # been admitted before (a value it lists must not be one an earlier bound
+                    # refused, though openjd-model's merge would drop it)
+                    admitted = [
+                        v for v in candidates if all(_admits(k, b, v) for k, (b, _r) in own.items())
+                    ]
+                    if allowed and own_allowed:
+                        earlier = {norm(a) for a in allowed[0]}
+                        extra = [str(v) for v in admitted if norm(v) not in earlier]
+                        if extra:
+                            problems.append(
+                                f"job parameter {name}: {where}: allowedValues "
+                                f"{[str(a) for a in own_allowed]} widens the allowedValues "
+                                f"{[str(a) for a in allowed[0]]} of {allowed[1]} (adds "
+                                f"{_shown_values(extra)}); {rule} (allowedValues a subset; "
+                                "Template Schemas 1.2.1)"
+                            )
+                    for key, (bound, raw_bound, bound_where) in bounds.items():
+                        outside = [str(v) for v in admitted if not _admits(key, bound, v)]
+                        if outside:
+                            subject = (
+                                f"{key} {own[key][1]}"
+                                if key in own
+                                else f"allowedValues {[str(a) for a in own_allowed]}"
+                            )
+                            problems.append(
+                                f"job parameter {name}: {where}: its {subject} admits "
+                                f"{_shown_values(outside)}, outside the {key} {raw_bound} of "
+                                f"{bound_where}; {rule} (Template Schemas 1.2.1)"
+                            )
+                else:  # no list of values anywhere: compare the bounds themselves
+                    for key, narrower, words in _NARROWED:
+                        if key in own and key in bounds:
+                            value, raw = own[key]
+                            earlier, raw_earlier, earlier_where = bounds[key]
+                            if not narrower(value, earlier):
+                                problems.append(
+                                    f"job parameter {name}: {where}: {key} {raw} widens the "
+                                    f"{key} {raw_earlier} of {earlier_where}; {rule} ({key} "
+                                    f"{words} {raw_earlier}; Template Schemas 1.2.1)"
+                                )
+            # the merged constraints so far (the tighter of each, as openjd-model merges them)
+            for key, narrower, _words in _NARROWED:
+                if key in own and (key not in bounds or narrower(own[key][0], bounds[key][0])):
+                    bounds[key] = (own[key][0], own[key][1], where)
+            if own_allowed:
+                if allowed:
+                    earlier = {norm(a) for a in allowed[0]}
+                    allowed = ([a for a in own_allowed if norm(a) in earlier], where)
+                else:
+                    allowed = (own_allowed, where)
+    return problems
+
+
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def _normalize_given_paths(
+    tmpl: CheckpointJobTemplate,
+    envs: list[EnvironmentTemplate],
+    raw: Mapping[str, str],
+    cwd: Path,
+    *,
+    keep_uris: bool,
+) -> dict[str, str]:
+    """The given job parameter values with each relative PATH value joined with the current
+    directory and normalized lexically (Template Schemas 2.2): ``a/../b``, ``./x``, ``x/`` and
+    ``x//y`` become ``<cwd>/b``, ``<cwd>/x``, ``<cwd>/x`` and ``<cwd>/x/y``, as a default is
+    normalized against the template's folder. openjd-model 0.14 joins without collapsing
+    ``..``; joining here first means its constraint checks see the normalized value. The empty
+    value, absolute values and (under EXPR) URIs stay as they are."""
+    path_names = {
+        str(d.name)
+        for source in (tmpl.template, *envs)
+        for d in (getattr(source, "parameterDefinitions", None) or [])
+        if str(getattr(d.type, "value", d.type)) == "PATH"
+    }
+    out = dict(raw)
+    for name in path_names & set(raw):
+        value = raw[name]
+        if value == "" or os.path.isabs(value) or (keep_uris and _URI.match(value)):
+            continue
+        out[name] = os.path.normpath(os.path.join(cwd, value))
+    return out
 
 
 def _join_list_paths(
@@ -615,7 +814,7 @@ def _join_list_paths(
             continue
         joined: list[str] = []
         for element in (str(e) for e in value.value):
-            if element == "" or re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", element):
+            if element == "" or _URI.match(element):
                 joined.append(element)
             elif name in raw:
                 joined.append(

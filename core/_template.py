@@ -224,6 +224,98 @@ def sha256_hex(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+"""The range of an INT value (Expression Language 1.2.1: a 64-bit signed integer; both reference
+implementations store INT as int64)."""
+
+_INT_TEXT = re.compile(r"^\s*[+-]?\d+\s*$")
+_RANGE_PART = re.compile(r"^\s*([+-]?\d+)\s*(?:-\s*([+-]?\d+)\s*(?::\s*([+-]?\d+)\s*)?)?$")
+
+
+def _int64_problem(where: str, value: Any) -> str | None:
+    """A problem if ``value`` (an ``<integer>`` or ``<intstring>``) is outside int64."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        if not _INT_TEXT.match(value):
+            return None  # a format string, or not an integer (openjd-model judges those)
+        number = int(value)
+    elif isinstance(value, int):
+        number = value
+    else:
+        return None
+    if INT64_MIN <= number <= INT64_MAX:
+        return None
+    return (
+        f"{where}: {number} is outside the signed 64-bit integer range of an INT value "
+        f"({INT64_MIN} to {INT64_MAX})"
+    )
+
+
+def int64_problems(document: Any) -> list[str]:
+    """INT values of a job or environment template document outside the signed 64-bit range,
+    each named by its field path: an INT (or LIST[INT]) job parameter's ``default``,
+    ``minValue``, ``maxValue`` and ``allowedValues`` (and ``item.*``), and an INT or CHUNK[INT]
+    task parameter's ``range`` (a list, or a range expression). openjd-model 0.14 takes
+    Python's unbounded integers there."""
+    if not isinstance(document, dict):
+        return []
+    problems: list[str] = []
+
+    def check(where: str, value: Any) -> None:
+        found = _int64_problem(where, value)
+        if found:
+            problems.append(found)
+
+    def scalar_fields(where: str, node: dict[str, Any], *, default: bool) -> None:
+        keys = ("default", "minValue", "maxValue") if default else ("minValue", "maxValue")
+        for key in keys:
+            if key in node:
+                check(f"{where}.{key}", node[key])
+        allowed = node.get("allowedValues")
+        if isinstance(allowed, list):
+            for j, value in enumerate(allowed):
+                check(f"{where}.allowedValues[{j}]", value)
+
+    params = document.get("parameterDefinitions")
+    for i, param in enumerate(params if isinstance(params, list) else []):
+        if not isinstance(param, dict):
+            continue
+        where = f"parameterDefinitions[{i}]"
+        if isinstance(param.get("name"), str):
+            where += f" ({param['name']})"
+        if param.get("type") == "INT":
+            scalar_fields(where, param, default=True)
+        elif param.get("type") == "LIST[INT]":
+            default = param.get("default")
+            for j, value in enumerate(default if isinstance(default, list) else []):
+                check(f"{where}.default[{j}]", value)
+            item = param.get("item")
+            if isinstance(item, dict):
+                scalar_fields(f"{where}.item", item, default=False)
+    steps = document.get("steps")
+    for i, step in enumerate(steps if isinstance(steps, list) else []):
+        space = step.get("parameterSpace") if isinstance(step, dict) else None
+        defs = space.get("taskParameterDefinitions") if isinstance(space, dict) else None
+        for j, task_param in enumerate(defs if isinstance(defs, list) else []):
+            if not isinstance(task_param, dict):
+                continue
+            if task_param.get("type") not in ("INT", "CHUNK[INT]"):
+                continue
+            where = f"steps[{i}].parameterSpace.taskParameterDefinitions[{j}].range"
+            rng = task_param.get("range")
+            if isinstance(rng, list):
+                for k, value in enumerate(rng):
+                    check(f"{where}[{k}]", value)
+            elif isinstance(rng, str) and "{{" not in rng:
+                for part in rng.split(","):
+                    m = _RANGE_PART.match(part)
+                    for number in m.groups() if m else ():
+                        if number is not None:
+                            check(where, number)
+    return problems
+
+
 def load_template(path: str | Path) -> CheckpointJobTemplate:
     """Read a YAML or JSON job template file and validate it.
 
@@ -436,6 +528,12 @@ def _parse_merged(
                     f"steps[{i}].script.actions.onCheckpointResume: is part of the CHECKPOINT "
                     "extension, which the template does not declare in 'extensions'"
                 )
+    if problems:
+        raise TemplateError(problems, source=where)
+
+    # INT values past int64, which openjd-model takes as Python integers (or fails on with a
+    # message about C types).
+    problems.extend(int64_problems(doc))
     if problems:
         raise TemplateError(problems, source=where)
 

@@ -158,7 +158,7 @@ def test_a_parameter_file_larger_than_the_cap_is_refused(tmp_path: Path, templat
     big.write_text("S: " + "x" * (10 * 1024 * 1024) + "\n")
     code, out, _ = cli("run", template, "--store", tmp_path / "store", "-p", f"@{big}")
     assert code == 2, out
-    assert f"-p @{big}" in out and "the limit is 10,485,760 bytes" in out
+    assert f"-p/--job-param @{big}" in out and "the limit is 10,485,760 bytes" in out
 
 
 # --- YAML bombs -------------------------------------------------------------------------------

@@ -1,0 +1,130 @@
+"""PATH job parameter values (Template Schemas 2.2) in every form a user gives them: a relative
+value is joined with the current directory and normalized lexically, a default with the
+template's folder the same way; absolute values, the empty value and (under EXPR) URIs stay as
+given. The forms and what ``openjd run`` (openjd-cli 0.8) gives for each are in
+docs/decisions.md ("PATH values")."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, cli_cmd
+
+from core import TemplateError, prepare_job
+
+TEMPLATE = """\
+specificationVersion: jobtemplate-2023-09
+{extensions}name: Paths
+parameterDefinitions:
+- {{name: P, type: PATH, default: {default!r}}}
+steps:
+- name: A
+  script:
+    actions:
+      onRun:
+        command: python
+        args: ["-c", "print('VAL[{{{{Param.P}}}}] RAW[{{{{RawParam.P}}}}]')"]
+"""
+
+
+def template(folder: Path, default: str = ".", extensions: str = "") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "job.yaml"
+    path.write_text(TEMPLATE.format(default=default, extensions=extensions))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("given", "want"),
+    [
+        ("x", "cwd/x"),
+        ("./x", "cwd/x"),
+        ("x/", "cwd/x"),
+        ("x//y", "cwd/x/y"),
+        ("a/../b", "cwd/b"),  # openjd run keeps "a/../b"
+        ("a/b/..", "cwd/a"),  # openjd run keeps "a/b/.."
+        ("../up", "up"),  # openjd run keeps "cwd/../up"
+        (".", "cwd"),
+        ("sub/./deep/../x/", "cwd/sub/x"),
+    ],
+)
+def test_a_relative_value_is_joined_with_the_current_directory_and_normalized(
+    tmp_path: Path, given: str, want: str
+) -> None:
+    job = prepare_job(
+        template(tmp_path / "tmpl"), {"P": given}, current_working_dir=tmp_path / "cwd"
+    )
+    assert job.parameter_values["P"].value == str(tmp_path / want)
+
+
+@pytest.mark.parametrize("given", ["/abs/x", "/abs/../y", "/abs/./z/", ""])
+def test_absolute_and_empty_values_stay_as_given(tmp_path: Path, given: str) -> None:
+    job = prepare_job(template(tmp_path / "tmpl"), {"P": given}, current_working_dir=tmp_path)
+    assert job.parameter_values["P"].value == given
+
+
+def test_a_uri_stays_as_given_under_expr(tmp_path: Path) -> None:
+    path = template(tmp_path / "tmpl", extensions="extensions: [EXPR]\n")
+    job = prepare_job(path, {"P": "s3://bucket/a/../b"}, current_working_dir=tmp_path)
+    assert job.parameter_values["P"].value == "s3://bucket/a/../b"
+
+
+@pytest.mark.parametrize(
+    ("default", "want"),
+    [
+        (".", "tmpl"),
+        ("x", "tmpl/x"),
+        ("./x", "tmpl/x"),
+        ("x/", "tmpl/x"),
+        ("a//b", "tmpl/a/b"),
+        ("sub/../x", "tmpl/x"),
+        ("sub/./deep/../x/", "tmpl/sub/x"),
+    ],
+)
+def test_a_default_is_joined_with_the_template_folder_and_normalized(
+    tmp_path: Path, default: str, want: str
+) -> None:
+    job = prepare_job(template(tmp_path / "tmpl", default), {}, current_working_dir=tmp_path)
+    assert job.parameter_values["P"].value == str(tmp_path / want)
+
+
+@pytest.mark.parametrize("default", ["..", "../x", "sub/../../x", "/abs"])
+def test_a_default_outside_the_template_folder_is_refused(tmp_path: Path, default: str) -> None:
+    with pytest.raises(TemplateError) as err:
+        prepare_job(template(tmp_path / "tmpl", default), {}, current_working_dir=tmp_path)
+    assert "P" in str(err.value)
+
+
+def test_allowed_values_are_checked_against_the_normalized_value(tmp_path: Path) -> None:
+    folder = tmp_path / "tmpl"
+    folder.mkdir()
+    path = folder / "job.yaml"
+    path.write_text(
+        TEMPLATE.format(default=".", extensions="").replace(
+            "default: '.'}", f"allowedValues: [{str(tmp_path / 'b')!r}]}}"
+        )
+    )
+    job = prepare_job(path, {"P": "a/../b"}, current_working_dir=tmp_path)
+    assert job.parameter_values["P"].value == str(tmp_path / "b")
+    with pytest.raises(TemplateError):
+        prepare_job(path, {"P": "a/../c"}, current_working_dir=tmp_path)
+
+
+def test_the_cli_joins_with_its_current_directory(tmp_path: Path) -> None:
+    path = template(tmp_path / "tmpl")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    r = subprocess.run(
+        cli_cmd("run", str(path), "--store", str(tmp_path / "store"), "-q", "-p", "P=a/../b/"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr
+    assert f"VAL[{tmp_path / 'b'}] RAW[{tmp_path / 'b'}]" in r.stdout
