@@ -4,11 +4,13 @@ through ``openjd-checkpoint``, interruptions and later attempts included.
 The data uses the public format (``tests/conformance.py`` implements it) plus a few keys for
 jobs that are interrupted and run again; ``conformance/README.md`` describes them:
 
-- ``interrupt: {after: TEXT, mode: MODE, via: signal|stop}``: once a line of the attempt's
-  output contains TEXT, the scheduler requests interruption with MODE (``Suspended``,
-  ``Cancelled``, ``CancelledRunFinally``, ``StoppedRunFinally``). Our CLI's spelling:
-  ``Suspended`` is SIGTERM to the CLI process (``via: stop`` sends ``stop --mode Suspended``
-  instead); the other modes are ``openjd-checkpoint stop RUN_ID --mode MODE``.
+- ``interrupt: {after: TEXT, mode: MODE, via: signal|stop, refused: BOOL}`` (or a list of
+  them, delivered in order): once a line of the attempt's output contains TEXT, the scheduler
+  requests interruption with MODE (``Suspended``, ``Cancelled``, ``CancelledRunFinally``,
+  ``StoppedRunFinally``); with ``refused: true`` the scheduler must refuse the request. Our
+  CLI's spelling: ``Suspended`` is SIGTERM to the CLI process (``via: stop`` sends ``stop
+  --mode Suspended`` instead); the other modes are ``openjd-checkpoint stop RUN_ID --mode
+  MODE`` (a refusal is its exit 4).
 - ``expected.outcome``: how the attempt ends: ``Succeeded`` (exit 0), ``Failed`` (1),
   ``Suspended`` (75), ``Cancelled`` / ``Stopped`` (130, told apart by the run summary) or
   ``Refused`` (4: a resume refused, nothing ran).
@@ -173,38 +175,37 @@ class _Attempt:
         return code
 
 
-def _live_run_id(cli: Sequence[str], store: Path, cwd: Path, env: dict[str, str]) -> str | None:
-    """The id of the store's running run, from ``openjd-checkpoint runs``."""
-    out = subprocess.run(
-        [*cli, "runs", "--store", str(store)],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    ).stdout
-    rows = [ln.split() for ln in out.splitlines()[1:] if ln.strip()]
-    running = [r[0] for r in rows if len(r) > 1 and r[1] == "running"]
+def _live_run_id(store: Path) -> str | None:
+    """The id of the store's running run (read in-process: starting ``openjd-checkpoint runs``
+    costs seconds on a loaded machine, and the stop must come while the task still runs)."""
+    from core import CheckpointStore
+
+    try:
+        runs, _ = CheckpointStore(store).list_runs()
+    except Exception:  # the store is being created by the attempt
+        return None
+    running = [r.run_id for r in runs if r.status.value == "running"]
     return running[-1] if running else None
 
 
 def request_interruption(
     attempt: _Attempt,
-    mode: str,
-    via: str,
+    interrupt: dict[str, Any],
     cli: Sequence[str],
     store: Path,
     cwd: Path,
     env: dict[str, str],
     deadline: float,
 ) -> str | None:
-    """Deliver ``mode`` to the running attempt; None if delivered, else why not."""
-    if mode == "Suspended" and via == "signal":
+    """Deliver ``interrupt`` to the running attempt; None if that went as the case says
+    (accepted, or refused when ``refused`` is set), else why not."""
+    mode = interrupt["mode"]
+    if mode == "Suspended" and interrupt["via"] == "signal":
         attempt.proc.send_signal(signal.SIGTERM)
         return None
     run_id = None
     while run_id is None and time.monotonic() < deadline:
-        run_id = _live_run_id(cli, store, cwd, env)
+        run_id = _live_run_id(store)
         if run_id is None:
             time.sleep(0.1)
     if run_id is None:
@@ -217,6 +218,10 @@ def request_interruption(
         text=True,
         timeout=30,
     )
+    if interrupt["refused"]:
+        if asked.returncode != 4:
+            return f"stop --mode {mode} exited {asked.returncode}; it must be refused (exit 4)"
+        return None
     if asked.returncode != 0:
         return f"stop --mode {mode} exited {asked.returncode}: {asked.stderr.strip()}"
     return None
@@ -254,15 +259,24 @@ def check_attempt(
     return ""
 
 
-def _interrupt_spec(raw: Any) -> dict[str, Any] | None:
-    if raw is None:
-        return None
-    if not isinstance(raw, dict) or "after" not in raw or raw.get("mode") not in MODES:
-        raise ValueError(f"unreadable interrupt {raw!r} (needs 'after' and a mode of {MODES})")
-    via = raw.get("via", "signal" if raw["mode"] == "Suspended" else "stop")
-    if via not in ("signal", "stop") or (via == "signal" and raw["mode"] != "Suspended"):
-        raise ValueError(f"interrupt: 'via: {via}' cannot deliver {raw['mode']}")
-    return {"after": str(raw["after"]), "mode": raw["mode"], "via": via}
+def _interrupt_specs(raw: Any) -> list[dict[str, Any]]:
+    """The attempt's interruption requests, in order (``interrupt`` is one or a list)."""
+    specs = []
+    for item in _as_list(raw):
+        if not isinstance(item, dict) or "after" not in item or item.get("mode") not in MODES:
+            raise ValueError(f"unreadable interrupt {item!r} (needs 'after' and a mode of {MODES})")
+        via = item.get("via", "signal" if item["mode"] == "Suspended" else "stop")
+        if via not in ("signal", "stop") or (via == "signal" and item["mode"] != "Suspended"):
+            raise ValueError(f"interrupt: 'via: {via}' cannot deliver {item['mode']}")
+        specs.append(
+            {
+                "after": str(item["after"]),
+                "mode": item["mode"],
+                "via": via,
+                "refused": bool(item.get("refused", False)),
+            }
+        )
+    return specs
 
 
 def run_interrupt_test(
@@ -294,7 +308,7 @@ def run_interrupt_test(
         for i, step in enumerate(steps):
             label = f"attempt {i + 1}"
             try:
-                interrupt = _interrupt_spec(step.get("interrupt"))
+                interrupts = _interrupt_specs(step.get("interrupt"))
             except ValueError as exc:
                 result.reason = f"{label}: {exc}"
                 return result
@@ -307,10 +321,11 @@ def run_interrupt_test(
             if start == "fresh":
                 cmd.append("--fresh")
             elif start == "resume":
-                if run_id is None:
+                target = step.get("runId", run_id)
+                if target is None:
                     result.reason = f"{label}: no run id from the previous attempt to resume"
                     return result
-                cmd = [*cli, "resume", run_id, "--store", str(store), "-q"]
+                cmd = [*cli, "resume", str(target), "--store", str(store), "-q"]
                 if "template" in step:
                     cmd += ["--template", str(workdir / "template.yaml")]
                 for pname, value in (step.get("parameters") or {}).items():
@@ -320,21 +335,21 @@ def run_interrupt_test(
                 return result
             deadline = time.monotonic() + CASE_TIMEOUT_SECONDS
             attempt = _Attempt(cmd, workdir, env)
-            if interrupt is not None:
+            for interrupt in interrupts:
+                problem = None
                 if not attempt.wait_for(interrupt["after"], deadline):
-                    attempt.finish(deadline)
-                    outputs.append(attempt.output)
-                    result.output = "\n".join(outputs)
-                    result.reason = f"{label}: {interrupt['after']!r} never appeared"
-                    return result
-                problem = request_interruption(
-                    attempt, interrupt["mode"], interrupt["via"], cli, store, workdir, env, deadline
-                )
+                    problem = f"{interrupt['after']!r} never appeared"
+                else:
+                    problem = request_interruption(
+                        attempt, interrupt, cli, store, workdir, env, deadline
+                    )
                 if problem:
                     attempt.finish(deadline)
                     result.output = "\n".join([*outputs, attempt.output])
                     result.reason = f"{label}: {problem}"
                     return result
+            accepted = [x for x in interrupts if not x["refused"]]
+            interrupt = accepted[-1] if accepted else None  # the most forceful wins
             code = attempt.finish(deadline)
             output = attempt.output
             outputs.append(f"--- {label} ({shlex.join(cmd[len(cli) :])}) exit {code}\n{output}")
