@@ -175,16 +175,15 @@ class _Attempt:
         return code
 
 
-def _live_run_id(store: Path) -> str | None:
-    """The id of the store's running run (read in-process: starting ``openjd-checkpoint runs``
-    costs seconds on a loaded machine, and the stop must come while the task still runs)."""
+def _live_run(store: Path) -> tuple[str, str] | None:
+    """(job key, run id) of the store's running run."""
     from core import CheckpointStore
 
     try:
         runs, _ = CheckpointStore(store).list_runs()
     except Exception:  # the store is being created by the attempt
         return None
-    running = [r.run_id for r in runs if r.status.value == "running"]
+    running = [(r.job_key, r.run_id) for r in runs if r.status.value == "running"]
     return running[-1] if running else None
 
 
@@ -196,34 +195,51 @@ def request_interruption(
     cwd: Path,
     env: dict[str, str],
     deadline: float,
+    *,
+    stop_with_cli: bool = False,
 ) -> str | None:
     """Deliver ``interrupt`` to the running attempt; None if that went as the case says
     (accepted, or refused when ``refused`` is set), else why not."""
+    from core import CheckpointStore
+
     mode = interrupt["mode"]
     if mode == "Suspended" and interrupt["via"] == "signal":
         attempt.proc.send_signal(signal.SIGTERM)
         return None
-    run_id = None
-    while run_id is None and time.monotonic() < deadline:
-        run_id = _live_run_id(store)
-        if run_id is None:
+    live = None
+    while live is None and time.monotonic() < deadline:
+        live = _live_run(store)
+        if live is None:
             time.sleep(0.1)
-    if run_id is None:
+    if live is None:
         return "no running run in the store to stop"
-    asked = subprocess.run(
-        [*cli, "stop", run_id, "--mode", mode, "--store", str(store)],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    job_key, run_id = live
+    if not stop_with_cli:
+        # What `openjd-checkpoint stop` calls, made in-process: starting a CLI costs seconds on a
+        # loaded machine, and a case's task must still be running when the request lands.
+        from core import RunError, request_termination
+
+        try:
+            request_termination(CheckpointStore(store), job_key, run_id, mode)
+            code, why = 0, ""
+        except RunError as exc:
+            code, why = 4, str(exc)
+    else:
+        asked = subprocess.run(
+            [*cli, "stop", run_id, "--mode", mode, "--store", str(store)],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        code, why = asked.returncode, asked.stderr.strip()
     if interrupt["refused"]:
-        if asked.returncode != 4:
-            return f"stop --mode {mode} exited {asked.returncode}; it must be refused (exit 4)"
+        if code != 4:
+            return f"stop --mode {mode} exited {code}; it must be refused (exit 4)"
         return None
-    if asked.returncode != 0:
-        return f"stop --mode {mode} exited {asked.returncode}: {asked.stderr.strip()}"
+    if code != 0:
+        return f"stop --mode {mode} exited {code}: {why}"
     return None
 
 
@@ -280,7 +296,13 @@ def _interrupt_specs(raw: Any) -> list[dict[str, Any]]:
 
 
 def run_interrupt_test(
-    path: Path, group: str, name: str, scratch: Path, *, cli: Sequence[str] | None = None
+    path: Path,
+    group: str,
+    name: str,
+    scratch: Path,
+    *,
+    cli: Sequence[str] | None = None,
+    stop_with_cli: bool = False,
 ) -> CaseResult:
     """A job test of ``conformance/``: its first attempt, then each of ``then``."""
     started = time.monotonic()
@@ -297,6 +319,7 @@ def run_interrupt_test(
     if run_on and PLATFORM not in run_on:
         result.status, result.reason = SKIP, f"runOn {run_on}"
         return result
+    stop_with_cli = stop_with_cli or cli is not None  # another CLI: its own store, its own stop
     cli = list(cli or default_cli())
     env = _subprocess_env(_python_dir(scratch))
     steps = [test, *(_as_list(test.get("then")))]
@@ -341,7 +364,14 @@ def run_interrupt_test(
                     problem = f"{interrupt['after']!r} never appeared"
                 else:
                     problem = request_interruption(
-                        attempt, interrupt, cli, store, workdir, env, deadline
+                        attempt,
+                        interrupt,
+                        cli,
+                        store,
+                        workdir,
+                        env,
+                        deadline,
+                        stop_with_cli=stop_with_cli,
                     )
                 if problem:
                     attempt.finish(deadline)
@@ -378,6 +408,7 @@ def run_ours(
     root: Path = OURS_ROOT,
     workers: int = 2,
     cli: Sequence[str] | None = None,
+    stop_with_cli: bool = False,
     on_result: Callable[[CaseResult], None] | None = None,
 ) -> list[CaseResult]:
     """Every fixture of ``dirs`` under ``root``: templates validated in-process, ``.invalid``
@@ -395,7 +426,9 @@ def run_ours(
                 elif ".invalid." in path.name:
                     res = run_job_test(path, group, name, scratch, cli=cli)
                 else:
-                    res = run_interrupt_test(path, group, name, scratch, cli=cli)
+                    res = run_interrupt_test(
+                        path, group, name, scratch, cli=cli, stop_with_cli=stop_with_cli
+                    )
             except Exception as exc:  # a harness bug must not hide the other cases
                 res = CaseResult(name, group, FAIL, f"harness error {type(exc).__name__}: {exc}")
             if on_result is not None:
@@ -415,12 +448,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", type=Path, default=OURS_ROOT, help="the 2023-09 directory")
     parser.add_argument("--jobs", type=int, default=2, help="cases run at once (default 2)")
     parser.add_argument("--cli", help="the CLI command prefix (default: python -m core.cli)")
+    parser.add_argument(
+        "--stop-with-cli",
+        action="store_true",
+        help="send stop requests with 'openjd-checkpoint stop' (default: the same call, made "
+        "in-process, which lands seconds sooner on a loaded machine; always so with --cli)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="print failures' output")
     args = parser.parse_args(argv)
     cli = shlex.split(args.cli) if args.cli else None
     if cli and os.sep in cli[0] and Path(cli[0]).exists():
         cli[0] = os.path.abspath(cli[0])
-    results = run_ours(args.dirs or OURS_DIRS, root=args.root, workers=args.jobs, cli=cli)
+    results = run_ours(
+        args.dirs or OURS_DIRS,
+        root=args.root,
+        workers=args.jobs,
+        cli=cli,
+        stop_with_cli=args.stop_with_cli,
+    )
     for r in results:
         print(format_case(r))
         if args.verbose and r.status == FAIL and r.output:
