@@ -16,6 +16,10 @@ jobs that are interrupted and run again; ``conformance/README.md`` describes the
   ``Refused`` (4: a resume refused, nothing ran).
 - ``expected.resumeStatus``: ``{STEP: RESUMED|DISCARDED|UNKNOWN}``, the resume status the
   scheduler records for the step's resumed task (our CLI notes ``STEP: resume status X``).
+- ``limits: {runSeconds: S, finallySeconds: S}``: the regular steps' and the finally steps'
+  time budgets (our ``--timeout`` and ``--finally-timeout``); ``checkpointFiles: shared|managed``:
+  how checkpoint files reach a resuming host (our ``--files``). Both may stand at the top or in
+  an attempt of ``then``.
 - ``then``: later attempts of the same job, on the same checkpoint store, in order. Each is
   ``{start: retry|resume|fresh, template, parameters, interrupt, expected, expectedError}``:
   ``retry`` submits the job again (``run``), ``resume`` resumes the previous attempt's run by
@@ -275,6 +279,19 @@ def check_attempt(
     return ""
 
 
+def scheduler_options(test: dict[str, Any]) -> list[str]:
+    """Our CLI's options for the case's ``limits`` and ``checkpointFiles``."""
+    opts: list[str] = []
+    limits = test.get("limits") or {}
+    if "runSeconds" in limits:
+        opts += ["--timeout", str(limits["runSeconds"])]
+    if "finallySeconds" in limits:
+        opts += ["--finally-timeout", str(limits["finallySeconds"])]
+    if test.get("checkpointFiles"):
+        opts += ["--files", str(test["checkpointFiles"])]
+    return opts
+
+
 def _interrupt_specs(raw: Any) -> list[dict[str, Any]]:
     """The attempt's interruption requests, in order (``interrupt`` is one or a list)."""
     specs = []
@@ -337,7 +354,7 @@ def run_interrupt_test(
                 return result
             start = step.get("start", "submit" if i == 0 else "retry")
             spec = dict(test)
-            for key in ("template", "parameters"):
+            for key in ("template", "parameters", "limits", "checkpointFiles"):
                 if key in step:
                     spec[key] = step[key]
             cmd = build_command(spec, workdir, cli)
@@ -356,6 +373,7 @@ def run_interrupt_test(
             elif start not in ("submit", "retry"):
                 result.reason = f"{label}: unknown start {start!r}"
                 return result
+            cmd += scheduler_options(spec)
             deadline = time.monotonic() + CASE_TIMEOUT_SECONDS
             attempt = _Attempt(cmd, workdir, env)
             for interrupt in interrupts:
