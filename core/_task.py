@@ -415,7 +415,8 @@ class TaskExecution:
                     rec.completed_frames = sorted(
                         set(rec.completed_frames) | self.spec.chunk_frames
                     )
-            if self._ran_resume and rec.resume_status is None and exit_code is not None:
+            unknown = self._ran_resume and rec.resume_status is None and exit_code is not None
+            if unknown:
                 rec.resume_status = "UNKNOWN"
                 self._warn(
                     "onCheckpointResume never reported openjd_checkpoint_resume_status; "
@@ -423,7 +424,10 @@ class TaskExecution:
                 )
             rec.message = message
             self._persist(force=True)
-            return TaskResult(outcome, exit_code, message, rec.model_copy(deep=True))
+            result = TaskResult(outcome, exit_code, message, rec.model_copy(deep=True))
+        if unknown:  # reported as RESUMED and DISCARDED are, once recorded (outside the lock)
+            self._emit("resume_status", "UNKNOWN")
+        return result
 
     def _extensions(self) -> list[str]:
         from ._template import MODEL_EXTENSIONS

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pydantic
 from openjd.model import (
     DecodeValidationError,
     JobTemplate,
@@ -539,7 +540,7 @@ def _parse_merged(
 
     # 2. openjd-model validates the rest (and refuses Task.Checkpoint.* outside the resume action).
     try:
-        template = decode_job_template(template=doc, supported_extensions=model_ext)
+        template = _decode_job_template(doc, model_ext)
     except DecodeValidationError as exc:
         raise TemplateError(_model_problems(str(exc)), source=where) from None
 
@@ -558,7 +559,7 @@ def _parse_merged(
         trial = copy.deepcopy(doc)
         trial["steps"][i]["script"]["actions"]["onRun"] = _swap_checkpoint_refs(raw)
         try:
-            decode_job_template(template=trial, supported_extensions=model_ext)
+            _decode_job_template(trial, model_ext)
         except DecodeValidationError as exc:
             for msg in _model_problems(str(exc)):
                 problems.append(msg.replace(f"steps[{i}].script.actions.onRun", rpath))
@@ -631,6 +632,29 @@ def _swap_checkpoint_refs(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _swap_checkpoint_refs(v) for k, v in value.items()}
     return value
+
+
+def _decode_job_template(doc: dict[str, Any], model_ext: list[str]) -> JobTemplate:
+    """``decode_job_template``, with openjd-model 0.14's crash on template-wide errors turned
+    into the refusal it meant.
+
+    openjd-model formats each pydantic error by its location, and a check of the whole template
+    (``Step dependencies form a cycle: A -> B -> A``) has none: its formatter raises IndexError
+    while handling the ValidationError. That ValidationError is the refusal, so it is reported
+    here as a DecodeValidationError, each error under its location (none for template-wide).
+    """
+    try:
+        return decode_job_template(template=doc, supported_extensions=model_ext)
+    except IndexError as exc:
+        cause = exc.__context__
+        if not isinstance(cause, pydantic.ValidationError):
+            raise
+        lines = []
+        for err in cause.errors():
+            loc = " -> ".join(str(x) for x in err.get("loc", ()))
+            msg = str(err.get("msg", "")).removeprefix("Value error, ")
+            lines.append(f"{loc}:\n\t{msg}" if loc else f"\t{msg}")
+        raise DecodeValidationError("\n".join(lines)) from None
 
 
 def _model_problems(text: str) -> list[str]:

@@ -55,6 +55,8 @@ DEFAULT_ROOT = Path(
         Path(__file__).resolve().parents[2] / "shared/conformance/conformance-tests/2023-09",
     )
 )
+OURS_ROOT = REPO_ROOT / "conformance" / "2023-09"
+"""This project's own data (CHECKPOINT, FINALLY), run by ``tests/conformance_interrupt.py``."""
 EXTENSION_DIRS = [
     f"{ext}/{kind}"
     for ext, kinds in (

@@ -321,6 +321,21 @@ def test_resume_action_gets_checkpoint_values_and_unknown_status_is_recorded(
     assert any("recorded as UNKNOWN" in w for w in r.ex.warnings)
 
 
+def test_unknown_resume_status_is_reported_as_an_event_like_the_others(tmp_path: Path) -> None:
+    # GIVEN a resume action that never reports openjd_checkpoint_resume_status
+    job = make_job(
+        {"command": "python3", "args": ["-c", "print('fresh')"]},
+        resume={"command": "python3", "args": ["-c", "print('resumed')"]},
+    )
+    ck = CheckpointData(generation=1, state="s", file=None, saved_at=0.0, attempt=1)
+    r = Runner(job, CheckpointStore(tmp_path / "store"), resume=ck)
+    result = r.join()
+    # THEN UNKNOWN is recorded and reported as a resume_status event, once, after the record
+    assert result.record.resume_status == "UNKNOWN"
+    statuses = [ev.value for ev in r.events if ev.kind == "resume_status"]
+    assert statuses == ["UNKNOWN"]
+
+
 def test_progress_status_fail_and_exit_code() -> None:
     job = make_job(
         {

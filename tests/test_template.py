@@ -592,3 +592,30 @@ def test_load_template_valid_json(tmp_path: Path) -> None:
     tpl = load_template(str(path))
     assert tpl.source == path.resolve()
     assert tpl.document == base()
+
+
+@pytest.mark.parametrize("where", ["steps", "finally"])
+def test_dependency_cycle_is_refused_not_a_crash(where: str) -> None:
+    # GIVEN two steps that depend on each other (openjd-model 0.14's error formatter crashes
+    # with IndexError on this template-wide error), among the regular or the finally steps
+    def step(name: str, other: str) -> dict[str, Any]:
+        return {
+            "name": name,
+            "dependencies": [{"dependsOn": other}],
+            "script": {"actions": {"onRun": {"command": "echo"}}},
+        }
+
+    doc: dict[str, Any] = {
+        "specificationVersion": "jobtemplate-2023-09",
+        "name": "cycle",
+        "steps": [{"name": "S", "script": {"actions": {"onRun": {"command": "echo"}}}}],
+    }
+    if where == "steps":
+        doc["steps"] += [step("A", "B"), step("B", "A")]
+    else:
+        doc["extensions"] = ["FINALLY"]
+        doc["finally"] = [step("A", "B"), step("B", "A")]
+    # THEN it is refused as a template error that names the cycle
+    with pytest.raises(TemplateError) as info:
+        parse_template(doc)
+    assert any("Step dependencies form a cycle: A -> B -> A" in p for p in info.value.problems)
