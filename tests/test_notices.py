@@ -242,3 +242,49 @@ def test_bad_settings_are_refused_naming_where() -> None:
         capture_output=True, text=True, timeout=60, cwd=ROOT,
     )  # fmt: skip
     assert proc.returncode == 2 and "--interruption-notices: unknown" in proc.stderr, proc.stderr
+
+
+def test_run_tasks_stops_this_process_tasks_on_a_notice(
+    metadata: MetadataServer, tmp_path: Path
+) -> None:
+    """The adapters' path (``run_tasks``): an Azure notice checkpoints the running task with
+    the notice's deadline, records the notice, is acknowledged once the task stopped; the run
+    itself is not stopped (other hosts go on), and the next ``run_tasks`` resumes."""
+    import threading
+
+    from core import TaskOutcome, prepare_job
+    from core._run import begin_attempt, plan_step, run_tasks
+
+    st = CheckpointStore(tmp_path / "store")
+    job = prepare_job(FIB, {"N": N, "StepSeconds": 0.1, "CheckpointSeconds": 60})
+    attempt = begin_attempt(st, job, external_key="notice-run-tasks")
+    specs = plan_step(st, job, attempt.run_id, "ResumableFibonacci")
+    lines: list[str] = []
+    notes: list[str] = []
+    seen: list[object] = []
+    sources = parse_notice_sources(f"azure:{metadata.url}", where="test")
+
+    def trigger() -> None:
+        end = time.monotonic() + 30
+        while not any("Fibonacci number 5 is" in line for line in lines):
+            assert time.monotonic() < end
+            time.sleep(0.02)
+        metadata.trigger("azure", 30)
+
+    threading.Thread(target=trigger, daemon=True).start()
+    [result] = run_tasks(
+        st, job, attempt.run_id, specs,
+        on_output=lambda _e, ls: lines.extend(ls), on_note=notes.append,
+        notices=sources, notice_poll_seconds=0.1, on_notice=seen.append,
+    )  # fmt: skip
+    assert result.outcome == TaskOutcome.INTERRUPTED_WITH_CHECKPOINT, result
+    assert len(seen) == 1 and metadata.acks == ["event-1"]
+    run = st.read_run(attempt.job_key, attempt.run_id)
+    assert run is not None and run.termination is None  # the run goes on elsewhere
+    assert run.notices[0]["source"] == "azure" and "stopped_after" in run.notices[0]
+    assert any("tasks checkpointed and stopped in" in n for n in notes), notes
+    lines.clear()
+    [again] = run_tasks(
+        st, job, attempt.run_id, plan_step(st, job, attempt.run_id, specs[0].step_name)
+    )
+    assert again.outcome == TaskOutcome.SUCCEEDED, again
