@@ -653,6 +653,8 @@ class NoticeWatcher:
                     return
                 continue
             failures = 0
+            if self._stop.is_set():
+                return
             if notice is not None:
                 if notice.kind == "rebalance" and not getattr(source, "rebalance", False):
                     self._note(
@@ -682,10 +684,11 @@ class NoticeWatcher:
         return notes
 
     def close(self) -> None:
-        """Stop polling (threads waiting on a service are daemons; they are not waited for)."""
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(0.2)
+        """Stop polling; returns at once (the threads are daemons: one in a request ends when
+        it is answered, and reports nothing)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()  # threads see it before they report anything; none is waited for
         for source in self.sources:
             source.close()
 

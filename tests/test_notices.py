@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,9 +29,10 @@ from core._notices import (
     parse_poll_seconds,
 )
 
+pytestmark = pytest.mark.slow
 FIB = EXAMPLES / "fibonacci" / "fibonacci-fast.yaml"
 COUNTER = DATA / "counter.yaml"
-N = 40
+N = 25
 
 
 def fib(n: int) -> int:
@@ -288,3 +290,14 @@ def test_run_tasks_stops_this_process_tasks_on_a_notice(
         st, job, attempt.run_id, plan_step(st, job, attempt.run_id, specs[0].step_name)
     )
     assert again.outcome == TaskOutcome.SUCCEEDED, again
+
+
+def test_the_benchmark_prints_overhead_on_and_off_side_by_side() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "interruption_notices.py"), "3", "1"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"^off\s+[\d.]+\s+1\.000\s+0$", proc.stdout, re.M), proc.stdout
+    assert re.search(r"^closed port \(5 s\)\s+[\d.]+\s+[\d.]+\s+3$", proc.stdout, re.M)
