@@ -30,6 +30,7 @@ class MetadataServer:
         self.rejected: list[str] = []  # requests refused for a missing header or token
         self.aws_deadline: float | None = None
         self.aws_rebalance = False
+        self.once = False  # answer a notice to one request only (the host was then replaced)
         self.gcp_preempted = False
         self.azure_events: list[dict[str, Any]] = []
         self._cond = threading.Condition()
@@ -59,12 +60,14 @@ class MetadataServer:
         self.httpd.shutdown()
         self.httpd.server_close()
 
-    def trigger(self, provider: str, seconds: float = 120.0) -> float:
+    def trigger(self, provider: str, seconds: float = 120.0, *, once: bool = False) -> float:
         """Announce the host's end ``seconds`` from now (AWS and Azure give the time; Google
         Cloud gives none). Returns the announced deadline (whole seconds, as the services
-        write it)."""
+        write it). ``once``: only the first request that sees it gets it (AWS, GCP), as if
+        the host had been replaced after it, so a framework's retry runs undisturbed."""
         deadline = float(int(time.time() + seconds))
         with self._cond:
+            self.once = once
             if provider == "aws":
                 self.aws_deadline = deadline
             elif provider == "gcp":
@@ -132,6 +135,8 @@ class MetadataServer:
         if path == "/latest/meta-data/spot/instance-action" and self.aws_deadline is not None:
             when = datetime.fromtimestamp(self.aws_deadline, timezone.utc)
             doc = {"action": "terminate", "time": when.strftime("%Y-%m-%dT%H:%M:%SZ")}
+            if self.once:
+                self.aws_deadline = None
             self._send(h, 200, json.dumps(doc).encode())
         elif path == "/latest/meta-data/events/recommendations/rebalance" and self.aws_rebalance:
             doc = {"noticeTime": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
@@ -153,6 +158,8 @@ class MetadataServer:
                 while query.get("last_etag") == str(self._etag) and time.monotonic() < end:
                     self._cond.wait(end - time.monotonic())
         value = b"TRUE" if self.gcp_preempted else b"FALSE"
+        if self.gcp_preempted and self.once:
+            self.gcp_preempted = False
         self._send(h, 200, value, ETag=str(self._etag))
 
     def _azure(self, h: BaseHTTPRequestHandler, method: str, path: str, body: bytes) -> None:
