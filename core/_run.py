@@ -1112,6 +1112,11 @@ def finish_attempt(
         if mode == TerminationMode.SUSPENDED:
             status = RunStatus.INTERRUPTED
             cond = RunCondition(status="False", reason="Suspended", message="suspended; resumable")
+            noticed = [n for n in run.notices if n.get("attempt") == run.attempt]
+            if noticed:
+                cond.message = (
+                    f"suspended by an interruption notice ({noticed[0].get('source')}); resumable"
+                )
             code = EXIT_CODES["interrupted"]
         elif mode is not None:
             status = (

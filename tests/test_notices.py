@@ -77,6 +77,7 @@ def assert_suspended_then_resumed(store: Path, first: CliProcess, source: str) -
     assert first.wait(60) == 75, first.stderr
     run, tasks = only_run(store)
     assert run.status.value == "interrupted" and run.condition.reason == "Suspended"
+    assert run.condition.message == f"suspended by an interruption notice ({source}); resumable"
     (task,) = tasks
     assert task.status == TaskStatus.INTERRUPTED and task.checkpoint is not None
     (notice,) = run.notices
