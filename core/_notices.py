@@ -11,7 +11,8 @@ Sources (``parse_notice_sources``), each optional, several at once:
 
 - ``aws[:BASE_URL]``: EC2 spot ``instance-action`` through IMDSv2 (a session token from
   ``PUT /latest/api/token``, then ``GET`` with ``X-aws-ec2-metadata-token``). A rebalance
-  recommendation is only noted; ``aws-rebalance[:BASE_URL]`` makes it a notice too.
+  recommendation is only noted (it is asked for every sixth poll);
+  ``aws-rebalance[:BASE_URL]`` makes it a notice too (asked for on every poll).
 - ``gcp[:BASE_URL]``: ``instance/preempted`` (``Metadata-Flavor: Google``), waited on with
   ``wait_for_change``.
 - ``azure[:BASE_URL]``: Scheduled Events ``Preempt`` and ``Terminate`` (``Metadata: true``),
@@ -219,6 +220,7 @@ class AwsSource(_HttpSource):
         self._token: str | None = None
         self._token_until = 0.0
         self._rebalance_seen = False
+        self._polls = 0
         if rebalance:
             self.name = "aws-rebalance"
 
@@ -258,8 +260,9 @@ class AwsSource(_HttpSource):
             except (ValueError, KeyError, TypeError, AttributeError):
                 action, deadline = "terminate", None
             return Notice("aws", "interruption", f"spot instance-action {action}", deadline)
-        if self._rebalance_seen:
-            return None
+        self._polls += 1
+        if self._rebalance_seen or (not self.rebalance and self._polls % 6 != 1):
+            return None  # noted only: asked every sixth poll, so a poll is one request
         status, data = self._get("/latest/meta-data/events/recommendations/rebalance")
         if status == 200:
             self._rebalance_seen = True
@@ -322,19 +325,19 @@ class AzureSource(_HttpSource):
         self._vm_name: str | None = None
         self._seen: set[str] = set()
 
-    def start(self) -> None:
-        try:
-            status, data, _ = self._request(
-                "GET",
-                "/metadata/instance/compute/name?api-version=2021-02-01&format=text",
-                self.HEADERS,
-            )
-        except _AbsentError:
-            return
-        if status == 200 and data.strip():
-            self._vm_name = data.decode("utf-8", "replace").strip()
+    def _find_vm_name(self) -> None:
+        """This VM's name, to tell its events from other machines' (once, on the first poll
+        that reaches the service: on the source's thread, never the caller's)."""
+        status, data, _ = self._request(
+            "GET",
+            "/metadata/instance/compute/name?api-version=2021-02-01&format=text",
+            self.HEADERS,
+        )
+        self._vm_name = data.decode("utf-8", "replace").strip() if status == 200 else ""
 
     def poll(self, wait: float) -> Notice | None:
+        if self._vm_name is None:
+            self._find_vm_name()
         status, data, _ = self._request(
             "GET", f"/metadata/scheduledevents?{self.API}", self.HEADERS, absent_codes=(404,)
         )
