@@ -17,7 +17,8 @@ Sources (``parse_notice_sources``), each optional, several at once:
   ``wait_for_change``.
 - ``azure[:BASE_URL]``: Scheduled Events ``Preempt`` and ``Terminate`` (``Metadata: true``),
   acknowledged (``StartRequests``) once the checkpoints are stored.
-- ``file:PATH``: a file that appears at PATH (its text may give the deadline).
+- ``file:PATH``: a file that appears at PATH (its text may give the deadline); one already
+  there when the run starts counts only once it is written again.
 - ``signal:NAME``: a signal to this process (``USR2``, ``SIGUSR1``, ...).
 
 The metadata base URL defaults to the real link-local address. Polling is cheap: at most one
@@ -150,8 +151,10 @@ class NoticeSource:
     def describe(self) -> str:
         return self.name
 
-    def start(self) -> None:
-        """Called once before the first ``poll`` (the watcher's thread, or the caller's)."""
+    def start(self) -> str | None:
+        """Called once, from the thread that starts the watcher, before the first ``poll``.
+        Returns a note for people, or None."""
+        return None
 
     def poll(self, wait: float) -> Notice | None:
         """Look once; ``wait`` is the poll interval (a long poll may wait that long).
@@ -402,17 +405,38 @@ class FileSource(NoticeSource):
     def __init__(self, path: str, *, where: str = "") -> None:
         super().__init__(where=where)
         self.path = Path(path)
+        self._stale: int | None = None
 
     def describe(self) -> str:
         return f"file ({self.path})"
 
+    def _mtime(self) -> int | None:
+        try:
+            return self.path.stat().st_mtime_ns
+        except OSError:
+            return None
+
+    def start(self) -> str | None:
+        """A file already there when the watcher starts is left over from an earlier notice
+        (a reused machine): it counts only once it changes, or goes and comes back."""
+        self._stale = self._mtime()
+        if self._stale is None:
+            return None
+        return (
+            f"interruption notices: the notice file {self.path} was there before the run "
+            "started; ignored until it is written again"
+        )
+
     def poll(self, wait: float) -> Notice | None:
+        mtime = self._mtime()
+        if mtime is None or mtime == self._stale:
+            if mtime is None:
+                self._stale = None
+            return None
         try:
             text = self.path.read_text(encoding="utf-8", errors="replace")[:4096].strip()
-        except FileNotFoundError:
-            return None
         except OSError:
-            return None  # appearing, or unreadable: the next poll sees it
+            return None  # gone again, or unreadable: the next poll sees it
         return Notice("file", "interruption", f"notice file {self.path}", _file_deadline(text))
 
 
@@ -490,8 +514,9 @@ class SignalSource(NoticeSource):
     def _handler(self, _signum: int, _frame: Any) -> None:
         self._fired.set()
 
-    def start(self) -> None:
+    def start(self) -> str | None:
         self.install()
+        return None
 
     def poll(self, wait: float) -> Notice | None:
         if self._fired.wait(wait):
@@ -617,7 +642,9 @@ class NoticeWatcher:
         """Start the sources (a ``signal:`` source must be installed from the main thread
         first, or this must be called there) and their threads."""
         for source in self.sources:
-            source.start()
+            note = source.start()
+            if note:
+                self._note(note)
         for source in self.sources:
             thread = threading.Thread(
                 target=self._loop, args=(source,), name=f"openjd-notice-{source.name}", daemon=True

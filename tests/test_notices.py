@@ -302,3 +302,40 @@ def test_the_benchmark_prints_overhead_on_and_off_side_by_side() -> None:
     assert proc.returncode == 0, proc.stderr
     assert re.search(r"^off\s+[\d.]+\s+1\.000\s+0$", proc.stdout, re.M), proc.stdout
     assert re.search(r"^closed port \(5 s\)\s+[\d.]+\s+[\d.]+\s+3$", proc.stdout, re.M)
+
+
+def test_a_leftover_notice_file_counts_only_once_written_again(tmp_path: Path) -> None:
+    path = tmp_path / "notice"
+    path.write_text("")
+    os.utime(path, (1_000_000_000, 1_000_000_000))  # left over from an earlier notice
+    notes: list[str] = []
+    notices: list = []
+    watcher = NoticeWatcher([FileSource(str(path))], notices.append, on_note=notes.append,
+                            poll_seconds=0.05).start()  # fmt: skip
+    time.sleep(0.3)
+    assert notices == [] and len(notes) == 1 and "before the run started" in notes[0]
+    path.write_text('{"deadline": "2030-01-01T00:00:00Z"}')
+    end = time.monotonic() + 5
+    while not notices and time.monotonic() < end:
+        time.sleep(0.05)
+    watcher.close()
+    assert len(notices) == 1 and notices[0].deadline == 1893456000.0
+
+
+def test_a_signal_source_needs_the_main_thread() -> None:
+    import threading
+
+    source = parse_notice_sources("signal:USR2", where="--interruption-notices")[0]
+    errors: list[Exception] = []
+
+    def install() -> None:
+        try:
+            source.install()
+        except ValueError as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=install)
+    thread.start()
+    thread.join()
+    assert errors and "--interruption-notices: signal:SIGUSR2" in str(errors[0])
+    assert "main thread" in str(errors[0])
