@@ -302,6 +302,7 @@ def test_the_benchmark_prints_overhead_on_and_off_side_by_side() -> None:
     assert proc.returncode == 0, proc.stderr
     assert re.search(r"^off\s+[\d.]+\s+1\.000\s+0$", proc.stdout, re.M), proc.stdout
     assert re.search(r"^closed port \(5 s\)\s+[\d.]+\s+[\d.]+\s+3$", proc.stdout, re.M)
+    assert re.search(r"^off \(again: the noise\)\s+[\d.]+\s+[\d.]+\s+0$", proc.stdout, re.M)
 
 
 def test_a_leftover_notice_file_counts_only_once_written_again(tmp_path: Path) -> None:
