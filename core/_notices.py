@@ -661,13 +661,15 @@ class NoticeWatcher:
 
     def _loop(self, source: NoticeSource) -> None:
         failures = 0
+        said = False  # absent: said once per watcher, even when the service comes and goes
         while not self._stop.is_set():
             try:
                 with self._lock:
                     self.polls += 1
                 notice = source.poll(self.poll_seconds)
             except _AbsentError as exc:
-                if failures == 0:
+                if not said:
+                    said = True
                     self._note(
                         f"interruption notices: {source.describe()} not reachable ({exc}); "
                         f"asking again with back-off, up to every {MAX_BACKOFF_SECONDS:.0f} s"
