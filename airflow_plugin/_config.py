@@ -18,6 +18,9 @@ CONFIG_SECTION = "openjd_checkpoint"
     store = <path or fsspec URL>        # AIRFLOW__OPENJD_CHECKPOINT__STORE
     files = shared | managed            # AIRFLOW__OPENJD_CHECKPOINT__FILES
     file_roots = /a:/b                  # AIRFLOW__OPENJD_CHECKPOINT__FILE_ROOTS (os.pathsep)
+    interruption_notices = aws,gcp,azure,file:/path,signal:USR2
+                                        # AIRFLOW__OPENJD_CHECKPOINT__INTERRUPTION_NOTICES
+    notice_poll_seconds = 5             # AIRFLOW__OPENJD_CHECKPOINT__NOTICE_POLL_SECONDS
 """
 
 FILE_MODES = ("shared", "managed")
@@ -113,6 +116,48 @@ def check_file_roots(roots: Sequence[str] | str, origin: str) -> list[str]:
         if not os.path.isabs(root):
             raise ValueError(f"{origin}: {root!r} is not an absolute path")
     return found
+
+
+def notice_settings(
+    explicit: str | None = None, explicit_poll: float | str | None = None
+) -> tuple[list[core.NoticeSource], float]:
+    """The interruption notice sources and poll interval of an OpenJD task instance (the CLI's
+    ``--interruption-notices`` and ``--notice-poll-seconds``): ``explicit`` (an operator or
+    ``dag_from_template`` argument), else ``[openjd_checkpoint] interruption_notices`` (and
+    ``notice_poll_seconds``) from the Airflow configuration of the worker, else
+    ``$OPENJD_CHECKPOINT_INTERRUPTION_NOTICES`` (``$OPENJD_CHECKPOINT_NOTICE_POLL_SECONDS``),
+    else no source (5 s).
+
+    Raises:
+        ValueError: a bad setting, naming where it came from.
+    """
+    from airflow.sdk import conf
+
+    import core
+    from core._notices import NOTICE_POLL_ENV, NOTICES_ENV
+
+    if explicit is not None:
+        text, where = explicit, "interruption_notices="
+    else:
+        configured = conf.get(CONFIG_SECTION, "interruption_notices", fallback=None)
+        if configured is not None and str(configured).strip():
+            text, where = str(configured), f"[{CONFIG_SECTION}] interruption_notices"
+        else:
+            text, where = os.environ.get(NOTICES_ENV, ""), f"${NOTICES_ENV}"
+    sources = core.parse_notice_sources(text, where=where)
+    if explicit_poll is not None:
+        poll = core.parse_poll_seconds(explicit_poll, where="notice_poll_seconds=")
+    else:
+        configured = conf.get(CONFIG_SECTION, "notice_poll_seconds", fallback=None)
+        if configured is not None and str(configured).strip():
+            poll = core.parse_poll_seconds(
+                str(configured), where=f"[{CONFIG_SECTION}] notice_poll_seconds"
+            )
+        else:
+            poll = core.parse_poll_seconds(
+                os.environ.get(NOTICE_POLL_ENV), where=f"${NOTICE_POLL_ENV}"
+            )
+    return sources, poll
 
 
 def open_store(

@@ -172,6 +172,8 @@ def dag_from_template(
     file_roots: Sequence[str] | str | None = None,
     host_requirements: HostRequirementsMapping | None = None,
     max_map_length: int | None = None,
+    interruption_notices: str | None = None,
+    notice_poll_seconds: float | None = None,
     **dag_kwargs: Any,
 ) -> DAG:
     """Make an Airflow DAG that runs an OpenJD job template with checkpoints and resume.
@@ -196,6 +198,12 @@ def dag_from_template(
             ``(step name, requirements dict) -> arguments or None``.
         max_map_length: the most mapped instances per step (None: the worker's ``[core]
             max_map_length`` when the step is planned).
+        interruption_notices: interruption notice sources for every OpenJD task instance, as
+            the CLI's ``--interruption-notices`` takes them (``aws,gcp,azure,file:PATH,
+            signal:NAME``); None: the workers' ``[openjd_checkpoint] interruption_notices``,
+            else ``$OPENJD_CHECKPOINT_INTERRUPTION_NOTICES``. Checked here.
+        notice_poll_seconds: at most one request per source this often (None: the workers'
+            ``[openjd_checkpoint] notice_poll_seconds``, else 5 s).
         **dag_kwargs: passed to ``airflow.sdk.DAG`` (``schedule`` defaults to None;
             ``default_args["retries"]`` defaults to 1, because a retry is how a killed task
             resumes; ``params`` are merged after the job parameters).
@@ -206,9 +214,18 @@ def dag_from_template(
     Raises:
         core.TemplateError: the template is invalid (the core's message, naming the field).
         ValueError: a job parameter is named ``resume``, a host requirements mapping gives
-            an unsupported argument, ``files`` is not ``shared`` or ``managed``, or a file root
-            is not an absolute path.
+            an unsupported argument, ``files`` is not ``shared`` or ``managed``, a file root
+            is not an absolute path, or ``interruption_notices`` or ``notice_poll_seconds`` is
+            bad (naming it).
     """
+    if interruption_notices is not None:
+        core.parse_notice_sources(interruption_notices, where="interruption_notices=")
+    if notice_poll_seconds is not None:
+        core.parse_poll_seconds(notice_poll_seconds, where="notice_poll_seconds=")
+    notice_args = {
+        "interruption_notices": interruption_notices,
+        "notice_poll_seconds": notice_poll_seconds,
+    }
     if files is not None:
         files = check_files_mode(files, "files=")
     roots = check_file_roots(file_roots, "file_roots") if file_roots is not None else None
@@ -251,6 +268,7 @@ def dag_from_template(
                 task_id=tid,
                 step=step,
                 **store_args,
+                **notice_args,
                 map_index_template="{{ task.group['label'] }}",
                 **_host_kwargs(template, step, host_requirements, dag_id),
             ).expand(group=plan.output)

@@ -37,7 +37,7 @@ from airflow.sdk.exceptions import (
 
 import core
 
-from ._config import BEGIN_TASK_ID, RESUME_PARAM, STATE_STORE_KEY, open_store
+from ._config import BEGIN_TASK_ID, RESUME_PARAM, STATE_STORE_KEY, notice_settings, open_store
 
 KILL_BUDGET_SECONDS = 4.0
 """How long after ``on_kill`` the task's processes must be gone, in seconds: inside the 5 s
@@ -460,6 +460,13 @@ class OpenJDTaskOperator(BaseOperator):
             file_roots``).
         begin_task_id: the setup task whose XCom holds the attempt.
         kill_budget_seconds: the ``on_kill`` deadline, in seconds from the call.
+        interruption_notices: notice sources, as the CLI's ``--interruption-notices`` takes
+            them (``aws,gcp,azure,file:PATH,signal:NAME``; None: the worker's
+            ``[openjd_checkpoint] interruption_notices``, else
+            ``$OPENJD_CHECKPOINT_INTERRUPTION_NOTICES``). A notice checkpoints the running
+            task with the notice's deadline and the operator raises: Airflow's retry resumes.
+        notice_poll_seconds: at most one request per notice source this often (None: the
+            worker's ``[openjd_checkpoint] notice_poll_seconds``, else 5 s).
     """
 
     ui_color = "#cfe2f3"
@@ -475,10 +482,15 @@ class OpenJDTaskOperator(BaseOperator):
         file_roots: Sequence[str] | None = None,
         begin_task_id: str = BEGIN_TASK_ID,
         kill_budget_seconds: float = KILL_BUDGET_SECONDS,
+        interruption_notices: str | None = None,
+        notice_poll_seconds: float | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("do_xcom_push", False)
         super().__init__(**kwargs)
+        self.interruption_notices = interruption_notices
+        self.notice_poll_seconds = notice_poll_seconds
+        self._notice: core.Notice | None = None
         self.step = step
         self.group = group
         self.store = store
@@ -530,6 +542,18 @@ class OpenJDTaskOperator(BaseOperator):
             writer.close()
             return
         box: dict[str, Any] = {"specs": specs}
+        try:
+            sources, poll = notice_settings(self.interruption_notices, self.notice_poll_seconds)
+            for source in sources:  # a signal handler is installed from this (main) thread
+                install = getattr(source, "install", None)
+                if install is not None:
+                    install()
+        except ValueError as exc:
+            writer.close()
+            raise AirflowFailException(f"the interruption notice settings: {exc}") from None
+
+        def on_notice(notice: core.Notice) -> None:
+            self._notice = notice
 
         def on_output(ex: core.TaskExecution, lines: list[str]) -> None:
             self._mask(ex)
@@ -560,6 +584,9 @@ class OpenJDTaskOperator(BaseOperator):
                     on_event=on_event,
                     on_note=lambda note: self.log.info("%s", note),
                     on_start=on_start,
+                    notices=sources,
+                    notice_poll_seconds=poll,
+                    on_notice=on_notice,
                 )
             except BaseException as exc:
                 box["error"] = exc
@@ -618,6 +645,11 @@ class OpenJDTaskOperator(BaseOperator):
             raise AirflowException(f"{type(error).__name__}: {error}")
         results: list[core.TaskResult] = box.get("results", [])
         outcomes = {r.outcome for r in results}
+        if self._notice is not None and self._killed_at is None:
+            raise AirflowException(
+                f"stopped by an interruption notice ({self._notice.describe()}); what the "
+                "tasks reported is stored: the next try of this task instance resumes from it"
+            )
         if self._killed_at is not None:
             raise AirflowException(
                 f"stopped by on_kill ({self._kill_reason or 'reason unknown'}); "

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         MessageWarning,
         parse_line,
     )
+    from ._notices import Notice, NoticeSource, parse_notice_sources, parse_poll_seconds
     from ._resume import RefusalCode, ResumeHow, ResumeRefusedError
     from ._run import (
         EXIT_CODES,
@@ -69,6 +70,10 @@ if TYPE_CHECKING:
     from ._template import CancelMethod, CheckpointJobTemplate, load_template, parse_template
 
 _EXPORTS = {
+    "Notice": "._notices",
+    "NoticeSource": "._notices",
+    "parse_notice_sources": "._notices",
+    "parse_poll_seconds": "._notices",
     "CancelMethod": "._template",
     "CheckpointData": "._store",
     "CheckpointJobTemplate": "._template",
@@ -144,6 +149,8 @@ __all__ = (
     "JobRunner",
     "MessageContext",
     "MessageWarning",
+    "Notice",
+    "NoticeSource",
     "OpenJDCheckpointError",
     "PreparedJob",
     "RefusalCode",
@@ -179,6 +186,8 @@ __all__ = (
     "load_path_mapping_rules",
     "load_template",
     "parse_line",
+    "parse_notice_sources",
+    "parse_poll_seconds",
     "parse_template",
     "plan_group",
     "plan_step",

@@ -22,6 +22,14 @@ from ._errors import OpenJDCheckpointError, RunError, StoreError, TemplateError
 from ._files import DEFAULT_GC_GRACE_SECONDS, collect_file_garbage
 from ._inputs import load_document, read_input_file
 from ._job import load_environment_template, load_path_mapping_rules, prepare_job
+from ._notices import (
+    NOTICE_POLL_ENV,
+    NOTICES_ENV,
+    NoticeSource,
+    SignalSource,
+    parse_notice_sources,
+    parse_poll_seconds,
+)
 from ._resume import RefusalCode, ResumeHow, ResumeRefusedError
 from ._run import delete_run, request_termination
 from ._runner import (
@@ -52,7 +60,8 @@ exit codes of 'run' and 'resume':
   4    resume refused, with a code: unknown-run, not-failed, already-resumed, different-input,
        no-checkpoint, chain-changed, state-changed (nothing ran)
   70   internal error (a bug in openjd-checkpoint)
-  75   suspended (Ctrl-C, SIGTERM, or 'stop --mode Suspended'): checkpoints kept; run the same
+  75   suspended (Ctrl-C, SIGTERM, an interruption notice, or 'stop --mode Suspended'):
+       checkpoints kept; run the same
        command again, or 'resume RUN_ID', to resume
   130  canceled or stopped (a second Ctrl-C, or 'stop --mode Cancelled|CancelledRunFinally|
        StoppedRunFinally'); finally steps ran unless the mode was Cancelled
@@ -307,7 +316,30 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     )
 
 
+def _notice_sources(args: argparse.Namespace) -> tuple[list[NoticeSource], float]:
+    """The interruption notice sources and poll interval of ``args``, else of the environment.
+
+    Raises:
+        TemplateError: a bad value (exit code 2), naming the option or variable.
+    """
+    try:
+        if args.interruption_notices is not None:
+            sources = parse_notice_sources(
+                args.interruption_notices, where="--interruption-notices"
+            )
+        else:
+            sources = parse_notice_sources(os.environ.get(NOTICES_ENV), where=f"${NOTICES_ENV}")
+        if args.notice_poll_seconds is not None:
+            poll = parse_poll_seconds(args.notice_poll_seconds, where="--notice-poll-seconds")
+        else:
+            poll = parse_poll_seconds(os.environ.get(NOTICE_POLL_ENV), where=f"${NOTICE_POLL_ENV}")
+    except ValueError as exc:
+        raise TemplateError([str(exc)]) from None
+    return sources, poll
+
+
 def _execute(args: argparse.Namespace, job: Any, *, how: ResumeHow, **resume: Any) -> int:
+    notice_sources, notice_poll = _notice_sources(args)
     store = CheckpointStore(
         args.store,
         keep_generations=args.keep_generations,
@@ -327,8 +359,14 @@ def _execute(args: argparse.Namespace, job: Any, *, how: ResumeHow, **resume: An
         on_output=display.output,
         on_event=display.event,
         on_note=display.note,
+        notices=notice_sources,
+        notice_poll_seconds=notice_poll,
         **resume,
     )
+    if notice_sources:
+        display.note(
+            "interruption notices from: " + ", ".join(src.describe() for src in notice_sources)
+        )
     signals_seen: list[int] = []
     pending: list[int] = []
 
@@ -366,6 +404,9 @@ def _execute(args: argparse.Namespace, job: Any, *, how: ResumeHow, **resume: An
     if EARLY_SIGNALS:  # a Ctrl-C during start-up whose exit something swallowed
         _write(sys.stderr, "openjd-checkpoint: interrupted before the run started\n")
         return EXIT_CODES["canceled"]
+    for source in notice_sources:  # a signal handler is installed from the main thread
+        if isinstance(source, SignalSource):
+            source.install()
     worker.start()
     handled = 0
     while worker.is_alive():
@@ -612,6 +653,22 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="managed files: a folder besides the session working directory whose files may be "
         "captured and restored (repeatable; also $OPENJD_CHECKPOINT_FILE_ROOTS)",
+    )
+    p.add_argument(
+        "--interruption-notices",
+        default=None,
+        metavar="SOURCES",
+        help="checkpoint and suspend the run (exit 75) when the host is about to go away: "
+        "a comma-separated list of aws, aws-rebalance, gcp, azure (each optionally "
+        "NAME:BASE_URL, default the link-local metadata address), file:PATH, signal:NAME "
+        f"(default: ${NOTICES_ENV}, else none)",
+    )
+    p.add_argument(
+        "--notice-poll-seconds",
+        default=None,
+        metavar="SECONDS",
+        help="at most one request per notice source this often, with back-off when it is "
+        f"absent (default: ${NOTICE_POLL_ENV}, else 5)",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
 

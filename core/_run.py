@@ -25,14 +25,22 @@ Prefect adapters are others. Which process may call what: see docs/core-api.md.
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ._errors import RunError, StoreError
 from ._files import FileDataFlow
 from ._job import PreparedJob, TaskSpec, load_path_mapping_rules, prepare_job
+from ._notices import (
+    DEFAULT_POLL_SECONDS,
+    Notice,
+    NoticeSource,
+    NoticeWatcher,
+    checkpoint_timing,
+)
 from ._resume import (
     RefusalCode,
     ResumeHow,
@@ -65,6 +73,7 @@ from ._termination import (
     RunWatcher,
     Termination,
     TerminationMode,
+    fold_request,
     request_termination,
     resolve_termination,
     run_is_live,
@@ -92,6 +101,7 @@ __all__ = (
     "plan_group",
     "record_task_done",
     "reap_orphans",
+    "record_notice",
     "reap_run",
     "request_termination",
     "resolve_termination",
@@ -618,6 +628,38 @@ def run_task(
     return result
 
 
+def record_notice(
+    store: CheckpointStore,
+    job_key: str,
+    run_id: str,
+    notice: Notice,
+    *,
+    attempt: int,
+    stopped_after: float | None = None,
+) -> None:
+    """Note in the run's record (``RunRecord.notices``) that an interruption notice stopped
+    an attempt; called again with ``stopped_after`` (seconds from the notice until its tasks
+    had stopped) updates the same entry.
+
+    Raises:
+        StoreError: the store cannot be read or written.
+    """
+    entry = {**notice.to_record(), "attempt": attempt}
+    if stopped_after is not None:
+        entry["stopped_after"] = round(stopped_after, 3)
+    with store.run_lock(job_key, run_id):
+        run = store.read_run(job_key, run_id)
+        if run is None:
+            return
+        for i, old in enumerate(run.notices):
+            if (old.get("source"), old.get("received_at")) == (notice.source, notice.received_at):
+                run.notices[i] = entry
+                break
+        else:
+            run.notices.append(entry)
+        store.write_run(run)
+
+
 def run_tasks(
     store: CheckpointStore,
     job: PreparedJob,
@@ -630,6 +672,9 @@ def run_tasks(
     on_start: Callable[[TaskExecution], None] | None = None,
     working_root: str | None = None,
     poll_seconds: float = 0.5,
+    notices: Sequence[NoticeSource] = (),
+    notice_poll_seconds: float | None = None,
+    on_notice: Callable[[Notice], None] | None = None,
 ) -> list[TaskResult]:
     """Run tasks of a run one after the other in one OpenJD session, in this process (an
     Airflow task instance or a Prefect task run that runs a group of a step's tasks).
@@ -641,10 +686,22 @@ def run_tasks(
     tasks get the ``{{Job.Status}}`` that ``enter_finally`` stored. The session's environments
     are entered once, before the first task, and exited after the last.
 
+    An interruption notice from one of ``notices`` (``core._notices``) stops the running
+    task as ``Suspended`` does (``checkpointCancelation``), with the notice's deadline, and
+    the tasks after it are not started: the host is going away, so this process's tasks
+    stop (the run's other processes, on other hosts, go on) and the framework's retry
+    resumes them. The run's record notes the notice (``record_notice``); the log says how
+    long the checkpoints took against its deadline; an Azure event is acknowledged once the
+    tasks have stopped.
+
     Args:
         specs: the tasks, all of one step (``plan_step``, or ``TaskSpec.from_dict``).
         on_start: called with each ``TaskExecution`` before it runs (for example to keep it for
             an ``on_kill`` that calls ``stop(..., deadline=...)``).
+        notices: interruption notice sources (``parse_notice_sources``); none by default.
+        notice_poll_seconds: at most one request per source this often (default 5 s).
+        on_notice: called with each notice acted on (on a background thread), before the
+            running task is stopped.
 
     Returns:
         One ``TaskResult`` per spec, in order.
@@ -660,27 +717,72 @@ def run_tasks(
         labels = ", ".join(s.label for s in specs)
         raise RunError(f"run {run_id} has ended ({run.status.value}); {labels} not run")
     current: list[TaskExecution] = []
-    state = {"term": Termination()}
+    state: dict[str, Any] = {"term": Termination(), "notice": None}
+    lock = threading.Lock()
 
     def apply(term: Termination) -> None:
-        state["term"] = term
+        with lock:
+            state["term"] = term
+            notice = state["notice"]
+            executions = list(current)
+        if notice is not None:  # this process is suspended by a notice: the earliest deadline
+            term = fold_request(
+                term, TerminationMode.SUSPENDED, phase="regular", deadline=notice.deadline
+            )[0]
         session.stop(force=term.force, deadline=term.deadline)  # an onExit at close, too
-        for execution in list(current):
+        for execution in executions:
             intent = task_stop_for(
                 term.mode, is_finally=job.template.is_finally(execution.spec.step_name)
             )
             if intent is not None:
                 execution.stop(intent, force=term.force, deadline=term.deadline)
 
+    def notified(notice: Notice) -> None:
+        if on_note is not None:
+            on_note(f"interruption notice from {notice.describe()}: checkpointing and stopping")
+        with lock:
+            first = state["notice"] is None
+            if first or (notice.deadline or float("inf")) < (
+                state["notice"].deadline or float("inf")
+            ):
+                state["notice"] = notice
+        if first:
+            try:
+                record_notice(store, job.job_key, run_id, notice, attempt=run.attempt)
+            except StoreError as exc:
+                if on_note is not None:
+                    on_note(f"warning: the notice is not recorded in the run: {exc}")
+        if on_notice is not None:
+            on_notice(notice)
+        apply(state["term"])
+
     session = Session(job, run_id=run_id, store=store, working_root=working_root)
     watcher = RunWatcher(store, job.job_key, run_id, run.attempt, apply, poll_seconds=poll_seconds)
     watcher.check()
     watcher.start()
+    notice_watcher = NoticeWatcher(
+        notices,
+        notified,
+        on_note=on_note,
+        poll_seconds=notice_poll_seconds or DEFAULT_POLL_SECONDS,
+    )
     results: list[TaskResult] = []
     try:
+        notice_watcher.start()
         for spec in specs:
             is_finally = job.template.is_finally(spec.step_name)
             session.job_status = run.job_status if is_finally else None
+            if state["notice"] is not None:
+                results.append(
+                    TaskResult(
+                        TaskOutcome.SKIPPED,
+                        None,
+                        "not started: an interruption notice "
+                        f"({state['notice'].source}) stopped this process's tasks",
+                        TaskExecution(job, spec, run_id=run_id).record,
+                    )
+                )
+                continue
             if starts_no_tasks(state["term"].mode, is_finally=is_finally):
                 mode = state["term"].mode
                 results.append(
@@ -722,10 +824,44 @@ def run_tasks(
                 lease.release()
     finally:
         problem = session.close()  # the watcher still runs: a deadline reaches onExit
+        notice_watcher.close()
         watcher.close()
         if problem and on_note is not None:
             on_note(f"warning: {problem}")
+        notice = state["notice"]
+        if notice is not None:
+            _after_notice(store, job.job_key, run_id, run.attempt, notice, notice_watcher, on_note)
     return results
+
+
+def _after_notice(
+    store: CheckpointStore,
+    job_key: str,
+    run_id: str,
+    attempt: int,
+    notice: Notice,
+    watcher: NoticeWatcher,
+    on_note: Callable[[str], None] | None,
+) -> None:
+    """Once the tasks a notice stopped are gone: say how long it took against the deadline,
+    note it in the run's record, acknowledge the notice (Azure)."""
+    ended = time.time()
+    notes = [checkpoint_timing(notice, ended)]
+    try:
+        record_notice(
+            store,
+            job_key,
+            run_id,
+            notice,
+            attempt=attempt,
+            stopped_after=ended - notice.received_at,
+        )
+    except StoreError as exc:
+        notes.append(f"warning: the notice is not recorded in the run: {exc}")
+    notes += watcher.acknowledge()
+    if on_note is not None:
+        for line in notes:
+            on_note(line)
 
 
 def plan_group(
@@ -976,6 +1112,11 @@ def finish_attempt(
         if mode == TerminationMode.SUSPENDED:
             status = RunStatus.INTERRUPTED
             cond = RunCondition(status="False", reason="Suspended", message="suspended; resumable")
+            noticed = [n for n in run.notices if n.get("attempt") == run.attempt]
+            if noticed:
+                cond.message = (
+                    f"suspended by an interruption notice ({noticed[0].get('source')}); resumable"
+                )
             code = EXIT_CODES["interrupted"]
         elif mode is not None:
             status = (

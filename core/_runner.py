@@ -18,13 +18,14 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 from ._chunks import AdaptiveChunker
 from ._errors import RunError, StoreError
 from ._job import PreparedJob, TaskSpec
+from ._notices import DEFAULT_POLL_SECONDS, Notice, NoticeSource, NoticeWatcher, checkpoint_timing
 from ._resume import ResumeHow, ResumeRefusedError
 from ._run import (
     EXIT_CODES,
@@ -38,6 +39,7 @@ from ._run import (
     enter_finally,
     finish_attempt,
     mark_timed_out,
+    record_notice,
     request_termination,
     task_stop_for,
 )
@@ -103,6 +105,13 @@ class JobRunner:
         on_note: lines a person should see (resume decisions, warnings, mode changes).
         working_root: parent directory of session working directories.
         poll_seconds: how often the store is read for stop requests from other processes.
+        notices: interruption notice sources (``core._notices.parse_notice_sources``). A
+            notice suspends the run (``Suspended`` with the notice's deadline), notes it in the
+            run's record, says how long the checkpoints took against the deadline, and is
+            acknowledged (Azure) once the tasks have stopped. A ``signal:`` source must have
+            been installed (``SignalSource.install``) from the main thread when ``run`` is
+            called from another thread.
+        notice_poll_seconds: at most one request per notice source this often (default 5 s).
     """
 
     def __init__(
@@ -123,6 +132,8 @@ class JobRunner:
         on_note: Callable[[str], None] | None = None,
         working_root: str | None = None,
         poll_seconds: float = 0.5,
+        notices: Sequence[NoticeSource] = (),
+        notice_poll_seconds: float | None = None,
     ) -> None:
         self.job = job
         self.store = store
@@ -138,10 +149,15 @@ class JobRunner:
         self._on_note = on_note
         self._working_root = working_root
         self._poll = poll_seconds
+        self._notice_sources = list(notices)
+        self._notice_poll = notice_poll_seconds or DEFAULT_POLL_SECONDS
+        self._notice: Notice | None = None
         self._lock = threading.RLock()
         self._active: dict[TaskExecution, bool] = {}  # execution -> is a finally task
         self._term = Termination()
-        self._pending: list[tuple[TerminationMode, bool]] = []  # asked before the run began
+        self._pending: list[
+            tuple[TerminationMode, bool, float | None]
+        ] = []  # asked before the run began
         self._phase = "starting"  # starting, regular, finally, ended
         self._timed_out = False
         self._finally_timed_out = False
@@ -159,12 +175,15 @@ class JobRunner:
     def mode(self) -> TerminationMode | None:
         return self._term.mode
 
-    def request_termination(self, mode: TerminationMode | str, *, force: bool = False) -> None:
+    def request_termination(
+        self, mode: TerminationMode | str, *, force: bool = False, deadline: float | None = None
+    ) -> None:
         """Ask the run to end early in ``mode`` (TEP-0058). Thread-safe; returns at once.
 
         The request goes through the store (``_run.request_termination``), as one from another
         process would, and applies to this runner's tasks at once. Before the run has begun it
-        is kept and made as soon as the run exists. ``force`` kills tasks without notifying.
+        is kept and made as soon as the run exists. ``force`` kills tasks without notifying;
+        ``deadline`` (seconds since the epoch) is when running tasks must be gone.
 
         Raises:
             RunError: the run has already ended, or is stopping in a mode this one may not
@@ -176,16 +195,18 @@ class JobRunner:
                 raise RunError(f"run {self.run_id} has already ended; it cannot be stopped")
             attempt = self._attempt
             if attempt is None:
-                self._pending.append((mode, force))
+                self._pending.append((mode, force, deadline))
                 return
         term, note = request_termination(
-            self.store, attempt.job_key, attempt.run_id, mode, force=force
+            self.store, attempt.job_key, attempt.run_id, mode, force=force, deadline=deadline
         )
         if note is not None:
             self.note(f"run {attempt.run_id}: {note}")
         self._on_termination(term)
 
-    def stop(self, intent: StopIntent, *, force: bool = False) -> None:
+    def stop(
+        self, intent: StopIntent, *, force: bool = False, deadline: float | None = None
+    ) -> None:
         """Shorthand: ``CHECKPOINT`` is ``Suspended``, ``CANCEL`` is ``Cancelled``."""
         mode = (
             TerminationMode.SUSPENDED
@@ -193,18 +214,59 @@ class JobRunner:
             else TerminationMode.CANCELLED
         )
         try:
-            self.request_termination(mode, force=force)
+            self.request_termination(mode, force=force, deadline=deadline)
         except RunError as exc:
             self.note(str(exc))
         except StoreError as exc:
             # The store cannot record the request: this runner still stops its own tasks.
             self.note(f"warning: {exc}; stopping this runner's tasks all the same")
-            term, note = fold_request(self._term, mode, phase=self._phase, force=force)
+            term, note = fold_request(
+                self._term, mode, phase=self._phase, force=force, deadline=deadline
+            )
             if note is not None:
                 self.note(note)
             self._on_termination(term)
 
     # --- internals -------------------------------------------------------------------------------
+    def _on_notice(self, notice: Notice) -> None:
+        """An interruption notice: suspend the run with the notice's deadline."""
+        self.note(f"interruption notice from {notice.describe()}: suspending the run")
+        with self._lock:
+            first = self._notice is None
+            if first:
+                self._notice = notice
+            attempt = self._attempt
+        if first and attempt is not None:
+            try:
+                record_notice(
+                    self.store, attempt.job_key, attempt.run_id, notice, attempt=attempt.attempt
+                )
+            except StoreError as exc:
+                self.note(f"warning: the notice is not recorded in the run: {exc}")
+        self.stop(StopIntent.CHECKPOINT, deadline=notice.deadline)
+
+    def _after_notice(self, attempt: Attempt, notices: NoticeWatcher) -> None:
+        """Once the run's tasks have stopped after a notice: the time it took against the
+        deadline, in the log and the run's record; the notice acknowledged (Azure)."""
+        notice = self._notice
+        if notice is None:
+            return
+        ended = time.time()
+        self.note(checkpoint_timing(notice, ended))
+        try:
+            record_notice(
+                self.store,
+                attempt.job_key,
+                attempt.run_id,
+                notice,
+                attempt=attempt.attempt,
+                stopped_after=ended - notice.received_at,
+            )
+        except StoreError as exc:
+            self.note(f"warning: the notice is not recorded in the run: {exc}")
+        for line in notices.acknowledge():
+            self.note(line)
+
     def _on_termination(self, term: Termination) -> None:
         """The run's termination changed (a request from this or another process)."""
         with self._lock:
@@ -267,15 +329,26 @@ class JobRunner:
             leases=[lease],
             poll_seconds=self._poll,
         )
+        notices = NoticeWatcher(
+            self._notice_sources,
+            self._on_notice,
+            on_note=self.note,
+            poll_seconds=self._notice_poll,
+        )
         try:
-            for mode, force in pending:
+            for mode, force, deadline in pending:
                 try:
-                    self.request_termination(mode, force=force)
+                    self.request_termination(mode, force=force, deadline=deadline)
                 except RunError as exc:
                     self.note(str(exc))
             watcher.start()
-            return self._run_attempt(attempt)
+            notices.start()
+            result = self._run_attempt(attempt)
+            notices.close()
+            self._after_notice(attempt, notices)
+            return result
         finally:
+            notices.close()
             self._close_sessions()
             with self._lock:
                 self._phase = "ended"

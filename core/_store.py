@@ -315,6 +315,10 @@ class RunRecord(_Model):
     """How the run keeps checkpoint files, ``shared`` or ``managed``, fixed when the run is
     created: every later attempt (a retry, a resume, a framework's retry on any host) keeps it,
     whatever its own configuration says. None (runs made before this field): the store's."""
+    notices: list[dict[str, Any]] = Field(default_factory=list)
+    """Interruption notices that stopped an attempt of the run (``core._notices``): each with
+    ``source``, ``kind``, ``detail``, ``deadline`` and ``received_at`` (seconds since the
+    epoch), ``attempt``, and, once the tasks have stopped, ``stopped_after`` (seconds)."""
     superseded_by: str | None = None
     """A later run of the same job that started from the top instead of resuming this one
     (a requeue, or a retry that was refused): retries no longer pick this run; an operator

@@ -35,6 +35,11 @@ class CheckpointStoreBlock(Block):
             machine); None: ``$OPENJD_CHECKPOINT_FILES`` where the flow runs, else ``shared``.
         file_roots: absolute folders, besides the session working directory, whose files a
             managed store may capture and restore (``$OPENJD_CHECKPOINT_FILE_ROOTS`` is added).
+        interruption_notices: interruption notice sources of the flows' task runs, as the CLI's
+            ``--interruption-notices`` takes them (``aws,gcp,azure,file:PATH``); None:
+            ``$OPENJD_CHECKPOINT_INTERRUPTION_NOTICES`` where the task runs.
+        notice_poll_seconds: at most one request per notice source this often (None:
+            ``$OPENJD_CHECKPOINT_NOTICE_POLL_SECONDS``, else 5 s).
     """
 
     _block_type_name = "OpenJD Checkpoint Store"
@@ -62,6 +67,37 @@ class CheckpointStoreBlock(Block):
             "store may capture and restore."
         ),
     )
+
+    interruption_notices: str | None = Field(
+        default=None,
+        description=(
+            "Interruption notice sources (aws, gcp, azure, each optionally NAME:BASE_URL; "
+            "file:PATH): a notice checkpoints running tasks; the retry resumes them. Empty: "
+            "$OPENJD_CHECKPOINT_INTERRUPTION_NOTICES where the task runs."
+        ),
+    )
+    notice_poll_seconds: float | None = Field(
+        default=None,
+        description="At most one request per notice source this often, in seconds (default 5).",
+    )
+
+    @field_validator("interruption_notices")
+    @classmethod
+    def _notices(cls, value: str | None) -> str | None:
+        if value is not None:
+            import core
+
+            core.parse_notice_sources(value, where="interruption_notices")
+        return value
+
+    @field_validator("notice_poll_seconds")
+    @classmethod
+    def _poll(cls, value: float | None) -> float | None:
+        if value is not None:
+            import core
+
+            core.parse_poll_seconds(value, where="notice_poll_seconds")
+        return value
 
     @field_validator("file_roots")
     @classmethod

@@ -103,6 +103,10 @@ class _Config:
     task_retry_delay_seconds: float = 0.0
     result_storage: Any = None
     artifact_key: str = "openjd-run"
+    interruption_notices: str | None = None
+    """Notice sources for every task run (None: ``$OPENJD_CHECKPOINT_INTERRUPTION_NOTICES`` of
+    the task run's process)."""
+    notice_poll_seconds: float | None = None
 
 
 def _store_location(config: _Config) -> str:
@@ -298,6 +302,8 @@ def _submit_step(
                 cache_key(job.job_key, run_id, step, group, attempt_part),
                 files=store.file_flow.value,
                 file_roots=list(store.file_roots),
+                interruption_notices=config.interruption_notices,
+                notice_poll_seconds=config.notice_poll_seconds,
                 wait_for=wait_for,
             )
         )
@@ -543,6 +549,8 @@ def _build(
     task_retry_delay_seconds: float,
     result_storage: Any,
     flow_options: dict[str, Any],
+    interruption_notices: str | None = None,
+    notice_poll_seconds: float | None = None,
 ) -> Flow[..., Any]:
     path = _resolve_template(template_path, caller_file)
     template = load_template(path)
@@ -551,6 +559,17 @@ def _build(
     if max_workers < 1:
         raise ValueError(f"max_workers must be 1 or more, not {max_workers}")
     files, roots = _file_settings(store, files, file_roots)
+    if isinstance(store, CheckpointStoreBlock):
+        if interruption_notices is None:
+            interruption_notices = store.interruption_notices
+        if notice_poll_seconds is None:
+            notice_poll_seconds = store.notice_poll_seconds
+    if interruption_notices is not None:  # checked now: a bad setting fails here, not later
+        core.parse_notice_sources(interruption_notices, where="interruption_notices=")
+    if notice_poll_seconds is not None:
+        notice_poll_seconds = core.parse_poll_seconds(
+            notice_poll_seconds, where="notice_poll_seconds="
+        )
     if isinstance(store, CheckpointStoreBlock):
         location: Any = store.store_location()
     elif isinstance(store, CheckpointStore):
@@ -570,6 +589,8 @@ def _build(
         task_retry_delay_seconds=task_retry_delay_seconds,
         result_storage=result_storage,
         artifact_key=f"openjd-{_slug(flow_name)}"[:60].rstrip("-"),
+        interruption_notices=interruption_notices,
+        notice_poll_seconds=notice_poll_seconds,
     )
     signature, annotations = flow_signature(template)
 
@@ -602,6 +623,8 @@ def flow_from_template(
     task_retries: int = 0,
     task_retry_delay_seconds: float = 0.0,
     result_storage: Any = None,
+    interruption_notices: str | None = None,
+    notice_poll_seconds: float | None = None,
     **flow_options: Any,
 ) -> Flow[..., Any]:
     """A Prefect flow that runs an OpenJD job template with CHECKPOINT.
@@ -645,6 +668,15 @@ def flow_from_template(
         task_retries / task_retry_delay_seconds: Prefect task retries of a failed task run.
         result_storage: where task run results go (a block, a block slug, a ``pathlib.Path``);
             default Prefect's (``$PREFECT_HOME/storage``).
+        interruption_notices: notice sources for every task run, as the CLI's
+            ``--interruption-notices`` takes them (``aws,gcp,azure,file:PATH``; ``signal:``
+            is refused when the task run starts, since task runs run in worker threads).
+            Default: the block's ``interruption_notices``, else
+            ``$OPENJD_CHECKPOINT_INTERRUPTION_NOTICES`` of the task run's process. A notice
+            checkpoints the task run's running task with the notice's deadline and fails the
+            task run: a task retry (``task_retries``) or a flow retry resumes it.
+        notice_poll_seconds: at most one request per source this often (default: the block's,
+            else ``$OPENJD_CHECKPOINT_NOTICE_POLL_SECONDS``, else 5 s).
         flow_options: passed to ``prefect.Flow`` (``retries``, ``retry_delay_seconds``,
             ``description``, ``flow_run_name``, hooks, ...).
 
@@ -672,6 +704,8 @@ def flow_from_template(
         task_retry_delay_seconds=task_retry_delay_seconds,
         result_storage=result_storage,
         flow_options=flow_options,
+        interruption_notices=interruption_notices,
+        notice_poll_seconds=notice_poll_seconds,
     )
 
 
@@ -689,6 +723,8 @@ def openjd_flow(
     task_retries: int = 0,
     task_retry_delay_seconds: float = 0.0,
     result_storage: Any = None,
+    interruption_notices: str | None = None,
+    notice_poll_seconds: float | None = None,
     **flow_options: Any,
 ) -> Callable[[Callable[[dict[str, Any]], Mapping[str, Any] | None]], Flow[..., Any]]:
     """Decorator: turn ``fn(parameters) -> parameters | None`` into a flow of the template
@@ -726,6 +762,8 @@ def openjd_flow(
             task_retry_delay_seconds=task_retry_delay_seconds,
             result_storage=result_storage,
             flow_options=flow_options,
+            interruption_notices=interruption_notices,
+            notice_poll_seconds=notice_poll_seconds,
         )
 
     return decorate

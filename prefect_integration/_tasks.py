@@ -10,6 +10,7 @@ interrupted chunks keep their unfinished frames) and runs it in one OpenJD sessi
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -65,6 +66,35 @@ def _cache_key_fn(context: Any, parameters: dict[str, Any]) -> str:
     return str(parameters["result_key"])
 
 
+def _notice_settings(
+    explicit: str | None, explicit_poll: float | None
+) -> tuple[list[core.NoticeSource], float]:
+    """The notice sources and poll interval of a task run: the flow's, else this process's
+    environment.
+
+    Raises:
+        ValueError: a bad setting (naming it), or a ``signal:`` source.
+    """
+    from core._notices import NOTICE_POLL_ENV, NOTICES_ENV, SignalSource
+
+    if explicit is not None:
+        sources = core.parse_notice_sources(explicit, where="interruption_notices=")
+    else:
+        sources = core.parse_notice_sources(os.environ.get(NOTICES_ENV), where=f"${NOTICES_ENV}")
+    for source in sources:
+        if isinstance(source, SignalSource):
+            raise ValueError(
+                f"{source.where}: signal:{source.signal.name}: not available to Prefect task "
+                "runs (they run in worker threads, where no signal handler can be installed); "
+                "use file:PATH, or the CLI"
+            )
+    if explicit_poll is not None:
+        poll = core.parse_poll_seconds(explicit_poll, where="notice_poll_seconds=")
+    else:
+        poll = core.parse_poll_seconds(os.environ.get(NOTICE_POLL_ENV), where=f"${NOTICE_POLL_ENV}")
+    return sources, poll
+
+
 @task(cache_key_fn=_cache_key_fn, persist_result=True)
 def run_group(
     job_key: str,
@@ -75,13 +105,17 @@ def run_group(
     result_key: str,
     files: str | None = None,
     file_roots: list[str] | None = None,
+    interruption_notices: str | None = None,
+    notice_poll_seconds: float | None = None,
 ) -> Any:
     """Run what is left of a group of a step's original tasks (``TaskSpec.to_dict()`` each).
 
     ``files`` and ``file_roots`` are the store's file data flow and allowed roots as the flow
     run resolved them (None: this process's ``$OPENJD_CHECKPOINT_FILES``): they travel with the
     task run's parameters, so a task run in another process or on another worker uses the
-    same.
+    same. ``interruption_notices`` and ``notice_poll_seconds`` are the flow's notice settings
+    (None: this process's ``$OPENJD_CHECKPOINT_INTERRUPTION_NOTICES`` and
+    ``$OPENJD_CHECKPOINT_NOTICE_POLL_SECONDS``).
 
     Returns a summary (``{"step", "ran": [[label, outcome], ...]}``) when every task of the
     group succeeded (that result is persisted under ``result_key``, so a retry skips it); a
@@ -89,11 +123,15 @@ def run_group(
     is stopping.
 
     Raises:
-        RuntimeError: a task failed (the message names it): the task run fails, and a Prefect
-            task retry resumes from what the core stored.
+        RuntimeError: a task failed, or an interruption notice stopped the group (the message
+            says which): the task run fails, and a Prefect task retry resumes from what the
+            core stored.
+        ValueError: a bad notice setting (naming it), or a ``signal:`` source (a task run
+            runs in a worker thread, where no signal handler can be installed).
         RunError, ResumeRefusedError, StoreError: from the core operations.
     """
     logger = get_run_logger()
+    sources, poll = _notice_settings(interruption_notices, notice_poll_seconds)
     store = CheckpointStore(store_location, files=files, file_roots=file_roots or ())
     job = job_for(store, job_key, run_id)
     specs = core.plan_group(store, job, run_id, [TaskSpec.from_dict(d) for d in originals])
@@ -116,6 +154,7 @@ def run_group(
         elif event.kind == "warning":
             logger.warning("%s: %s", execution.spec.label, event.value)
 
+    notices: list[core.Notice] = []
     results = core.run_tasks(
         store,
         job,
@@ -124,6 +163,9 @@ def run_group(
         on_output=on_output,
         on_event=on_event,
         on_note=logger.info,
+        notices=sources,
+        notice_poll_seconds=poll,
+        on_notice=notices.append,
     )
     ran = [[spec.label, res.outcome.value] for spec, res in zip(specs, results, strict=True)]
     failed = [
@@ -134,6 +176,11 @@ def run_group(
     ]
     if failed:
         raise RuntimeError("; ".join(failed))
+    if notices:
+        raise RuntimeError(
+            f"stopped by an interruption notice ({notices[0].describe()}); what the tasks "
+            "reported is stored: a retry of this task run (or of the flow run) resumes from it"
+        )
     stopped = [
         f"{spec.label}: {res.outcome.value}"
         for spec, res in zip(specs, results, strict=True)
