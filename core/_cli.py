@@ -22,6 +22,7 @@ from ._errors import OpenJDCheckpointError, RunError, StoreError, TemplateError
 from ._files import DEFAULT_GC_GRACE_SECONDS, collect_file_garbage
 from ._inputs import read_input_file, safe_yaml_load
 from ._job import load_path_mapping_rules, prepare_job
+from ._pipes import closed_pipe_exit, flush_stdout
 from ._resume import RefusalCode, ResumeHow, ResumeRefusedError
 from ._run import delete_run, request_termination
 from ._runner import (
@@ -49,8 +50,8 @@ exit codes of 'run' and 'resume':
   4    resume refused, with a code: unknown-run, not-failed, already-resumed, different-input,
        no-checkpoint, chain-changed, state-changed (nothing ran)
   70   internal error (a bug in openjd-checkpoint)
-  75   suspended (Ctrl-C, SIGTERM, or 'stop --mode Suspended'): checkpoints kept; run the same
-       command again, or 'resume RUN_ID', to resume
+  75   suspended (Ctrl-C, SIGTERM, SIGHUP, or 'stop --mode Suspended'): checkpoints kept; run
+       the same command again, or 'resume RUN_ID', to resume
   130  canceled or stopped (a second Ctrl-C, or 'stop --mode Cancelled|CancelledRunFinally|
        StoppedRunFinally'); finally steps ran unless the mode was Cancelled
 
@@ -221,8 +222,8 @@ def _execute(args: argparse.Namespace, job: Any, *, how: ResumeHow, **resume: An
         signals_seen.append(signum)
         if len(signals_seen) == 1:
             display.note(
-                f"{signal.Signals(signum).name}: suspending the run: tasks are interrupted with "
-                "checkpointCancelation (press Ctrl-C again to cancel it)"
+                f"{signal.Signals(signum).name}: suspending the run: its running tasks are asked "
+                "to store a checkpoint and stop (press Ctrl-C again to cancel it)"
             )
             runner.stop(StopIntent.CHECKPOINT)
         elif signum == signal.SIGINT or len(signals_seen) > 2:
@@ -239,7 +240,9 @@ def _execute(args: argparse.Namespace, job: Any, *, how: ResumeHow, **resume: An
 
     worker = threading.Thread(target=target, name="openjd-run")
     # Installed for the rest of the process: a late Ctrl-C must not become a traceback.
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    # SIGHUP (the terminal closed) suspends as SIGTERM does, rather than kill the runner and leave
+    # its tasks running unsupervised.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
     if EARLY_SIGNALS:  # a Ctrl-C during start-up whose exit something swallowed
         _write(sys.stderr, "openjd-checkpoint: interrupted before the run started\n")
@@ -718,7 +721,10 @@ def main(argv: list[str] | None = None) -> int:
         parser = build_parser()
         args = parser.parse_args(argv)
         code: int = args.func(args)
+        flush_stdout()
         return code
+    except BrokenPipeError:  # '| head' read what it wanted: end quietly, as 'yes | head' does
+        return closed_pipe_exit()
     except KeyboardInterrupt:  # Ctrl-C before the run started: nothing to keep
         _write(sys.stderr, "openjd-checkpoint: interrupted before the run started\n")
         return EXIT_CODES["canceled"]
@@ -734,6 +740,9 @@ def main(argv: list[str] | None = None) -> int:
     except OpenJDCheckpointError as exc:  # pragma: no cover
         print(f"openjd-checkpoint: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:  # a path the user gave that cannot be read or written: no traceback
+        _write(sys.stderr, f"openjd-checkpoint: {exc}\n")
+        return EXIT_CODES["store"]
     except Exception:  # a bug: say so, with the traceback, and do not look like a task failure
         import traceback
 
