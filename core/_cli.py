@@ -39,6 +39,7 @@ from ._store import (
 )
 from ._task import StopIntent, TaskEvent, TaskExecution
 from ._template import load_template
+from ._words import describe_exit
 
 EPILOG = """\
 exit codes of 'run' and 'resume':
@@ -278,7 +279,8 @@ def _report(args: argparse.Namespace, result: RunResult, store: CheckpointStore)
     )
     for spec, res in result.results:
         if res.outcome.value == "failed":
-            code = "" if res.exit_code is None else f" (exited with code: {res.exit_code})"
+            how = describe_exit(res.exit_code)  # the process's own code; none if it never ran
+            code = f" ({how})" if how else ""
             say(f"  failed: {spec.describe()}: {res.message}{code}\n")
     if result.skipped:
         say(f"  skipped: {', '.join(result.skipped)}\n")
