@@ -7,7 +7,6 @@ terminal (output lines, a progress display, Ctrl-C). ``core/cli.py`` is its smal
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import signal
@@ -17,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ._cli_read import add_json_option, cmd_checkpoints_list, cmd_runs, cmd_show, reading
 from ._early import EARLY_SIGNALS
 from ._errors import OpenJDCheckpointError, RunError, StoreError, TemplateError
 from ._files import DEFAULT_GC_GRACE_SECONDS, collect_file_garbage
@@ -67,14 +67,18 @@ class _Display:
         self._lock = threading.Lock()
         self._last: dict[int, float] = {}
         self._quiet = quiet_progress
+        self.header: str | None = None
+        """Printed before the run's first word: a refused resume prints nothing like a start."""
 
     def output(self, ex: TaskExecution, lines: list[str]) -> None:
+        self.started()
         prefix = f"[{ex.spec.describe()}] "
         text = "".join(prefix + line + "\n" for line in lines)
         with self._lock:
             _write(sys.stdout, text)
 
     def event(self, ex: TaskExecution, event: TaskEvent) -> None:
+        self.started()
         name = ex.spec.describe()
         if event.kind == "progress":
             now = time.monotonic()
@@ -92,8 +96,15 @@ class _Display:
             self.note(f"{name}: {event.value}")
 
     def note(self, text: str) -> None:
+        self.started()
         with self._lock:
             _write(sys.stderr, f"openjd-checkpoint: {text}\n")
+
+    def started(self) -> None:
+        with self._lock:
+            header, self.header = self.header, None
+        if header is not None:
+            self.note(header)
 
 
 _closed_streams: set[int] = set()
@@ -196,7 +207,7 @@ def _execute(args: argparse.Namespace, job: Any, *, how: ResumeHow, **resume: An
     )
     display = _Display(quiet_progress=args.quiet)
     flow = ", checkpoint files: managed" if store.file_flow.value == "managed" else ""
-    display.note(f"Running job {job.job.name!r} (store: {store.location}{flow})")
+    display.header = f"Running job {job.job.name!r} (store: {store.location}{flow})"
     runner = JobRunner(
         job,
         store=store,
@@ -258,6 +269,7 @@ def _execute(args: argparse.Namespace, job: Any, *, how: ResumeHow, **resume: An
     if "error" in outcome:
         raise outcome["error"]
     result: RunResult = outcome["result"]
+    display.started()
     _report(args, result, store)
     return result.exit_code
 
@@ -338,25 +350,6 @@ def _store_run(args: argparse.Namespace) -> tuple[CheckpointStore, Any]:
     return store, run
 
 
-def _cmd_show(args: argparse.Namespace) -> int:
-    store, run = _store_run(args)
-    if run is None:
-        return 2
-    tasks, warnings = store.read_tasks(run.job_key, run.run_id)
-    data: dict[str, Any] = run.model_dump(mode="json")
-    data["tasks"] = []
-    for t in tasks:
-        td = t.model_dump(mode="json")
-        td["generations"] = [g.generation for g in store.list_generations(t)]
-        data["tasks"].append(td)
-        td["files_mode"] = "managed" if t.checkpoint and t.checkpoint.manifest else "shared"
-    data["file_data_flow"] = run.files_mode or store.file_flow.value
-    data["outputs"] = store.read_outputs(run.job_key, run.run_id)
-    data["warnings"] = warnings
-    print(json.dumps(data, indent=2, sort_keys=True))
-    return 0
-
-
 def _cmd_delete(args: argparse.Namespace) -> int:
     store, run = _store_run(args)
     if run is None:
@@ -387,29 +380,6 @@ def _cmd_stop(args: argparse.Namespace) -> int:
             time.sleep(0.2)
         print(f"run {run.run_id} has not ended after {args.wait:g} s", file=sys.stderr)
         return 1
-    return 0
-
-
-def _cmd_runs(args: argparse.Namespace) -> int:
-    """``runs`` and ``checkpoints list``: every stored run, its state and its checkpoints."""
-    store, runs = _store_runs(args)
-    if not runs:
-        print(f"no stored runs in {store.location}")
-        return 0
-    print(f"{'RUN':<24} {'STATUS':<12} {'REASON':<20} {'ATTEMPT':>7} {'CHECKPOINTS':>11}  JOB")
-    for r in runs:
-        status = r.status.value
-        if status == "running" and not store.lease_held(r):
-            status = "running?"  # its runner died: resumable
-        tasks, task_warnings = store.read_tasks(r.job_key, r.run_id)
-        for w in task_warnings:
-            print(f"warning: {w}", file=sys.stderr)
-        ck = sum(1 for t in tasks if t.checkpoint is not None)
-        params = " ".join(f"{k}={v}" for k, v in r.parameters.items())
-        print(
-            f"{r.run_id:<24} {status:<12} {r.condition.reason:<20} {r.attempt:>7} {ck:>11}  "
-            f"{r.job_name}" + (f" ({params})" if params else "")
-        )
     return 0
 
 
@@ -680,7 +650,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     runs = sub.add_parser("runs", help="list stored runs with their states")
     runs.add_argument("--store", help="checkpoint store", default=argparse.SUPPRESS)
-    runs.set_defaults(func=_cmd_runs)
+    add_json_option(runs)
+    runs.set_defaults(func=reading(cmd_runs))
 
     gc = sub.add_parser("gc", help="delete runs (and checkpoints) older than the retention")
     gc.add_argument(
@@ -704,11 +675,13 @@ def build_parser() -> argparse.ArgumentParser:
     ck = sub.add_parser("checkpoints", help="list, show or delete stored runs and checkpoints")
     ck.add_argument("--store", help="checkpoint store", default=argparse.SUPPRESS)
     cks = ck.add_subparsers(dest="action", required=True)
-    ls = cks.add_parser("list", help="list stored runs")
-    ls.set_defaults(func=_cmd_runs)
-    show = cks.add_parser("show", help="show a run's tasks and checkpoints as JSON")
+    ls = cks.add_parser("list", help="list the tasks that hold checkpoints")
+    add_json_option(ls)
+    ls.set_defaults(func=reading(cmd_checkpoints_list))
+    show = cks.add_parser("show", help="show a run's tasks and checkpoints")
     show.add_argument("run_id")
-    show.set_defaults(func=_cmd_show)
+    add_json_option(show)
+    show.set_defaults(func=reading(cmd_show))
     rm = cks.add_parser("delete", help="delete a run and its checkpoints")
     rm.add_argument("run_id")
     rm.set_defaults(func=_cmd_delete)

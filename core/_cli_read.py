@@ -1,0 +1,277 @@
+"""The CLI's reading commands: ``runs``, ``checkpoints list``, ``checkpoints show``, each as a
+table for a person or, with ``--json``, as one JSON document for scripts.
+
+The JSON field names are stable and documented in the README ("Reading the store"). Times are
+seconds since the epoch (``*_at``) and ISO 8601 UTC strings (``*_time``); sizes are bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from ._store import CheckpointStore, RunRecord, TaskRecord
+from ._words import run_status_words
+
+__all__ = (
+    "JSON_SCHEMA_VERSION",
+    "add_json_option",
+    "reading",
+    "cmd_checkpoints_list",
+    "cmd_runs",
+    "cmd_show",
+    "task_label",
+)
+
+JSON_SCHEMA_VERSION = 1
+"""The ``schema`` field of every ``--json`` document; raised when a field changes meaning."""
+
+
+def add_json_option(p: argparse.ArgumentParser) -> None:
+    """Add ``--json`` (one JSON document on stdout) to a reading command's parser."""
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON document (field names as in the README) instead of a table",
+    )
+
+
+def reading(fn: Any) -> Any:
+    """A parser default ``func`` for a reading command ``fn(args, store)``: the store is the
+    one ``--store`` names, never created by reading it."""
+
+    def run(args: argparse.Namespace) -> int:
+        code: int = fn(args, CheckpointStore(args.store, create=False))
+        return code
+
+    return run
+
+
+def task_label(rec: TaskRecord) -> str:
+    """A task's readable name, as the run printed it: ``Render[Frame=1-4]``, or the step name
+    for a step's lone task."""
+    if not rec.parameters:
+        return rec.step
+    inner = ", ".join(f"{k}={v.get('value', '')}" for k, v in rec.parameters.items())
+    return f"{rec.step}[{inner}]"
+
+
+def _iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="seconds")
+
+
+def _local(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+
+
+def _dump(doc: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+
+
+def _warn(warnings: list[str], text: str, as_json: bool) -> None:
+    warnings.append(text)
+    if not as_json:
+        print(f"warning: {text}", file=sys.stderr)
+
+
+def _run_status(store: CheckpointStore, run: RunRecord) -> str:
+    alive = run.status.value != "running" or store.lease_held(run)
+    return run_status_words(run.status.value, runner_alive=alive)
+
+
+def _state_bytes(rec: TaskRecord) -> int:
+    ck = rec.checkpoint
+    return len((ck.state or "").encode()) if ck is not None else 0
+
+
+def _files(rec: TaskRecord) -> int:
+    ck = rec.checkpoint
+    if ck is None:
+        return 0
+    return len(ck.files) + len(ck.dirs) + (1 if ck.file else 0)
+
+
+def run_summary(store: CheckpointStore, run: RunRecord, tasks: list[TaskRecord]) -> dict[str, Any]:
+    """One run as ``runs --json`` gives it (see the README for each field)."""
+    return {
+        "run_id": run.run_id,
+        "job": run.job_name,
+        "parameters": dict(run.parameters),
+        "status": _run_status(store, run),
+        "stored_status": run.status.value,
+        "reason": run.condition.reason,
+        "message": run.condition.message or run.message,
+        "attempts": run.attempt,
+        "started_at": run.created_at,
+        "started_time": _iso(run.created_at),
+        "updated_at": run.updated_at,
+        "duration_seconds": round(max(0.0, run.updated_at - run.created_at), 3),
+        "tasks": len(tasks),
+        "tasks_with_checkpoints": sum(1 for t in tasks if t.checkpoint is not None),
+        "template": run.template_path,
+    }
+
+
+def cmd_runs(args: argparse.Namespace, store: CheckpointStore) -> int:
+    """``runs``: every stored run (id, job, parameters, status, attempts, started, duration)."""
+    as_json = bool(getattr(args, "json", False))
+    runs, warnings = store.list_runs()
+    if not as_json:
+        for w in warnings:
+            print(f"warning: {w}", file=sys.stderr)
+    rows = []
+    for r in runs:
+        tasks, task_warnings = store.read_tasks(r.job_key, r.run_id)
+        for w in task_warnings:
+            _warn(warnings, w, as_json)
+        rows.append(run_summary(store, r, tasks))
+    if as_json:
+        _dump({"schema": JSON_SCHEMA_VERSION, "store": store.location, "runs": rows,
+               "warnings": warnings})  # fmt: skip
+        return 0
+    if not rows:
+        print(f"no stored runs in {store.location}")
+        return 0
+    print(f"{'RUN':<24} {'STATUS':<11} {'ATTEMPTS':>8}  {'STARTED':<19} {'DURATION':>9}  JOB")
+    for row in rows:
+        params = " ".join(f"{k}={v}" for k, v in row["parameters"].items())
+        print(
+            f"{row['run_id']:<24} {row['status']:<11} {row['attempts']:>8}  "
+            f"{_local(row['started_at']):<19} {_duration(row['duration_seconds']):>9}  "
+            f"{row['job']}" + (f" ({params})" if params else "")
+        )
+    return 0
+
+
+def checkpoint_row(run: RunRecord, rec: TaskRecord) -> dict[str, Any]:
+    """One task that holds a checkpoint (or finished frames), as ``checkpoints list --json``
+    gives it (see the README for each field)."""
+    ck = rec.checkpoint
+    return {
+        "run_id": run.run_id,
+        "job": run.job_name,
+        "step": rec.step,
+        "task": task_label(rec),
+        "task_status": rec.status.value,
+        "generation": ck.generation if ck is not None else None,
+        "saved_at": ck.saved_at if ck is not None else None,
+        "saved_time": _iso(ck.saved_at) if ck is not None else None,
+        "state_bytes": _state_bytes(rec),
+        "files": _files(rec),
+        "files_mode": ("managed" if ck is not None and ck.manifest else "shared")
+        if ck is not None
+        else None,
+        "frames_done": len(rec.completed_frames),
+    }
+
+
+def cmd_checkpoints_list(args: argparse.Namespace, store: CheckpointStore) -> int:
+    """``checkpoints list``: the tasks that hold checkpoints or finished frames of a chunk."""
+    as_json = bool(getattr(args, "json", False))
+    runs, warnings = store.list_runs()
+    if not as_json:
+        for w in warnings:
+            print(f"warning: {w}", file=sys.stderr)
+    rows = []
+    for r in runs:
+        tasks, task_warnings = store.read_tasks(r.job_key, r.run_id)
+        for w in task_warnings:
+            _warn(warnings, w, as_json)
+        for t in tasks:
+            if t.checkpoint is not None or (t.completed_frames and t.status.value != "succeeded"):
+                rows.append(checkpoint_row(r, t))
+    if as_json:
+        _dump({"schema": JSON_SCHEMA_VERSION, "store": store.location, "checkpoints": rows,
+               "warnings": warnings})  # fmt: skip
+        return 0
+    if not rows:
+        print(f"no stored checkpoints in {store.location}")
+        return 0
+    print(
+        f"{'RUN':<24} {'TASK':<28} {'GEN':>4}  {'SAVED':<19} {'STATE':>9} {'FILES':>5} "
+        f"{'FRAMES':>6}"
+    )
+    for row in rows:
+        gen = "-" if row["generation"] is None else str(row["generation"])
+        saved = _local(row["saved_at"]) if row["saved_at"] is not None else "-"
+        print(
+            f"{row['run_id']:<24} {row['task']:<28} {gen:>4}  {saved:<19} "
+            f"{row['state_bytes']:>8}B {row['files']:>5} {row['frames_done']:>6}"
+        )
+    return 0
+
+
+def show_document(store: CheckpointStore, run: RunRecord) -> dict[str, Any]:
+    """``checkpoints show RUN --json``: the run's raw records (the run, each task with its
+    stored generations, the run's outputs, warnings)."""
+    tasks, warnings = store.read_tasks(run.job_key, run.run_id)
+    data: dict[str, Any] = run.model_dump(mode="json")
+    data["schema"] = JSON_SCHEMA_VERSION
+    data["status_words"] = _run_status(store, run)
+    data["tasks"] = []
+    for t in tasks:
+        td = t.model_dump(mode="json")
+        td["label"] = task_label(t)
+        td["generations"] = [g.generation for g in store.list_generations(t)]
+        td["files_mode"] = "managed" if t.checkpoint and t.checkpoint.manifest else "shared"
+        data["tasks"].append(td)
+    data["file_data_flow"] = run.files_mode or store.file_flow.value
+    data["outputs"] = store.read_outputs(run.job_key, run.run_id)
+    data["warnings"] = warnings
+    return data
+
+
+def cmd_show(args: argparse.Namespace, store: CheckpointStore) -> int:
+    """``checkpoints show RUN``: a table of the run's tasks; ``--json``: the raw records.
+    Exit 2 when the store holds no such run."""
+    run = store.find_run(args.run_id)
+    if run is None:
+        print(f"openjd-checkpoint: no run {args.run_id!r} in {store.location}", file=sys.stderr)
+        return 2
+    data = show_document(store, run)
+    if getattr(args, "json", False):
+        _dump(data)
+        return 0
+    params = " ".join(f"{k}={v}" for k, v in run.parameters.items())
+    print(f"run {run.run_id}: {data['status_words']} after {run.attempt} attempt(s)")
+    print(f"  job: {run.job_name}" + (f" ({params})" if params else ""))
+    if run.template_path:
+        print(f"  template: {run.template_path}")
+    print(f"  started: {_local(run.created_at)}; last change: {_local(run.updated_at)}")
+    if run.condition.message:
+        print(f"  {run.condition.message}")
+    print(f"  checkpoint files: {data['file_data_flow']}")
+    if not data["tasks"]:
+        print("  no task records kept (a finished run deletes them)")
+        return 0
+    print(f"  {'TASK':<28} {'STATUS':<12} {'CHECKPOINT':<22} {'FRAMES':>6}  MESSAGE")
+    for td in data["tasks"]:
+        ck = td.get("checkpoint")
+        size = len((ck.get("state") or "").encode()) if ck else 0
+        ckt = f"gen {ck['generation']}, {size}B" if ck else "-"
+        status = "suspended" if td["status"] == "interrupted" else td["status"]
+        print(
+            f"  {td['label']:<28} {status:<12} {ckt:<22} {len(td['completed_frames']):>6}  "
+            f"{td.get('message') or ''}"
+        )
+        if ck:
+            named = len(ck.get("files") or []) + len(ck.get("dirs") or []) + bool(ck.get("file"))
+            print(f"  {'':<28} checkpoint files: {td['files_mode']}, {named} named")
+    for out in data["outputs"]:
+        print(f"  output: {json.dumps(out, sort_keys=True)}")
+    for w in data["warnings"]:
+        print(f"warning: {w}", file=sys.stderr)
+    return 0
