@@ -16,12 +16,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ._cli_read import add_json_option, cmd_checkpoints_list, cmd_runs, cmd_show, reading
+from ._cli_read import (
+    add_json_option,
+    add_logs_parser,
+    cmd_checkpoints_list,
+    cmd_runs,
+    cmd_show,
+    reading,
+)
 from ._early import EARLY_SIGNALS
 from ._errors import OpenJDCheckpointError, RunError, StoreError, TemplateError
 from ._files import DEFAULT_GC_GRACE_SECONDS, collect_file_garbage
 from ._inputs import read_input_file, safe_yaml_load
 from ._job import load_path_mapping_rules, prepare_job
+from ._logs import LogKeeper
 from ._pipes import closed_pipe_exit, flush_stdout
 from ._resume import RefusalCode, ResumeHow, ResumeRefusedError
 from ._run import delete_run, request_termination
@@ -208,6 +216,7 @@ def _execute(args: argparse.Namespace, job: Any, *, how: ResumeHow, **resume: An
     display = _Display(quiet_progress=args.quiet)
     flow = ", checkpoint files: managed" if store.file_flow.value == "managed" else ""
     display.header = f"Running job {job.job.name!r} (store: {store.location}{flow})"
+    logs = LogKeeper(store)  # every task attempt's output, kept with the run
     runner = JobRunner(
         job,
         store=store,
@@ -215,8 +224,8 @@ def _execute(args: argparse.Namespace, job: Any, *, how: ResumeHow, **resume: An
         max_parallel=args.max_parallel,
         timeout_seconds=args.timeout,
         finally_timeout_seconds=args.finally_timeout,
-        on_output=display.output,
-        on_event=display.event,
+        on_output=logs.wrap_output(display.output),
+        on_event=logs.wrap_event(display.event),
         on_note=display.note,
         **resume,
     )
@@ -266,6 +275,7 @@ def _execute(args: argparse.Namespace, job: Any, *, how: ResumeHow, **resume: An
         while handled < len(pending) and worker.is_alive():
             handled += 1
             handle(pending[handled - 1])
+    logs.close()
     if "error" in outcome:
         raise outcome["error"]
     result: RunResult = outcome["result"]
@@ -652,6 +662,8 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument("--store", help="checkpoint store", default=argparse.SUPPRESS)
     add_json_option(runs)
     runs.set_defaults(func=reading(cmd_runs))
+
+    add_logs_parser(sub)
 
     gc = sub.add_parser("gc", help="delete runs (and checkpoints) older than the retention")
     gc.add_argument(

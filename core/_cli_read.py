@@ -275,3 +275,114 @@ def cmd_show(args: argparse.Namespace, store: CheckpointStore) -> int:
     for w in data["warnings"]:
         print(f"warning: {w}", file=sys.stderr)
     return 0
+
+
+def add_logs_parser(sub: Any) -> None:
+    """Add ``logs RUN_ID [--step S] [--task LABEL] [--attempt N] [--follow] [--json]``."""
+    p = sub.add_parser(
+        "logs",
+        help="show the output of a run's tasks, kept in the store (also while it runs)",
+        description="Show the output of a run's tasks in the order written, each line with its "
+        "time and task. Every attempt of every task is kept with the run until 'gc' or "
+        "'checkpoints delete' removes it.",
+    )
+    p.add_argument("run_id")
+    p.add_argument("--step", metavar="STEP", help="only this step's tasks")
+    p.add_argument("--task", metavar="LABEL", help="only this task (as shown: Render[Frame=1-4])")
+    p.add_argument("--attempt", type=int, metavar="N", help="only the run's attempt N (1, 2, ...)")
+    p.add_argument(
+        "-f", "--follow", action="store_true", help="keep printing new output until the run ends"
+    )
+    add_json_option(p)
+    p.add_argument("--store", help="checkpoint store", default=argparse.SUPPRESS)
+    p.set_defaults(func=reading(cmd_logs))
+
+
+def _wanted(args: argparse.Namespace, log: Any) -> bool:
+    return (
+        (args.step is None or log.step == args.step)
+        and (args.task is None or log.task == args.task)
+        and (args.attempt is None or log.attempt == args.attempt)
+    )
+
+
+def _line(e: Any) -> str:
+    stamp = time.strftime("%H:%M:%S", time.localtime(e.at)) + f".{int(e.at * 1000) % 1000:03d}"
+    return f"{stamp} [{e.task}] #{e.attempt} {e.text}"
+
+
+def cmd_logs(args: argparse.Namespace, store: CheckpointStore) -> int:
+    """``logs RUN_ID``: the run's kept task output, merged in the order written. Exit 2 when
+    there is no such run or ``--json`` and ``--follow`` are both given."""
+    from ._logs import read_run_logs
+
+    if args.json and args.follow:
+        print("openjd-checkpoint: logs: --json and --follow: choose one", file=sys.stderr)
+        return 2
+    run = store.find_run(args.run_id)
+    if run is None:
+        print(f"openjd-checkpoint: no run {args.run_id!r} in {store.location}", file=sys.stderr)
+        return 2
+    logs = [lg for lg in read_run_logs(store, run.job_key, run.run_id) if _wanted(args, lg)]
+    if args.json:
+        _dump(
+            {
+                "schema": JSON_SCHEMA_VERSION,
+                "run_id": run.run_id,
+                "logs": [
+                    {
+                        "step": lg.step,
+                        "task": lg.task,
+                        "attempt": lg.attempt,
+                        "started_at": lg.started_at,
+                        "lines": len(lg.entries),
+                        "cut_bytes": lg.cut_bytes,
+                        "cut_lines": lg.cut_lines,
+                    }  # fmt: skip
+                    for lg in logs
+                ],
+                "lines": [
+                    {
+                        "at": e.at,
+                        "time": _iso(e.at),
+                        "step": e.step,
+                        "task": e.task,
+                        "attempt": e.attempt,
+                        "text": e.text,
+                    }  # fmt: skip
+                    for e in sorted((e for lg in logs for e in lg.entries), key=lambda e: e.at)
+                ],
+            }
+        )
+        return 0
+    shown: dict[str, int] = {}
+    cut_told: set[str] = set()
+    last_pass = False
+    while True:
+        new = []
+        for lg in logs:
+            start = shown.get(lg.name, 0)
+            new.extend(lg.entries[start:])
+            shown[lg.name] = len(lg.entries)
+        for e in sorted(new, key=lambda e: e.at):  # stable: a task's own lines keep their order
+            sys.stdout.write(_line(e) + "\n")
+        for lg in logs:
+            if lg.cut_lines and lg.name not in cut_told:
+                cut_told.add(lg.name)
+                sys.stdout.write(
+                    f"openjd-checkpoint: [{lg.task}] #{lg.attempt}: output cut: {lg.cut_lines:,} "
+                    f"more line(s), {lg.cut_bytes:,} bytes, over the size kept per task\n"
+                )
+        if not args.follow:
+            break
+        sys.stdout.flush()
+        rec = store.find_run(run.run_id)
+        ended = rec is None or rec.status.value != "running" or not store.lease_held(rec)
+        if ended and last_pass:
+            break
+        last_pass = ended  # one more read after the end: the last flush
+        time.sleep(0.5)
+        logs = [lg for lg in read_run_logs(store, run.job_key, run.run_id) if _wanted(args, lg)]
+    if not any(lg.entries for lg in logs) and not shown:
+        print(f"openjd-checkpoint: no output kept for run {run.run_id}", file=sys.stderr)
+    return 0

@@ -58,6 +58,7 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
         ("runs",),
         ("checkpoints", "list"),
         ("checkpoints", "show", "{run}"),
+        ("logs", "{run}"),
     ],
 )
 def test_reading_commands_end_quietly_on_a_closed_pipe(
@@ -70,7 +71,9 @@ def test_reading_commands_end_quietly_on_a_closed_pipe(
     assert code == 141  # 128 + SIGPIPE, as a shell reports 'yes | head -1'
 
 
-@pytest.mark.parametrize("command", [("runs",), ("checkpoints", "show", "{run}")])
+@pytest.mark.parametrize(
+    "command", [("runs",), ("checkpoints", "show", "{run}"), ("logs", "{run}")]
+)
 def test_reading_commands_piped_into_head(
     finished_run: tuple[Path, str], command: tuple[str, ...]
 ) -> None:
