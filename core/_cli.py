@@ -31,6 +31,8 @@ from ._inputs import read_input_file, safe_yaml_load
 from ._job import load_path_mapping_rules, prepare_job
 from ._logs import LogKeeper
 from ._pipes import closed_pipe_exit, flush_stdout
+from ._progress import make_progress
+from ._progress import write as _write
 from ._resume import RefusalCode, ResumeHow, ResumeRefusedError
 from ._run import delete_run, request_termination
 from ._runner import (
@@ -45,7 +47,7 @@ from ._store import (
     RunStatus,
     default_store_location,
 )
-from ._task import StopIntent, TaskEvent, TaskExecution
+from ._task import StopIntent
 from ._template import load_template
 from ._words import describe_exit
 
@@ -66,68 +68,6 @@ exit codes of 'run' and 'resume':
 
 the store is --store, else $OPENJD_CHECKPOINT_STORE, else the per-user state directory.
 """
-
-
-class _Display:
-    """Prints task output with a ``[task]`` prefix on stdout and progress on stderr."""
-
-    def __init__(self, *, quiet_progress: bool = False) -> None:
-        self._lock = threading.Lock()
-        self._last: dict[int, float] = {}
-        self._quiet = quiet_progress
-        self.header: str | None = None
-        """Printed before the run's first word: a refused resume prints nothing like a start."""
-
-    def output(self, ex: TaskExecution, lines: list[str]) -> None:
-        self.started()
-        prefix = f"[{ex.spec.describe()}] "
-        text = "".join(prefix + line + "\n" for line in lines)
-        with self._lock:
-            _write(sys.stdout, text)
-
-    def event(self, ex: TaskExecution, event: TaskEvent) -> None:
-        self.started()
-        name = ex.spec.describe()
-        if event.kind == "progress":
-            now = time.monotonic()
-            if self._quiet or now - self._last.get(id(ex), 0.0) < 1.0:
-                return
-            self._last[id(ex)] = now
-            self.note(f"{name}: {event.value:.0f}%")
-        elif event.kind == "warning":
-            self.note(f"warning: {name}: {event.value}")
-        elif event.kind == "checkpoint_saved":
-            self.note(f"{name}: checkpoint generation {event.value} stored")
-        elif event.kind == "resume_status":
-            self.note(f"{name}: resume status {event.value}")
-        elif event.kind == "status" and str(event.value).startswith("resuming"):
-            self.note(f"{name}: {event.value}")
-
-    def note(self, text: str) -> None:
-        self.started()
-        with self._lock:
-            _write(sys.stderr, f"openjd-checkpoint: {text}\n")
-
-    def started(self) -> None:
-        with self._lock:
-            header, self.header = self.header, None
-        if header is not None:
-            self.note(header)
-
-
-_closed_streams: set[int] = set()
-
-
-def _write(stream: Any, text: str) -> None:
-    """Write and flush; a closed or broken stream (``| head``, ``2>&-``, a full disk) is
-    dropped quietly so that the run, and the reading of its tasks' output, goes on."""
-    if stream is None or id(stream) in _closed_streams:
-        return
-    try:
-        stream.write(text)
-        stream.flush()
-    except (OSError, ValueError):
-        _closed_streams.add(id(stream))
 
 
 def _params(pairs: list[str]) -> dict[str, str]:
@@ -213,7 +153,7 @@ def _execute(args: argparse.Namespace, job: Any, *, how: ResumeHow, **resume: An
         files=args.files,
         file_roots=args.file_root or (),
     )
-    display = _Display(quiet_progress=args.quiet)
+    display = make_progress(job, quiet=args.quiet, verbose=args.verbose)
     flow = ", checkpoint files: managed" if store.file_flow.value == "managed" else ""
     display.header = f"Running job {job.job.name!r} (store: {store.location}{flow})"
     logs = LogKeeper(store)  # every task attempt's output, kept with the run
@@ -268,6 +208,7 @@ def _execute(args: argparse.Namespace, job: Any, *, how: ResumeHow, **resume: An
     if EARLY_SIGNALS:  # a Ctrl-C during start-up whose exit something swallowed
         _write(sys.stderr, "openjd-checkpoint: interrupted before the run started\n")
         return EXIT_CODES["canceled"]
+    display.start()
     worker.start()
     handled = 0
     while worker.is_alive():
@@ -276,6 +217,7 @@ def _execute(args: argparse.Namespace, job: Any, *, how: ResumeHow, **resume: An
             handled += 1
             handle(pending[handled - 1])
     logs.close()
+    display.finish()
     if "error" in outcome:
         raise outcome["error"]
     result: RunResult = outcome["result"]
@@ -476,7 +418,19 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
         help="managed files: a folder besides the session working directory whose files may be "
         "captured and restored (repeatable; also $OPENJD_CHECKPOINT_FILE_ROOTS)",
     )
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    p.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no progress display: only what needs you (failures, warnings, decisions, the "
+        "resume command); task output still goes to stdout",
+    )
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="plain progress lines with every message the tasks send",
+    )
 
 
 MAX_PARALLEL = 1024

@@ -129,9 +129,12 @@ class TaskEvent:
     """Something a running task reported, for progress displays and adapters.
 
     Attributes:
-        kind: ``progress``, ``status``, ``fail``, ``checkpoint_saved``, ``frame_complete``,
-            ``resume_status``, ``warning``, ``action_started``, ``action_ended``.
-        value: the percentage (float), the message (str), the generation (int) or frame (int).
+        kind: ``started`` (the attempt began), ``progress``, ``status``, ``fail``,
+            ``checkpoint_saved``, ``frame_complete``, ``resume_status``, ``warning``,
+            ``action_started``, ``action_ended``, ``ended`` (the attempt's outcome is decided).
+        value: the percentage (float), the message (str), the generation (int) or frame (int);
+            for ``started`` the checkpoint generation it resumes from (None: from the top), for
+            ``ended`` the ``TaskResult``.
         time: seconds since the epoch.
     """
 
@@ -330,6 +333,7 @@ class TaskExecution:
         if self.spec.resume is not None:
             rec.resume_status = None
         self._persist(force=True)
+        self._emit("started", self.spec.resume.generation if self.spec.resume else None)
         session = self._session
         private = session is None
         if session is None:
@@ -433,7 +437,9 @@ class TaskExecution:
             message = _relabel(message, len(self.job.template.regular_steps))
             rec.message = message
             self._persist(force=True)
-            return TaskResult(outcome, exit_code, message, rec.model_copy(deep=True))
+            result = TaskResult(outcome, exit_code, message, rec.model_copy(deep=True))
+        self._emit("ended", result)
+        return result
 
     def _extensions(self) -> list[str]:
         from ._template import MODEL_EXTENSIONS
