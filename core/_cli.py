@@ -49,7 +49,7 @@ from ._store import (
 )
 from ._task import StopIntent
 from ._template import load_template
-from ._words import describe_exit
+from ._words import describe_exit, outcome_sentence
 
 EPILOG = """\
 exit codes of 'run' and 'resume':
@@ -184,7 +184,7 @@ def _execute(args: argparse.Namespace, job: Any, *, how: ResumeHow, **resume: An
         if len(signals_seen) == 1:
             display.note(
                 f"{signal.Signals(signum).name}: suspending the run: its running tasks are asked "
-                "to store a checkpoint and stop (press Ctrl-C again to cancel it)"
+                "to stop, and what they reported is kept (press Ctrl-C again to cancel it)"
             )
             runner.stop(StopIntent.CHECKPOINT)
         elif signum == signal.SIGINT or len(signals_seen) > 2:
@@ -241,6 +241,7 @@ def _report(args: argparse.Namespace, result: RunResult, store: CheckpointStore)
         + (f": {cond.message}" if cond.message else "")
         + "\n"
     )
+    say(f"  {_outcome(store, result)}\n")
     for spec, res in result.results:
         if res.outcome.value == "failed":
             how = describe_exit(res.exit_code)  # the process's own code; none if it never ran
@@ -256,6 +257,13 @@ def _report(args: argparse.Namespace, result: RunResult, store: CheckpointStore)
             cmd += ["--store", str(args.store)]
         say(f"  checkpoints kept in {store.location}\n")
         say(f"  to resume: {shlex.join(cmd)}  (or run the same 'run' command again)\n")
+
+
+def _outcome(store: CheckpointStore, result: RunResult) -> str:
+    """The run's outcome in plain words, counted over all its attempts (``_words``)."""
+    run = store.find_run(result.run_id)
+    tasks = store.read_tasks(run.job_key, run.run_id)[0] if run is not None else []
+    return outcome_sentence(result.status.value, tasks, len(result.results))
 
 
 def _resumable(store: CheckpointStore, run_id: str) -> bool:

@@ -7,8 +7,9 @@ say things the same way.
 from __future__ import annotations
 
 import signal
+from typing import Any
 
-__all__ = ("describe_exit", "run_status_words")
+__all__ = ("describe_exit", "outcome_sentence", "run_status_words")
 
 
 def describe_exit(code: int | None) -> str:
@@ -43,3 +44,44 @@ def run_status_words(status: str, *, runner_alive: bool = True) -> str:
     if status == "running" and not runner_alive:
         return "interrupted"
     return _RUN_STATUS.get(status, status)
+
+
+def _n(count: int, one: str, many: str | None = None) -> str:
+    return f"{count} {one if count == 1 else (many or one + 's')}"
+
+
+def outcome_sentence(status: str, tasks: list[Any], ran: int) -> str:
+    """What happened to a run and what the user can do next, counted over the whole run (every
+    attempt), e.g. ``"suspended: 2 tasks checkpointed, 1 chunk kept 4 finished frames; run
+    again to continue"``.
+
+    Args:
+        status: the run's ``RunStatus`` value.
+        tasks: the run's ``TaskRecord``s in the store (a finished run has none left).
+        ran: how many task executions this attempt ran (used when no records are left).
+    """
+    words = run_status_words(status)
+    if status == "succeeded":
+        return f"{words}: every task succeeded ({_n(ran, 'task')} ran in this attempt)"
+    done = sum(1 for t in tasks if t.status.value == "succeeded")
+    failed = sum(1 for t in tasks if t.status.value == "failed")
+    checkpointed = sum(1 for t in tasks if t.status.value != "succeeded" and t.checkpoint)
+    chunks = [
+        t for t in tasks
+        if t.status.value != "succeeded" and not t.checkpoint and t.completed_frames
+    ]  # fmt: skip
+    frames = sum(len(t.completed_frames) for t in chunks)
+    parts = []
+    if done:
+        parts.append(f"{_n(done, 'task')} done")
+    if failed:
+        parts.append(f"{_n(failed, 'task')} failed")
+    if checkpointed:
+        parts.append(f"{_n(checkpointed, 'task')} checkpointed")
+    if chunks:
+        parts.append(f"{_n(len(chunks), 'chunk')} kept {_n(frames, 'finished frame')}")
+    kept = bool(done or checkpointed or chunks)
+    nxt = "run again to continue" if kept else "running again starts from the top"
+    if status == "failed" and failed:
+        nxt = "fix what failed, then " + nxt
+    return f"{words}: {', '.join(parts) or 'no task finished'}; {nxt}"

@@ -102,6 +102,7 @@ def test_plain_lines_name_an_interrupted_chunk_and_what_it_kept(
     assert any(ln.startswith("Render[Frame=1-3] suspended with a checkpoint") for ln in lines)
     (ended,) = [ln for ln in lines if ln.startswith("step Render ended:")]
     assert "1 suspended with a checkpoint" in ended
+    assert "  suspended: 1 task done, 1 task checkpointed; run again to continue" in cli.stderr
 
 
 def test_quiet_and_verbose(template: Path, tmp_path: Path) -> None:
