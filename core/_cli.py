@@ -19,6 +19,7 @@ from typing import Any
 from ._cli_read import (
     add_json_option,
     add_logs_parser,
+    cmd_check,
     cmd_checkpoints_list,
     cmd_runs,
     cmd_show,
@@ -48,7 +49,6 @@ from ._store import (
     default_store_location,
 )
 from ._task import StopIntent
-from ._template import load_template
 from ._words import describe_exit, outcome_sentence
 
 EPILOG = """\
@@ -88,16 +88,6 @@ def _params(pairs: list[str]) -> dict[str, str]:
             raise TemplateError([f"-p {pair!r}: expected NAME=VALUE"])
         out[name] = value
     return out
-
-
-def _cmd_check(args: argparse.Namespace) -> int:
-    tmpl = load_template(args.template)
-    resumable = sorted(tmpl.resume_actions)
-    print(f"{args.template}: valid job template {tmpl.name!r}")
-    if tmpl.extensions:
-        print(f"  extensions: {', '.join(sorted(tmpl.extensions))}")
-    print(f"  resumable steps: {', '.join(resumable) if resumable else 'none'}")
-    return 0
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -521,7 +511,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check", help="validate a job template")
     check.add_argument("template", type=Path, help="job template file (YAML or JSON)")
-    check.set_defaults(func=_cmd_check)
+    add_json_option(check)
+    check.set_defaults(func=cmd_check)
 
     run = sub.add_parser(
         "run",

@@ -386,3 +386,94 @@ def cmd_logs(args: argparse.Namespace, store: CheckpointStore) -> int:
     if not any(lg.entries for lg in logs) and not shown:
         print(f"openjd-checkpoint: no output kept for run {run.run_id}", file=sys.stderr)
     return 0
+
+
+def _step_docs(tmpl: Any) -> dict[str, dict[str, Any]]:
+    doc = tmpl.document
+    steps = [
+        s for s in (doc.get("steps") or []) + (doc.get("finally") or []) if isinstance(s, dict)
+    ]
+    return {str(s.get("name")): s for s in steps}
+
+
+def _chunked(step: dict[str, Any]) -> bool:
+    space = step.get("parameterSpace") or {}
+    defs = space.get("taskParameterDefinitions") or [] if isinstance(space, dict) else []
+    return any(isinstance(d, dict) and str(d.get("type")) == "CHUNK[INT]" for d in defs)
+
+
+def _suspend_words(spec: Any) -> str:
+    ck = spec.checkpoint_cancelation if spec is not None else None
+    how = ck if ck is not None else (spec.cancelation if spec is not None else None)
+    which = "checkpointCancelation" if ck is not None else "cancelation; no checkpointCancelation"
+    if how is not None and how.mode == "NOTIFY_THEN_TERMINATE":
+        period = how.notify_period_text or f"{how.notify_period_seconds:g}"
+        return (
+            f"suspending sends {how.signal_to_notify.name} ({which}), then terminates it "
+            f"after {period} s"
+        )
+    return f"suspending terminates it at once ({which})"
+
+
+def check_document(tmpl: Any, path: str) -> dict[str, Any]:
+    """``check --json``: the template's name, extensions and, per step, how it resumes:
+    ``checkpoint`` (``onCheckpointResume`` from its last checkpoint), ``frames`` (a chunk runs
+    only its unfinished frames), ``checkpoint+frames``, or ``none`` (an unfinished task runs
+    again from its start; finished tasks are skipped in every case)."""
+    docs = _step_docs(tmpl)
+    steps = []
+    for name in list(tmpl.regular_steps) + list(tmpl.finally_steps):
+        step = docs.get(name, {})
+        where = tmpl.step_path(name)
+        by_ck = name in tmpl.resume_actions
+        by_frames = _chunked(step)
+        resumes = "+".join(k for k, on in (("checkpoint", by_ck), ("frames", by_frames)) if on)
+        steps.append(
+            {
+                "step": name,
+                "path": where,
+                "finally": tmpl.is_finally(name),
+                "resumes": resumes or "none",
+                "on_suspend": _suspend_words(
+                    tmpl.actions.get(f"steps[{tmpl.step_index(name)}].script.actions.onRun")
+                ),
+            }  # fmt: skip
+        )
+    return {
+        "schema": JSON_SCHEMA_VERSION,
+        "template": path,
+        "name": tmpl.name,
+        "extensions": sorted(tmpl.extensions),
+        "steps": steps,
+    }
+
+
+_RESUME_WORDS = {
+    "checkpoint": "from its last checkpoint, through onCheckpointResume",
+    "frames": "by finished frames: a chunk runs only its unfinished frames",
+    "checkpoint+frames": "from its last checkpoint through onCheckpointResume, and a chunk runs "
+    "only its unfinished frames",
+    "none": "not resumable: an unfinished task runs again from its start",
+}
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """``check TEMPLATE``: validate it and say how each step resumes (``--json``: one
+    document). Raises ``TemplateError`` for an invalid template (exit 2)."""
+    from ._template import load_template
+
+    tmpl = load_template(args.template)
+    doc = check_document(tmpl, str(args.template))
+    if getattr(args, "json", False):
+        _dump(doc)
+        return 0
+    print(f"{args.template}: valid job template {tmpl.name!r}")
+    if tmpl.extensions:
+        print(f"  extensions: {', '.join(sorted(tmpl.extensions))}")
+    resumable = [s["step"] for s in doc["steps"] if s["resumes"] != "none"]
+    print(f"  resumable steps: {', '.join(resumable) if resumable else 'none'}")
+    print("  how each step resumes after a suspend or failure (finished tasks are always skipped):")
+    for s in doc["steps"]:
+        kind = " (finally)" if s["finally"] else ""
+        print(f"    {s['step']}{kind}: {_RESUME_WORDS[s['resumes']]}; {s['on_suspend']}")
+    return 0
