@@ -25,6 +25,7 @@ from ._cli_read import (
     cmd_show,
     reading,
 )
+from ._completion import add_completion_parser, complete
 from ._early import EARLY_SIGNALS
 from ._errors import OpenJDCheckpointError, RunError, StoreError, TemplateError
 from ._files import DEFAULT_GC_GRACE_SECONDS, collect_file_garbage
@@ -617,6 +618,7 @@ def build_parser() -> argparse.ArgumentParser:
     runs.set_defaults(func=reading(cmd_runs))
 
     add_logs_parser(sub)
+    add_completion_parser(sub)
 
     gc = sub.add_parser("gc", help="delete runs (and checkpoints) older than the retention")
     gc.add_argument(
@@ -659,6 +661,10 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``openjd-checkpoint`` console script. Returns the exit code."""
     try:
         parser = build_parser()
+        words = sys.argv[1:] if argv is None else argv
+        if words[:1] == ["__complete"]:  # the shell completion script asks
+            print("\n".join(complete(parser, words[1:])))
+            return 0
         args = parser.parse_args(argv)
         code: int = args.func(args)
         flush_stdout()
