@@ -204,6 +204,8 @@ class Progress:
             self._say(f"openjd-checkpoint: {text}")
 
     def _planned(self, step: str) -> int | None:
+        if self._mode != "live":  # only the live display shows tasks left: plan nothing extra
+            return None
         try:
             return len(self._job.plan_step(step))
         except Exception:  # adaptive or unusual plans: unknown
