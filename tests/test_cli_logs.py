@@ -143,3 +143,13 @@ def test_gc_removes_the_logs_with_the_run(finished: tuple[str, str], tmp_path: P
     assert gone.returncode == 0, gone.stderr
     assert not list(Path(store).rglob("*.log.gz"))
     assert cli("logs", run_id, "--store", store).returncode == 2
+
+
+def test_logs_on_an_s3_store(s3_store: str, tmp_path: Path) -> None:
+    tmpl = tmp_path / "two.json"
+    tmpl.write_text(json.dumps(TWO_STEPS))
+    done = cli("run", str(tmpl), "--store", s3_store)
+    assert done.returncode == 0, done.stderr
+    run_id = only_run_id(s3_store)
+    lines = texts(cli("logs", run_id, "--task", "First[N=1]", "--store", s3_store).stdout)
+    assert lines == [f"first 1 {k} {i}" for i in range(5) for k in ("line", "err")]
