@@ -207,6 +207,10 @@ def _execute(args: argparse.Namespace, job: Any, *, how: ResumeHow, **resume: An
         while handled < len(pending) and worker.is_alive():
             handled += 1
             handle(pending[handled - 1])
+    # The run has ended: a late signal changes nothing, even while the interpreter shuts down
+    # (which puts back the default handlers of Python-level ones, and would die of it).
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
     logs.close()
     display.finish()
     if "error" in outcome:

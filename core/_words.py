@@ -80,8 +80,10 @@ def outcome_sentence(status: str, tasks: list[Any], ran: int) -> str:
         parts.append(f"{_n(checkpointed, 'task')} checkpointed")
     if chunks:
         parts.append(f"{_n(len(chunks), 'chunk')} kept {_n(frames, 'finished frame')}")
-    kept = bool(done or checkpointed or chunks)
-    nxt = "run again to continue" if kept else "running again starts from the top"
+    summary = f"{words}: {', '.join(parts) or 'no task finished'}"
+    if not (done or checkpointed or chunks):
+        return summary  # the report goes on: nothing was stored to resume from
+    nxt = "run again to continue"
     if status == "failed" and failed:
         nxt = "fix what failed, then " + nxt
-    return f"{words}: {', '.join(parts) or 'no task finished'}; {nxt}"
+    return f"{summary}; {nxt}"

@@ -120,3 +120,17 @@ def test_sighup_suspends_the_run_like_sigterm(store: Path) -> None:
     assert task.checkpoint is not None  # periodic saves are 600 s apart: this one is SIGUSR1's
     gone, alive = psutil.wait_procs(tasks, timeout=10)
     assert not alive, alive
+
+
+def test_a_ctrl_c_after_the_run_ended_changes_nothing(tmp_path: Path) -> None:
+    """The second Ctrl-C of an impatient user often lands while the CLI is exiting: the exit
+    status stays the run's (75), never a death by SIGINT."""
+    tmpl = one_step_template(tmp_path / "s.yaml", "Sleeper",
+                             "import time; print('ready', flush=True); time.sleep(60)")  # fmt: skip
+    cli = CliProcess("run", str(tmpl), "--store", str(tmp_path / "store"))
+    cli.wait_for("ready", timeout=60, stream="out")
+    cli.proc.send_signal(signal.SIGINT)
+    cli.wait_for("  suspended: no task finished", timeout=60, stream="err")
+    if cli.proc.poll() is None:
+        cli.proc.send_signal(signal.SIGINT)
+    assert cli.wait(60) == 75, cli.stderr
