@@ -17,11 +17,22 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ._cli_read import (
+    add_json_option,
+    add_logs_parser,
+    cmd_check,
+    cmd_checkpoints_list,
+    cmd_runs,
+    cmd_show,
+    reading,
+)
+from ._completion import add_completion_parser, complete
 from ._early import EARLY_SIGNALS
 from ._errors import OpenJDCheckpointError, RunError, StoreError, TemplateError
 from ._files import DEFAULT_GC_GRACE_SECONDS, collect_file_garbage
 from ._inputs import load_document, read_input_file
 from ._job import load_environment_template, load_path_mapping_rules, prepare_job
+from ._logs import LogKeeper
 from ._notices import (
     NOTICE_POLL_ENV,
     NOTICES_ENV,
@@ -30,6 +41,9 @@ from ._notices import (
     parse_notice_sources,
     parse_poll_seconds,
 )
+from ._pipes import closed_pipe_exit, flush_stdout
+from ._progress import make_progress
+from ._progress import write as _write
 from ._resume import RefusalCode, ResumeHow, ResumeRefusedError
 from ._run import delete_run, request_termination
 from ._runner import (
@@ -44,8 +58,8 @@ from ._store import (
     RunStatus,
     default_store_location,
 )
-from ._task import StopIntent, TaskEvent, TaskExecution
-from ._template import load_template
+from ._task import StopIntent
+from ._words import describe_exit, outcome_sentence
 
 ENV_VERSION = "environment-2023-09"
 """The ``specificationVersion`` that makes ``check`` validate an environment template."""
@@ -60,65 +74,13 @@ exit codes of 'run' and 'resume':
   4    resume refused, with a code: unknown-run, not-failed, already-resumed, different-input,
        no-checkpoint, chain-changed, state-changed (nothing ran)
   70   internal error (a bug in openjd-checkpoint)
-  75   suspended (Ctrl-C, SIGTERM, an interruption notice, or 'stop --mode Suspended'):
-       checkpoints kept; run the same
-       command again, or 'resume RUN_ID', to resume
+  75   suspended (Ctrl-C, SIGTERM, SIGHUP, an interruption notice, or 'stop --mode
+       Suspended'): checkpoints kept; run the same command again, or 'resume RUN_ID', to resume
   130  canceled or stopped (a second Ctrl-C, or 'stop --mode Cancelled|CancelledRunFinally|
        StoppedRunFinally'); finally steps ran unless the mode was Cancelled
 
 the store is --store, else $OPENJD_CHECKPOINT_STORE, else the per-user state directory.
 """
-
-
-class _Display:
-    """Prints task output with a ``[task]`` prefix on stdout and progress on stderr."""
-
-    def __init__(self, *, quiet_progress: bool = False) -> None:
-        self._lock = threading.Lock()
-        self._last: dict[int, float] = {}
-        self._quiet = quiet_progress
-
-    def output(self, ex: TaskExecution, lines: list[str]) -> None:
-        prefix = f"[{ex.spec.describe()}] "
-        text = "".join(prefix + line + "\n" for line in lines)
-        with self._lock:
-            _write(sys.stdout, text)
-
-    def event(self, ex: TaskExecution, event: TaskEvent) -> None:
-        name = ex.spec.describe()
-        if event.kind == "progress":
-            now = time.monotonic()
-            if self._quiet or now - self._last.get(id(ex), 0.0) < 1.0:
-                return
-            self._last[id(ex)] = now
-            self.note(f"{name}: {event.value:.0f}%")
-        elif event.kind == "warning":
-            self.note(f"warning: {name}: {event.value}")
-        elif event.kind == "checkpoint_saved":
-            self.note(f"{name}: checkpoint generation {event.value} stored")
-        elif event.kind == "resume_status":
-            self.note(f"{name}: resume status {event.value}")
-        elif event.kind == "status" and str(event.value).startswith("resuming"):
-            self.note(f"{name}: {event.value}")
-
-    def note(self, text: str) -> None:
-        with self._lock:
-            _write(sys.stderr, f"openjd-checkpoint: {text}\n")
-
-
-_closed_streams: set[int] = set()
-
-
-def _write(stream: Any, text: str) -> None:
-    """Write and flush; a closed or broken stream (``| head``, ``2>&-``, a full disk) is
-    dropped quietly so that the run, and the reading of its tasks' output, goes on."""
-    if stream is None or id(stream) in _closed_streams:
-        return
-    try:
-        stream.write(text)
-        stream.flush()
-    except (OSError, ValueError):
-        _closed_streams.add(id(stream))
 
 
 PARAM_FORMS = (
@@ -241,30 +203,6 @@ def _path_mapping_rules(value: str) -> list[Any]:
         raise TemplateError([f"{where}: {exc}"]) from None
 
 
-def _cmd_check(args: argparse.Namespace) -> int:
-    path = Path(args.template)
-    document = load_document(
-        read_input_file(path, "template file"),
-        json_format=path.suffix.lower() == ".json",
-        source=path,
-    )
-    if isinstance(document, dict) and document.get("specificationVersion") == ENV_VERSION:
-        env = load_environment_template(path)
-        name = getattr(getattr(env, "environment", None), "name", "")
-        print(f"{args.template}: valid environment template {name!r}")
-        env_extensions = list(getattr(env, "extensions", None) or [])
-        if env_extensions:
-            print(f"  extensions: {', '.join(sorted(str(e) for e in env_extensions))}")
-        return 0
-    tmpl = load_template(args.template)
-    resumable = sorted(tmpl.resume_actions)
-    print(f"{args.template}: valid job template {tmpl.name!r}")
-    if tmpl.extensions:
-        print(f"  extensions: {', '.join(sorted(tmpl.extensions))}")
-    print(f"  resumable steps: {', '.join(resumable) if resumable else 'none'}")
-    return 0
-
-
 def _cmd_run(args: argparse.Namespace) -> int:
     for env_path in args.environment or []:  # each refusal names the option
         try:
@@ -346,9 +284,10 @@ def _execute(args: argparse.Namespace, job: Any, *, how: ResumeHow, **resume: An
         files=args.files,
         file_roots=args.file_root or (),
     )
-    display = _Display(quiet_progress=args.quiet)
+    display = make_progress(job, quiet=args.quiet, verbose=args.verbose)
     flow = ", checkpoint files: managed" if store.file_flow.value == "managed" else ""
-    display.note(f"Running job {job.job.name!r} (store: {store.location}{flow})")
+    display.header = f"Running job {job.job.name!r} (store: {store.location}{flow})"
+    logs = LogKeeper(store)  # every task attempt's output, kept with the run
     runner = JobRunner(
         job,
         store=store,
@@ -356,8 +295,8 @@ def _execute(args: argparse.Namespace, job: Any, *, how: ResumeHow, **resume: An
         max_parallel=args.max_parallel,
         timeout_seconds=args.timeout,
         finally_timeout_seconds=args.finally_timeout,
-        on_output=display.output,
-        on_event=display.event,
+        on_output=logs.wrap_output(display.output),
+        on_event=logs.wrap_event(display.event),
         on_note=display.note,
         notices=notice_sources,
         notice_poll_seconds=notice_poll,
@@ -381,8 +320,8 @@ def _execute(args: argparse.Namespace, job: Any, *, how: ResumeHow, **resume: An
         signals_seen.append(signum)
         if len(signals_seen) == 1:
             display.note(
-                f"{signal.Signals(signum).name}: suspending the run: tasks are interrupted with "
-                "checkpointCancelation (press Ctrl-C again to cancel it)"
+                f"{signal.Signals(signum).name}: suspending the run: its running tasks are asked "
+                "to stop, and what they reported is kept (press Ctrl-C again to cancel it)"
             )
             runner.stop(StopIntent.CHECKPOINT)
         elif signum == signal.SIGINT or len(signals_seen) > 2:
@@ -399,7 +338,9 @@ def _execute(args: argparse.Namespace, job: Any, *, how: ResumeHow, **resume: An
 
     worker = threading.Thread(target=target, name="openjd-run")
     # Installed for the rest of the process: a late Ctrl-C must not become a traceback.
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    # SIGHUP (the terminal closed) suspends as SIGTERM does, rather than kill the runner and leave
+    # its tasks running unsupervised.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
     if EARLY_SIGNALS:  # a Ctrl-C during start-up whose exit something swallowed
         _write(sys.stderr, "openjd-checkpoint: interrupted before the run started\n")
@@ -407,6 +348,7 @@ def _execute(args: argparse.Namespace, job: Any, *, how: ResumeHow, **resume: An
     for source in notice_sources:  # a signal handler is installed from the main thread
         if isinstance(source, SignalSource):
             source.install()
+    display.start()
     worker.start()
     handled = 0
     while worker.is_alive():
@@ -414,9 +356,16 @@ def _execute(args: argparse.Namespace, job: Any, *, how: ResumeHow, **resume: An
         while handled < len(pending) and worker.is_alive():
             handled += 1
             handle(pending[handled - 1])
+    # The run has ended: a late signal changes nothing, even while the interpreter shuts down
+    # (which puts back the default handlers of Python-level ones, and would die of it).
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    logs.close()
+    display.finish()
     if "error" in outcome:
         raise outcome["error"]
     result: RunResult = outcome["result"]
+    display.started()
     _report(args, result, store)
     return result.exit_code
 
@@ -436,9 +385,11 @@ def _report(args: argparse.Namespace, result: RunResult, store: CheckpointStore)
         + (f": {cond.message}" if cond.message else "")
         + "\n"
     )
+    say(f"  {_outcome(store, result)}\n")
     for spec, res in result.results:
         if res.outcome.value == "failed":
-            code = "" if res.exit_code is None else f" (exited with code: {res.exit_code})"
+            how = describe_exit(res.exit_code)  # the process's own code; none if it never ran
+            code = f" ({how})" if how else ""
             say(f"  failed: {spec.describe()}: {res.message}{code}\n")
     if result.skipped:
         say(f"  skipped: {', '.join(result.skipped)}\n")
@@ -450,6 +401,13 @@ def _report(args: argparse.Namespace, result: RunResult, store: CheckpointStore)
             cmd += ["--store", str(args.store)]
         say(f"  checkpoints kept in {store.location}\n")
         say(f"  to resume: {shlex.join(cmd)}  (or run the same 'run' command again)\n")
+
+
+def _outcome(store: CheckpointStore, result: RunResult) -> str:
+    """The run's outcome in plain words, counted over all its attempts (``_words``)."""
+    run = store.find_run(result.run_id)
+    tasks = store.read_tasks(run.job_key, run.run_id)[0] if run is not None else []
+    return outcome_sentence(result.status.value, tasks, len(result.results))
 
 
 def _resumable(store: CheckpointStore, run_id: str) -> bool:
@@ -496,25 +454,6 @@ def _store_run(args: argparse.Namespace) -> tuple[CheckpointStore, Any]:
     return store, run
 
 
-def _cmd_show(args: argparse.Namespace) -> int:
-    store, run = _store_run(args)
-    if run is None:
-        return 2
-    tasks, warnings = store.read_tasks(run.job_key, run.run_id)
-    data: dict[str, Any] = run.model_dump(mode="json")
-    data["tasks"] = []
-    for t in tasks:
-        td = t.model_dump(mode="json")
-        td["generations"] = [g.generation for g in store.list_generations(t)]
-        data["tasks"].append(td)
-        td["files_mode"] = "managed" if t.checkpoint and t.checkpoint.manifest else "shared"
-    data["file_data_flow"] = run.files_mode or store.file_flow.value
-    data["outputs"] = store.read_outputs(run.job_key, run.run_id)
-    data["warnings"] = warnings
-    print(json.dumps(data, indent=2, sort_keys=True))
-    return 0
-
-
 def _cmd_delete(args: argparse.Namespace) -> int:
     store, run = _store_run(args)
     if run is None:
@@ -545,29 +484,6 @@ def _cmd_stop(args: argparse.Namespace) -> int:
             time.sleep(0.2)
         print(f"run {run.run_id} has not ended after {args.wait:g} s", file=sys.stderr)
         return 1
-    return 0
-
-
-def _cmd_runs(args: argparse.Namespace) -> int:
-    """``runs`` and ``checkpoints list``: every stored run, its state and its checkpoints."""
-    store, runs = _store_runs(args)
-    if not runs:
-        print(f"no stored runs in {store.location}")
-        return 0
-    print(f"{'RUN':<24} {'STATUS':<12} {'REASON':<20} {'ATTEMPT':>7} {'CHECKPOINTS':>11}  JOB")
-    for r in runs:
-        status = r.status.value
-        if status == "running" and not store.lease_held(r):
-            status = "running?"  # its runner died: resumable
-        tasks, task_warnings = store.read_tasks(r.job_key, r.run_id)
-        for w in task_warnings:
-            print(f"warning: {w}", file=sys.stderr)
-        ck = sum(1 for t in tasks if t.checkpoint is not None)
-        params = " ".join(f"{k}={v}" for k, v in r.parameters.items())
-        print(
-            f"{r.run_id:<24} {status:<12} {r.condition.reason:<20} {r.attempt:>7} {ck:>11}  "
-            f"{r.job_name}" + (f" ({params})" if params else "")
-        )
     return 0
 
 
@@ -670,7 +586,19 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
         help="at most one request per notice source this often, with back-off when it is "
         f"absent (default: ${NOTICE_POLL_ENV}, else 5)",
     )
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    p.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no progress display: only what needs you (failures, warnings, decisions, the "
+        "resume command); task output still goes to stdout",
+    )
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="plain progress lines with every message the tasks send",
+    )
 
 
 MAX_PARALLEL = 1024
@@ -755,12 +683,14 @@ def build_parser() -> argparse.ArgumentParser:
         "check",
         help="validate a job template or an environment template",
         description="Validate a job template, or an environment template (one whose "
-        "specificationVersion is environment-2023-09). Exit 0 if valid, 2 if not.",
+        "specificationVersion is environment-2023-09), and say how each step of a job "
+        "template resumes. Exit 0 if valid, 2 if not.",
     )
     check.add_argument(
         "template", type=Path, help="job or environment template file (YAML or JSON)"
     )
-    check.set_defaults(func=_cmd_check)
+    add_json_option(check)
+    check.set_defaults(func=cmd_check)
 
     run = sub.add_parser(
         "run",
@@ -875,7 +805,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     runs = sub.add_parser("runs", help="list stored runs with their states")
     runs.add_argument("--store", help="checkpoint store", default=argparse.SUPPRESS)
-    runs.set_defaults(func=_cmd_runs)
+    add_json_option(runs)
+    runs.set_defaults(func=reading(cmd_runs))
+
+    add_logs_parser(sub)
+    add_completion_parser(sub)
 
     gc = sub.add_parser("gc", help="delete runs (and checkpoints) older than the retention")
     gc.add_argument(
@@ -899,11 +833,13 @@ def build_parser() -> argparse.ArgumentParser:
     ck = sub.add_parser("checkpoints", help="list, show or delete stored runs and checkpoints")
     ck.add_argument("--store", help="checkpoint store", default=argparse.SUPPRESS)
     cks = ck.add_subparsers(dest="action", required=True)
-    ls = cks.add_parser("list", help="list stored runs")
-    ls.set_defaults(func=_cmd_runs)
-    show = cks.add_parser("show", help="show a run's tasks and checkpoints as JSON")
+    ls = cks.add_parser("list", help="list the tasks that hold checkpoints")
+    add_json_option(ls)
+    ls.set_defaults(func=reading(cmd_checkpoints_list))
+    show = cks.add_parser("show", help="show a run's tasks and checkpoints")
     show.add_argument("run_id")
-    show.set_defaults(func=_cmd_show)
+    add_json_option(show)
+    show.set_defaults(func=reading(cmd_show))
     rm = cks.add_parser("delete", help="delete a run and its checkpoints")
     rm.add_argument("run_id")
     rm.set_defaults(func=_cmd_delete)
@@ -916,9 +852,16 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``openjd-checkpoint`` console script. Returns the exit code."""
     try:
         parser = build_parser()
+        words = sys.argv[1:] if argv is None else argv
+        if words[:1] == ["__complete"]:  # the shell completion script asks
+            print("\n".join(complete(parser, words[1:])))
+            return 0
         args = parser.parse_args(argv)
         code: int = args.func(args)
+        flush_stdout()
         return code
+    except BrokenPipeError:  # '| head' read what it wanted: end quietly, as 'yes | head' does
+        return closed_pipe_exit()
     except KeyboardInterrupt:  # Ctrl-C before the run started: nothing to keep
         _write(sys.stderr, "openjd-checkpoint: interrupted before the run started\n")
         return EXIT_CODES["canceled"]
@@ -934,6 +877,9 @@ def main(argv: list[str] | None = None) -> int:
     except OpenJDCheckpointError as exc:  # pragma: no cover
         print(f"openjd-checkpoint: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:  # a path the user gave that cannot be read or written: no traceback
+        _write(sys.stderr, f"openjd-checkpoint: {exc}\n")
+        return EXIT_CODES["store"]
     except Exception:  # a bug: say so, with the traceback, and do not look like a task failure
         import traceback
 

@@ -325,6 +325,9 @@ class RunRecord(_Model):
     resume still can."""
 
 
+_LOG_NAME = re.compile(r"[0-9a-f]{24}\.[0-9]{1,9}\.[0-9]{1,9}\.log\.gz")
+"""A task output log's file name: a hash of the task, the run's attempt, a counter."""
+
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 """Run ids are one safe path component: made here as ``YYYYmmdd-HHMMSS-xxxxxx``; adapters may
 pass their own (letters, digits, ``.``, ``_``, ``-``; not starting with ``.``)."""
@@ -1223,6 +1226,62 @@ class CheckpointStore:
             if rec is not None:
                 tasks.append(rec)
         return tasks, warnings
+
+    # --- task output logs (kept with the run; core._logs writes and reads them) ---------------
+    def write_log(self, job_key: str, run_id: str, name: str, body: bytes) -> None:
+        """Write (or replace) the log file ``name`` in the run's ``logs`` folder. Not synced
+        to disk: a log is rewritten about once a second while its task runs, and a crash may
+        lose its last second, never a record.
+
+        Raises:
+            StoreError: ``name`` is not a plain file name, ``body`` is over
+                ``MAX_RECORD_BYTES``, or the file cannot be written.
+        """
+        if not _LOG_NAME.fullmatch(name) or len(body) > MAX_RECORD_BYTES:
+            raise StoreError(f"checkpoint store {self.location!r}: not writing log {name!r}")
+        path = posixpath.join(self._run_dir(job_key, run_id), "logs", name)
+        self._checked(path)
+        parent = posixpath.dirname(path)
+        try:
+            self._makedirs(parent)
+            if self._local:
+                fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=parent)
+                try:
+                    with os.fdopen(fd, "wb") as fh:
+                        fh.write(body)
+                    os.replace(tmp, path)
+                except BaseException:
+                    try:
+                        os.unlink(tmp)
+                    except OSError:
+                        pass
+                    raise
+            else:
+                self.fs.pipe_file(path, body)
+        except OSError as exc:
+            raise StoreError(f"cannot write {self._where(path)}: {_reason(exc)}") from None
+
+    def list_logs(self, job_key: str, run_id: str) -> list[str]:
+        """The names of the run's log files (none if it has no ``logs`` folder).
+
+        Raises:
+            StoreError: the folder cannot be listed."""
+        directory = posixpath.join(self._run_dir(job_key, run_id), "logs")
+        return sorted(n for n in self._ls_names(directory) if _LOG_NAME.fullmatch(n))
+
+    def read_log(self, job_key: str, run_id: str, name: str) -> bytes | None:
+        """The bytes of the run's log file ``name``; None if it is not there, not a regular
+        file, or over ``MAX_RECORD_BYTES``.
+
+        Raises:
+            StoreError: it cannot be read."""
+        if not _LOG_NAME.fullmatch(name):
+            return None
+        path = posixpath.join(self._run_dir(job_key, run_id), "logs", name)
+        try:
+            return self._read_bytes(path)
+        except _NotARecordError:
+            return None
 
     # --- early outputs (managed file data flow) ----------------------------------------------
     def write_outputs(self, record: TaskRecord, outputs: dict[str, tuple[str, int]]) -> None:

@@ -73,7 +73,12 @@ from ._store import (
     TaskStatus,
     host_id,
 )
-from ._template import DEFAULT_NOTIFY_PERIOD_SECONDS, ActionCheckpointSpec, CancelMethod
+from ._template import (
+    DEFAULT_NOTIFY_PERIOD_SECONDS,
+    ActionCheckpointSpec,
+    CancelMethod,
+    _relabel,
+)
 from ._wrap import inject_wrapped
 
 __all__ = (
@@ -124,9 +129,12 @@ class TaskEvent:
     """Something a running task reported, for progress displays and adapters.
 
     Attributes:
-        kind: ``progress``, ``status``, ``fail``, ``checkpoint_saved``, ``frame_complete``,
-            ``resume_status``, ``warning``, ``action_started``, ``action_ended``.
-        value: the percentage (float), the message (str), the generation (int) or frame (int).
+        kind: ``started`` (the attempt began), ``progress``, ``status``, ``fail``,
+            ``checkpoint_saved``, ``frame_complete``, ``resume_status``, ``warning``,
+            ``action_started``, ``action_ended``, ``ended`` (the attempt's outcome is decided).
+        value: the percentage (float), the message (str), the generation (int) or frame (int);
+            for ``started`` the checkpoint generation it resumes from (None: from the top), for
+            ``ended`` the ``TaskResult``.
         time: seconds since the epoch.
     """
 
@@ -249,6 +257,8 @@ class TaskExecution:
         self._outputs_written = 0.0
         self._ran_resume = False
         """True once ``onCheckpointResume`` (not ``onRun``) was started."""
+        self._action_exit: int | None = None
+        """The task action's process's own exit code (None: it never started)."""
         self.file_stats = CaptureStats()
         """Managed file data flow: bytes and files uploaded, and files whose content the store
         already had, over this execution."""
@@ -323,6 +333,7 @@ class TaskExecution:
         if self.spec.resume is not None:
             rec.resume_status = None
         self._persist(force=True)
+        self._emit("started", self.spec.resume.generation if self.spec.resume else None)
         session = self._session
         private = session is None
         if session is None:
@@ -345,8 +356,9 @@ class TaskExecution:
             if problem is not None:
                 failed, message = True, problem
             elif self._stop_intent is None:
-                exit_code, message = self._run_task_action(session)
-                failed = exit_code != 0
+                code, message = self._run_task_action(session)
+                failed = code != 0
+                exit_code = self._action_exit  # the process's own: None if it never ran
         except Exception as exc:  # a bug or an OS error: fail the task, keep the store intact
             failed, message = True, f"{type(exc).__name__}: {exc}"
         finally:
@@ -422,11 +434,14 @@ class TaskExecution:
                     "onCheckpointResume never reported openjd_checkpoint_resume_status; "
                     "recorded as UNKNOWN, not as resumed"
                 )
+            # Action paths are keyed by the combined step index; a person reads finally[j].
+            message = _relabel(message, len(self.job.template.regular_steps))
             rec.message = message
             self._persist(force=True)
             result = TaskResult(outcome, exit_code, message, rec.model_copy(deep=True))
         if unknown:  # reported as RESUMED and DISCARDED are, once recorded (outside the lock)
             self._emit("resume_status", "UNKNOWN")
+        self._emit("ended", result)
         return result
 
     def _extensions(self) -> list[str]:
@@ -479,6 +494,7 @@ class TaskExecution:
     def _run_task_action(self, session: Session) -> tuple[int, str]:
         step = self.job.step(self.spec.step_name)
         idx = self.job.template.step_index(self.spec.step_name)
+        self._action_exit = None
         symtab = SymbolTable(source=session.base_symtab(self.spec.step_name))
         for name, value in self.spec.parameters.items():
             session.add_parameter(symtab, "Task.", name, value)
@@ -789,6 +805,7 @@ class TaskExecution:
         code = proc.finish(kill_leftovers=not (env_action and stoppable))
         self._flush_pending()
         if not env_action:
+            self._action_exit = code
             self._drain_capture()
             with self._lock:
                 self._record.process = None

@@ -175,12 +175,14 @@ def test_checkpoints_list_show_delete(store: Path) -> None:
     listing = subprocess.run(
         cli_cmd("checkpoints", "--store", str(store), "list"), capture_output=True, text=True
     )
-    assert run.run_id in listing.stdout and "interrupted" in listing.stdout
+    assert run.run_id in listing.stdout and "ResumableFibonacci" in listing.stdout
+    runs = subprocess.run(cli_cmd("runs", "--store", str(store)), capture_output=True, text=True)
+    assert run.run_id in runs.stdout and "suspended" in runs.stdout
     for where in (("--store", str(store), "runs"), ("--store", str(store), "checkpoints", "list")):
         before = subprocess.run(cli_cmd(*where), capture_output=True, text=True)
         assert before.returncode == 0 and run.run_id in before.stdout, before.stderr
     shown = subprocess.run(
-        cli_cmd("checkpoints", "--store", str(store), "show", run.run_id),
+        cli_cmd("checkpoints", "--store", str(store), "show", run.run_id, "--json"),
         capture_output=True,
         text=True,
     )

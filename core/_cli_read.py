@@ -1,0 +1,514 @@
+"""The CLI's reading commands: ``runs``, ``checkpoints list``, ``checkpoints show``, each as a
+table for a person or, with ``--json``, as one JSON document for scripts.
+
+The JSON field names are stable and documented in the README ("Reading the store"). Times are
+seconds since the epoch (``*_at``) and ISO 8601 UTC strings (``*_time``); sizes are bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from ._store import CheckpointStore, RunRecord, TaskRecord
+from ._words import run_status_words
+
+__all__ = (
+    "JSON_SCHEMA_VERSION",
+    "add_json_option",
+    "reading",
+    "cmd_checkpoints_list",
+    "cmd_runs",
+    "cmd_show",
+    "task_label",
+)
+
+JSON_SCHEMA_VERSION = 1
+"""The ``schema`` field of every ``--json`` document; raised when a field changes meaning."""
+
+
+def add_json_option(p: argparse.ArgumentParser) -> None:
+    """Add ``--json`` (one JSON document on stdout) to a reading command's parser."""
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON document (field names as in the README) instead of a table",
+    )
+
+
+def reading(fn: Any) -> Any:
+    """A parser default ``func`` for a reading command ``fn(args, store)``: the store is the
+    one ``--store`` names, never created by reading it."""
+
+    def run(args: argparse.Namespace) -> int:
+        code: int = fn(args, CheckpointStore(args.store, create=False))
+        return code
+
+    return run
+
+
+def task_label(rec: TaskRecord) -> str:
+    """A task's readable name, as the run printed it: ``Render[Frame=1-4]``, or the step name
+    for a step's lone task."""
+    if not rec.parameters:
+        return rec.step
+    inner = ", ".join(f"{k}={v.get('value', '')}" for k, v in rec.parameters.items())
+    return f"{rec.step}[{inner}]"
+
+
+def _iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="seconds")
+
+
+def _local(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+
+
+def _dump(doc: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+
+
+def _warn(warnings: list[str], text: str, as_json: bool) -> None:
+    warnings.append(text)
+    if not as_json:
+        print(f"warning: {text}", file=sys.stderr)
+
+
+def _run_status(store: CheckpointStore, run: RunRecord) -> str:
+    alive = run.status.value != "running" or store.lease_held(run)
+    return run_status_words(run.status.value, runner_alive=alive)
+
+
+def _state_bytes(rec: TaskRecord) -> int:
+    ck = rec.checkpoint
+    return len((ck.state or "").encode()) if ck is not None else 0
+
+
+def _files(rec: TaskRecord) -> int:
+    ck = rec.checkpoint
+    if ck is None:
+        return 0
+    return len(ck.files) + len(ck.dirs) + (1 if ck.file else 0)
+
+
+def run_summary(store: CheckpointStore, run: RunRecord, tasks: list[TaskRecord]) -> dict[str, Any]:
+    """One run as ``runs --json`` gives it (see the README for each field)."""
+    return {
+        "run_id": run.run_id,
+        "job": run.job_name,
+        "parameters": dict(run.parameters),
+        "status": _run_status(store, run),
+        "stored_status": run.status.value,
+        "reason": run.condition.reason,
+        "message": run.condition.message or run.message,
+        "attempts": run.attempt,
+        "started_at": run.created_at,
+        "started_time": _iso(run.created_at),
+        "updated_at": run.updated_at,
+        "duration_seconds": round(max(0.0, run.updated_at - run.created_at), 3),
+        "tasks": len(tasks),
+        "tasks_with_checkpoints": sum(1 for t in tasks if t.checkpoint is not None),
+        "template": run.template_path,
+    }
+
+
+def cmd_runs(args: argparse.Namespace, store: CheckpointStore) -> int:
+    """``runs``: every stored run (id, job, parameters, status, attempts, started, duration)."""
+    as_json = bool(getattr(args, "json", False))
+    runs, warnings = store.list_runs()
+    if not as_json:
+        for w in warnings:
+            print(f"warning: {w}", file=sys.stderr)
+    rows = []
+    for r in runs:
+        tasks, task_warnings = store.read_tasks(r.job_key, r.run_id)
+        for w in task_warnings:
+            _warn(warnings, w, as_json)
+        rows.append(run_summary(store, r, tasks))
+    if as_json:
+        _dump({"schema": JSON_SCHEMA_VERSION, "store": store.location, "runs": rows,
+               "warnings": warnings})  # fmt: skip
+        return 0
+    if not rows:
+        print(f"no stored runs in {store.location}")
+        return 0
+    print(f"{'RUN':<24} {'STATUS':<11} {'ATTEMPTS':>8}  {'STARTED':<19} {'DURATION':>9}  JOB")
+    for row in rows:
+        params = " ".join(f"{k}={v}" for k, v in row["parameters"].items())
+        print(
+            f"{row['run_id']:<24} {row['status']:<11} {row['attempts']:>8}  "
+            f"{_local(row['started_at']):<19} {_duration(row['duration_seconds']):>9}  "
+            f"{row['job']}" + (f" ({params})" if params else "")
+        )
+    return 0
+
+
+def checkpoint_row(run: RunRecord, rec: TaskRecord) -> dict[str, Any]:
+    """One task that holds a checkpoint (or finished frames), as ``checkpoints list --json``
+    gives it (see the README for each field)."""
+    ck = rec.checkpoint
+    return {
+        "run_id": run.run_id,
+        "job": run.job_name,
+        "step": rec.step,
+        "task": task_label(rec),
+        "task_status": rec.status.value,
+        "generation": ck.generation if ck is not None else None,
+        "saved_at": ck.saved_at if ck is not None else None,
+        "saved_time": _iso(ck.saved_at) if ck is not None else None,
+        "state_bytes": _state_bytes(rec),
+        "files": _files(rec),
+        "files_mode": ("managed" if ck is not None and ck.manifest else "shared")
+        if ck is not None
+        else None,
+        "frames_done": len(rec.completed_frames),
+    }
+
+
+def cmd_checkpoints_list(args: argparse.Namespace, store: CheckpointStore) -> int:
+    """``checkpoints list``: the tasks that hold checkpoints or finished frames of a chunk."""
+    as_json = bool(getattr(args, "json", False))
+    runs, warnings = store.list_runs()
+    if not as_json:
+        for w in warnings:
+            print(f"warning: {w}", file=sys.stderr)
+    rows = []
+    for r in runs:
+        tasks, task_warnings = store.read_tasks(r.job_key, r.run_id)
+        for w in task_warnings:
+            _warn(warnings, w, as_json)
+        for t in tasks:
+            if t.checkpoint is not None or (t.completed_frames and t.status.value != "succeeded"):
+                rows.append(checkpoint_row(r, t))
+    if as_json:
+        _dump({"schema": JSON_SCHEMA_VERSION, "store": store.location, "checkpoints": rows,
+               "warnings": warnings})  # fmt: skip
+        return 0
+    if not rows:
+        print(f"no stored checkpoints in {store.location}")
+        return 0
+    print(
+        f"{'RUN':<24} {'TASK':<28} {'GEN':>4}  {'SAVED':<19} {'STATE':>9} {'FILES':>5} "
+        f"{'FRAMES':>6}"
+    )
+    for row in rows:
+        gen = "-" if row["generation"] is None else str(row["generation"])
+        saved = _local(row["saved_at"]) if row["saved_at"] is not None else "-"
+        print(
+            f"{row['run_id']:<24} {row['task']:<28} {gen:>4}  {saved:<19} "
+            f"{row['state_bytes']:>8}B {row['files']:>5} {row['frames_done']:>6}"
+        )
+    return 0
+
+
+def show_document(store: CheckpointStore, run: RunRecord) -> dict[str, Any]:
+    """``checkpoints show RUN --json``: the run's raw records (the run, each task with its
+    stored generations, the run's outputs, warnings)."""
+    tasks, warnings = store.read_tasks(run.job_key, run.run_id)
+    data: dict[str, Any] = run.model_dump(mode="json")
+    data["schema"] = JSON_SCHEMA_VERSION
+    data["status_words"] = _run_status(store, run)
+    data["tasks"] = []
+    for t in tasks:
+        td = t.model_dump(mode="json")
+        td["label"] = task_label(t)
+        td["generations"] = [g.generation for g in store.list_generations(t)]
+        td["files_mode"] = "managed" if t.checkpoint and t.checkpoint.manifest else "shared"
+        data["tasks"].append(td)
+    data["file_data_flow"] = run.files_mode or store.file_flow.value
+    data["outputs"] = store.read_outputs(run.job_key, run.run_id)
+    data["warnings"] = warnings
+    return data
+
+
+def cmd_show(args: argparse.Namespace, store: CheckpointStore) -> int:
+    """``checkpoints show RUN``: a table of the run's tasks; ``--json``: the raw records.
+    Exit 2 when the store holds no such run."""
+    run = store.find_run(args.run_id)
+    if run is None:
+        print(f"openjd-checkpoint: no run {args.run_id!r} in {store.location}", file=sys.stderr)
+        return 2
+    data = show_document(store, run)
+    if getattr(args, "json", False):
+        _dump(data)
+        return 0
+    params = " ".join(f"{k}={v}" for k, v in run.parameters.items())
+    print(f"run {run.run_id}: {data['status_words']} after {run.attempt} attempt(s)")
+    print(f"  job: {run.job_name}" + (f" ({params})" if params else ""))
+    if run.template_path:
+        print(f"  template: {run.template_path}")
+    print(f"  started: {_local(run.created_at)}; last change: {_local(run.updated_at)}")
+    if run.condition.message:
+        print(f"  {run.condition.message}")
+    print(f"  checkpoint files: {data['file_data_flow']}")
+    if not data["tasks"]:
+        print("  no task records kept (a finished run deletes them)")
+        return 0
+    print(f"  {'TASK':<28} {'STATUS':<12} {'CHECKPOINT':<22} {'FRAMES':>6}  MESSAGE")
+    for td in data["tasks"]:
+        ck = td.get("checkpoint")
+        size = len((ck.get("state") or "").encode()) if ck else 0
+        ckt = f"gen {ck['generation']}, {size}B" if ck else "-"
+        status = "suspended" if td["status"] == "interrupted" else td["status"]
+        print(
+            f"  {td['label']:<28} {status:<12} {ckt:<22} {len(td['completed_frames']):>6}  "
+            f"{td.get('message') or ''}"
+        )
+        if ck:
+            named = len(ck.get("files") or []) + len(ck.get("dirs") or []) + bool(ck.get("file"))
+            print(f"  {'':<28} checkpoint files: {td['files_mode']}, {named} named")
+    for out in data["outputs"]:
+        print(f"  output: {json.dumps(out, sort_keys=True)}")
+    for w in data["warnings"]:
+        print(f"warning: {w}", file=sys.stderr)
+    return 0
+
+
+def add_logs_parser(sub: Any) -> None:
+    """Add ``logs RUN_ID [--step S] [--task LABEL] [--attempt N] [--follow] [--json]``."""
+    p = sub.add_parser(
+        "logs",
+        help="show the output of a run's tasks, kept in the store (also while it runs)",
+        description="Show the output of a run's tasks in the order written, each line with its "
+        "time and task. Every attempt of every task is kept with the run until 'gc' or "
+        "'checkpoints delete' removes it.",
+    )
+    p.add_argument("run_id")
+    p.add_argument("--step", metavar="STEP", help="only this step's tasks")
+    p.add_argument("--task", metavar="LABEL", help="only this task (as shown: Render[Frame=1-4])")
+    p.add_argument("--attempt", type=int, metavar="N", help="only the run's attempt N (1, 2, ...)")
+    p.add_argument(
+        "-f", "--follow", action="store_true", help="keep printing new output until the run ends"
+    )
+    add_json_option(p)
+    p.add_argument("--store", help="checkpoint store", default=argparse.SUPPRESS)
+    p.set_defaults(func=reading(cmd_logs))
+
+
+def _wanted(args: argparse.Namespace, log: Any) -> bool:
+    return (
+        (args.step is None or log.step == args.step)
+        and (args.task is None or log.task == args.task)
+        and (args.attempt is None or log.attempt == args.attempt)
+    )
+
+
+def _line(e: Any) -> str:
+    stamp = time.strftime("%H:%M:%S", time.localtime(e.at)) + f".{int(e.at * 1000) % 1000:03d}"
+    return f"{stamp} [{e.task}] #{e.attempt} {e.text}"
+
+
+def cmd_logs(args: argparse.Namespace, store: CheckpointStore) -> int:
+    """``logs RUN_ID``: the run's kept task output, merged in the order written. Exit 2 when
+    there is no such run or ``--json`` and ``--follow`` are both given."""
+    from ._logs import read_run_logs
+
+    if args.json and args.follow:
+        print("openjd-checkpoint: logs: --json and --follow: choose one", file=sys.stderr)
+        return 2
+    run = store.find_run(args.run_id)
+    if run is None:
+        print(f"openjd-checkpoint: no run {args.run_id!r} in {store.location}", file=sys.stderr)
+        return 2
+    logs = [lg for lg in read_run_logs(store, run.job_key, run.run_id) if _wanted(args, lg)]
+    if args.json:
+        _dump(
+            {
+                "schema": JSON_SCHEMA_VERSION,
+                "run_id": run.run_id,
+                "logs": [
+                    {
+                        "step": lg.step,
+                        "task": lg.task,
+                        "attempt": lg.attempt,
+                        "started_at": lg.started_at,
+                        "lines": len(lg.entries),
+                        "cut_bytes": lg.cut_bytes,
+                        "cut_lines": lg.cut_lines,
+                    }  # fmt: skip
+                    for lg in logs
+                ],
+                "lines": [
+                    {
+                        "at": e.at,
+                        "time": _iso(e.at),
+                        "step": e.step,
+                        "task": e.task,
+                        "attempt": e.attempt,
+                        "text": e.text,
+                    }  # fmt: skip
+                    for e in sorted((e for lg in logs for e in lg.entries), key=lambda e: e.at)
+                ],
+            }
+        )
+        return 0
+    shown: dict[str, int] = {}
+    cut_told: set[str] = set()
+    last_pass = False
+    while True:
+        new = []
+        for lg in logs:
+            start = shown.get(lg.name, 0)
+            new.extend(lg.entries[start:])
+            shown[lg.name] = len(lg.entries)
+        for e in sorted(new, key=lambda e: e.at):  # stable: a task's own lines keep their order
+            sys.stdout.write(_line(e) + "\n")
+        for lg in logs:
+            if lg.cut_lines and lg.name not in cut_told:
+                cut_told.add(lg.name)
+                sys.stdout.write(
+                    f"openjd-checkpoint: [{lg.task}] #{lg.attempt}: output cut: {lg.cut_lines:,} "
+                    f"more line(s), {lg.cut_bytes:,} bytes, over the size kept per task\n"
+                )
+        if not args.follow:
+            break
+        sys.stdout.flush()
+        rec = store.find_run(run.run_id)
+        ended = rec is None or rec.status.value != "running" or not store.lease_held(rec)
+        if ended and last_pass:
+            break
+        last_pass = ended  # one more read after the end: the last flush
+        time.sleep(0.5)
+        logs = [lg for lg in read_run_logs(store, run.job_key, run.run_id) if _wanted(args, lg)]
+    if not any(lg.entries for lg in logs) and not shown:
+        print(f"openjd-checkpoint: no output kept for run {run.run_id}", file=sys.stderr)
+    return 0
+
+
+def _step_docs(tmpl: Any) -> dict[str, dict[str, Any]]:
+    doc = tmpl.document
+    steps = [
+        s for s in (doc.get("steps") or []) + (doc.get("finally") or []) if isinstance(s, dict)
+    ]
+    return {str(s.get("name")): s for s in steps}
+
+
+def _chunked(step: dict[str, Any]) -> bool:
+    space = step.get("parameterSpace") or {}
+    defs = space.get("taskParameterDefinitions") or [] if isinstance(space, dict) else []
+    return any(isinstance(d, dict) and str(d.get("type")) == "CHUNK[INT]" for d in defs)
+
+
+def _suspend_words(spec: Any) -> str:
+    ck = spec.checkpoint_cancelation if spec is not None else None
+    how = ck if ck is not None else (spec.cancelation if spec is not None else None)
+    which = "checkpointCancelation" if ck is not None else "cancelation; no checkpointCancelation"
+    if how is not None and how.mode == "NOTIFY_THEN_TERMINATE":
+        period = how.notify_period_text or f"{how.notify_period_seconds:g}"
+        return (
+            f"suspending sends {how.signal_to_notify.name} ({which}), then terminates it "
+            f"after {period} s"
+        )
+    return f"suspending terminates it at once ({which})"
+
+
+def check_document(tmpl: Any, path: str) -> dict[str, Any]:
+    """``check --json``: the template's name, extensions and, per step, how it resumes:
+    ``checkpoint`` (``onCheckpointResume`` from its last checkpoint), ``frames`` (a chunk runs
+    only its unfinished frames), ``checkpoint+frames``, or ``none`` (an unfinished task runs
+    again from its start; finished tasks are skipped in every case)."""
+    docs = _step_docs(tmpl)
+    steps = []
+    for name in list(tmpl.regular_steps) + list(tmpl.finally_steps):
+        step = docs.get(name, {})
+        where = tmpl.step_path(name)
+        by_ck = name in tmpl.resume_actions
+        by_frames = _chunked(step)
+        resumes = "+".join(k for k, on in (("checkpoint", by_ck), ("frames", by_frames)) if on)
+        steps.append(
+            {
+                "step": name,
+                "path": where,
+                "finally": tmpl.is_finally(name),
+                "resumes": resumes or "none",
+                "on_suspend": _suspend_words(
+                    tmpl.actions.get(f"steps[{tmpl.step_index(name)}].script.actions.onRun")
+                ),
+            }  # fmt: skip
+        )
+    return {
+        "schema": JSON_SCHEMA_VERSION,
+        "template": path,
+        "name": tmpl.name,
+        "extensions": sorted(tmpl.extensions),
+        "steps": steps,
+    }
+
+
+_RESUME_WORDS = {
+    "checkpoint": "from its last checkpoint, through onCheckpointResume",
+    "frames": "by finished frames: a chunk runs only its unfinished frames",
+    "checkpoint+frames": "from its last checkpoint through onCheckpointResume, and a chunk runs "
+    "only its unfinished frames",
+    "none": "not resumable: an unfinished task runs again from its start",
+}
+
+
+ENV_VERSION = "environment-2023-09"
+"""The ``specificationVersion`` that makes ``check`` validate an environment template."""
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """``check TEMPLATE``: validate a job template and say how each step resumes, or validate an
+    environment template (``specificationVersion: environment-2023-09``), as ``openjd check``
+    does (``--json``: one document). Raises ``TemplateError`` for an invalid template
+    (exit 2)."""
+    from pathlib import Path
+
+    from ._inputs import load_document, read_input_file
+    from ._job import load_environment_template
+    from ._template import load_template
+
+    path = Path(args.template)
+    document = load_document(
+        read_input_file(path, "template file"),
+        json_format=path.suffix.lower() == ".json",
+        source=path,
+    )
+    if isinstance(document, dict) and document.get("specificationVersion") == ENV_VERSION:
+        env = load_environment_template(path)
+        name = getattr(getattr(env, "environment", None), "name", "")
+        env_extensions = sorted(str(e) for e in (getattr(env, "extensions", None) or []))
+        if getattr(args, "json", False):
+            _dump(
+                {
+                    "schema": JSON_SCHEMA_VERSION,
+                    "template": str(args.template),
+                    "kind": "environment",
+                    "name": name,
+                    "extensions": env_extensions,
+                }
+            )
+            return 0
+        print(f"{args.template}: valid environment template {name!r}")
+        if env_extensions:
+            print(f"  extensions: {', '.join(env_extensions)}")
+        return 0
+    tmpl = load_template(args.template)
+    doc = check_document(tmpl, str(args.template))
+    if getattr(args, "json", False):
+        _dump(doc)
+        return 0
+    print(f"{args.template}: valid job template {tmpl.name!r}")
+    if tmpl.extensions:
+        print(f"  extensions: {', '.join(sorted(tmpl.extensions))}")
+    resumable = [s["step"] for s in doc["steps"] if s["resumes"] != "none"]
+    print(f"  resumable steps: {', '.join(resumable) if resumable else 'none'}")
+    print("  how each step resumes after a suspend or failure (finished tasks are always skipped):")
+    for s in doc["steps"]:
+        kind = " (finally)" if s["finally"] else ""
+        print(f"    {s['step']}{kind}: {_RESUME_WORDS[s['resumes']]}; {s['on_suspend']}")
+    return 0

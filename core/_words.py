@@ -1,0 +1,89 @@
+"""Plain words for the CLI: how a process ended, what a run's outcome means for the user.
+
+Kept apart from ``_cli`` so that the progress display, the reports and the reading commands
+say things the same way.
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+__all__ = ("describe_exit", "outcome_sentence", "run_status_words")
+
+
+def describe_exit(code: int | None) -> str:
+    """How a task's process ended, for a person: ``"exited with code: 3"``, ``"killed by SIGKILL
+    (exit code -9)"`` (a negative code is the signal that ended it), or ``""`` when it never
+    ran. The code keeps the form other OpenJD CLIs print, which scripts and tests look for."""
+    if code is None:
+        return ""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"killed by {name} (exit code {code})"
+    return f"exited with code: {code}"
+
+
+_RUN_STATUS = {
+    "running": "running",
+    "succeeded": "finished",
+    "failed": "failed",
+    "interrupted": "suspended",
+    "canceled": "canceled",
+    "stopped": "stopped",
+}
+
+
+def run_status_words(status: str, *, runner_alive: bool = True) -> str:
+    """A run's stored status (``RunStatus`` value) in the words the CLI uses: ``finished``,
+    ``failed``, ``suspended``, ``canceled``, ``stopped``, ``running``, or ``interrupted``
+    for a run marked running whose runner has gone (resumable)."""
+    if status == "running" and not runner_alive:
+        return "interrupted"
+    return _RUN_STATUS.get(status, status)
+
+
+def _n(count: int, one: str, many: str | None = None) -> str:
+    return f"{count} {one if count == 1 else (many or one + 's')}"
+
+
+def outcome_sentence(status: str, tasks: list[Any], ran: int) -> str:
+    """What happened to a run and what the user can do next, counted over the whole run (every
+    attempt), e.g. ``"suspended: 2 tasks checkpointed, 1 chunk kept 4 finished frames; run
+    again to continue"``.
+
+    Args:
+        status: the run's ``RunStatus`` value.
+        tasks: the run's ``TaskRecord``s in the store (a finished run has none left).
+        ran: how many task executions this attempt ran (used when no records are left).
+    """
+    words = run_status_words(status)
+    if status == "succeeded":
+        return f"{words}: every task succeeded ({_n(ran, 'task')} ran in this attempt)"
+    done = sum(1 for t in tasks if t.status.value == "succeeded")
+    failed = sum(1 for t in tasks if t.status.value == "failed")
+    checkpointed = sum(1 for t in tasks if t.status.value != "succeeded" and t.checkpoint)
+    chunks = [
+        t for t in tasks
+        if t.status.value != "succeeded" and not t.checkpoint and t.completed_frames
+    ]  # fmt: skip
+    frames = sum(len(t.completed_frames) for t in chunks)
+    parts = []
+    if done:
+        parts.append(f"{_n(done, 'task')} done")
+    if failed:
+        parts.append(f"{_n(failed, 'task')} failed")
+    if checkpointed:
+        parts.append(f"{_n(checkpointed, 'task')} checkpointed")
+    if chunks:
+        parts.append(f"{_n(len(chunks), 'chunk')} kept {_n(frames, 'finished frame')}")
+    summary = f"{words}: {', '.join(parts) or 'no task finished'}"
+    if not (done or checkpointed or chunks):
+        return summary  # the report goes on: nothing was stored to resume from
+    nxt = "run again to continue"
+    if status == "failed" and failed:
+        nxt = "fix what failed, then " + nxt
+    return f"{summary}; {nxt}"

@@ -1,0 +1,118 @@
+"""The reading commands (``runs``, ``checkpoints list``, ``checkpoints show``, ``logs``) on a store
+holding finished, suspended, failed and refused runs: tables for a person, ``--json`` with the
+fields the README documents. Real subprocesses, real signals, a real store."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import EXAMPLES, ROOT, CliProcess, cli_cmd, one_step_template
+
+pytestmark = pytest.mark.slow
+
+RUN_FIELDS = {
+    "run_id", "job", "parameters", "status", "stored_status", "reason", "message", "attempts",
+    "started_at", "started_time", "updated_at", "duration_seconds", "tasks",
+    "tasks_with_checkpoints", "template",
+}  # fmt: skip
+CHECKPOINT_FIELDS = {
+    "run_id", "job", "step", "task", "task_status", "generation", "saved_at", "saved_time",
+    "state_bytes", "files", "files_mode", "frames_done",
+}  # fmt: skip
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cli_cmd(*args), capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def as_json(*args: str) -> Any:
+    proc = cli(*args, "--json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A store with a finished, a failed and a suspended run, and a refused resume."""
+    tmp = tmp_path_factory.mktemp("read")
+    store = str(tmp / "store")
+    ok = one_step_template(tmp / "ok.yaml", "Finishes", "print('all good')")
+    bad = one_step_template(tmp / "bad.yaml", "Fails", "import sys; print('oops'); sys.exit(3)")
+    assert cli("run", str(ok), "--store", store).returncode == 0
+    assert cli("run", str(bad), "--store", store).returncode == 1
+    fib = EXAMPLES / "fibonacci" / "fibonacci-fast.yaml"
+    sus = CliProcess("run", str(fib), "-p", "N=400", "--store", store)
+    sus.wait_for("checkpoint generation 1 stored", timeout=60, stream="err")
+    sus.proc.send_signal(signal.SIGTERM)
+    assert sus.wait(60) == 75, sus.stderr
+    ids = {r["job"]: r["run_id"] for r in as_json("runs", "--store", store)["runs"]}
+    refused = cli("resume", ids["Finishes"], "--store", store)
+    assert refused.returncode == 4, refused.stderr
+    return {"store": store, "ids": ids, "refused": refused}
+
+
+def test_runs_json_has_the_documented_fields_and_plain_statuses(store: dict[str, Any]) -> None:
+    doc = as_json("runs", "--store", store["store"])
+    assert doc["schema"] == 1 and doc["warnings"] == []
+    by_job = {r["job"]: r for r in doc["runs"]}
+    assert set(by_job) == {"Finishes", "Fails", "Fibonacci checkpointing job (fast)"}
+    for row in doc["runs"]:
+        assert set(row) == RUN_FIELDS
+    assert by_job["Finishes"]["status"] == "finished"
+    assert by_job["Fails"]["status"] == "failed"
+    fib = by_job["Fibonacci checkpointing job (fast)"]
+    assert fib["status"] == "suspended" and fib["parameters"]["N"] == "400"
+    assert fib["tasks_with_checkpoints"] == 1
+    assert by_job["Finishes"]["attempts"] == 1  # the refused resume did not count as one
+
+
+def test_runs_and_checkpoints_list_differ(store: dict[str, Any]) -> None:
+    runs = cli("runs", "--store", store["store"]).stdout
+    assert all(run_id in runs for run_id in store["ids"].values())
+    assert "suspended" in runs and "finished" in runs and "failed" in runs
+    doc = as_json("checkpoints", "list", "--store", store["store"])
+    (row,) = doc["checkpoints"]
+    assert set(row) == CHECKPOINT_FIELDS
+    assert row["run_id"] == store["ids"]["Fibonacci checkpointing job (fast)"]
+    assert row["step"] == row["task"] == "ResumableFibonacci"
+    assert row["generation"] >= 1 and row["state_bytes"] > 0
+    listing = cli("checkpoints", "list", "--store", store["store"]).stdout
+    assert row["run_id"] in listing and store["ids"]["Finishes"] not in listing
+
+
+def test_checkpoints_show_is_a_table_and_json_the_raw_records(store: dict[str, Any]) -> None:
+    for job, run_id in store["ids"].items():
+        doc = as_json("checkpoints", "show", run_id, "--store", store["store"])
+        assert doc["run_id"] == run_id and doc["job_name"] == job
+        assert {"status", "status_words", "tasks", "outputs", "warnings", "attempt"} <= set(doc)
+    fib = store["ids"]["Fibonacci checkpointing job (fast)"]
+    doc = as_json("checkpoints", "show", fib, "--store", store["store"])
+    (task,) = doc["tasks"]
+    assert task["label"] == "ResumableFibonacci" and task["generations"]
+    table = cli("checkpoints", "show", fib, "--store", store["store"])
+    assert table.returncode == 0
+    assert f"run {fib}: suspended" in table.stdout
+    assert "ResumableFibonacci" in table.stdout and "gen " in table.stdout
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(table.stdout)
+
+
+def test_a_refused_resume_prints_nothing_that_looks_like_a_start(store: dict[str, Any]) -> None:
+    refused = store["refused"]
+    assert "Running job" not in refused.stderr
+    assert "not-failed" in refused.stderr or "refused" in refused.stderr
+
+
+def test_unknown_run_exits_2_with_json_too(store: dict[str, Any]) -> None:
+    proc = cli("checkpoints", "show", "nope", "--json", "--store", store["store"])
+    assert proc.returncode == 2 and "no run 'nope'" in proc.stderr and proc.stdout == ""
+
+
+def test_empty_store_json(tmp_path: Path) -> None:
+    assert as_json("runs", "--store", str(tmp_path / "none"))["runs"] == []
+    assert as_json("checkpoints", "list", "--store", str(tmp_path / "none"))["checkpoints"] == []
