@@ -21,7 +21,6 @@ import json
 import os
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
@@ -63,6 +62,7 @@ from ._process import (
     ActionProcess,
     OutputLine,
     kill_process_group,
+    new_marker,
 )
 from ._session import Session, kill_marked
 from ._store import (
@@ -233,7 +233,7 @@ class TaskExecution:
             chunk_parameter=spec.chunk_parameter,
             step_hash=job.template.step_hashes.get(spec.step_name, ""),
         )
-        self._marker = uuid.uuid4().hex
+        self._marker = new_marker()
         self._dirty = False
         self._pending_save: CheckpointSave | None = None
         # The checkpoint's file dataset so far, as insertion-ordered sets. The record's
