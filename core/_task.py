@@ -322,7 +322,9 @@ class TaskExecution:
         rec.message = None
         if self.spec.resume is not None:
             rec.resume_status = None
-        self._persist(force=True)
+        # Written with the task's process (one durable write instead of two), or before an
+        # environment action, whichever comes first; _finish writes it in any case.
+        self._dirty = True
         session = self._session
         private = session is None
         if session is None:
@@ -374,6 +376,7 @@ class TaskExecution:
         action = getattr(getattr(env_model.script, "actions", None), which, None)
         if action is None:
             return 0, ""
+        self._persist()  # the task's start, if not yet written: environments may take long
         session = self._session
         assert session is not None and session.working_dir is not None
         return self._run_action(
@@ -789,7 +792,10 @@ class TaskExecution:
             with self._lock:
                 self._record.process = None
                 self._sync_dataset()
-            self._persist(force=True)
+                # Written by the next persist: _finish's, as the task ends (one durable write
+                # instead of two). A runner killed in between leaves the record naming a
+                # process that has exited, which the next run's reaping finds gone.
+                self._dirty = True
         self._tell_dropped_warnings()
         self._emit("action_ended", code)
         if env_action and code == 0:
