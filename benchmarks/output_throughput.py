@@ -21,22 +21,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core import TaskExecution, parse_template, prepare_job  # noqa: E402
 
-LINES = int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000
-SCRIPT = (
-    "import sys\n"
-    "w = sys.stdout.write\n"
-    f"for i in range({LINES}):\n"
-    "    w(f'line {i} of output\\n')\n"
-)
+LINES = 1_000_000
 
 
-def baseline() -> float:
+def script(lines: int) -> str:
+    """A Python program printing ``lines`` short lines."""
+    return (
+        "import sys\n"
+        "w = sys.stdout.write\n"
+        f"for i in range({lines}):\n"
+        "    w(f'line {i} of output\\n')\n"
+    )
+
+
+def baseline(lines: int = LINES) -> float:
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", SCRIPT], stdout=subprocess.DEVNULL, check=True)
+    subprocess.run([sys.executable, "-c", script(lines)], stdout=subprocess.DEVNULL, check=True)
     return time.perf_counter() - t0
 
 
-def ours() -> tuple[float, int]:
+def ours(lines: int = LINES) -> tuple[float, int]:
     doc = {
         "specificationVersion": "jobtemplate-2023-09",
         "name": "bench",
@@ -44,7 +48,7 @@ def ours() -> tuple[float, int]:
             {
                 "name": "S",
                 "script": {
-                    "actions": {"onRun": {"command": sys.executable, "args": ["-c", SCRIPT]}}
+                    "actions": {"onRun": {"command": sys.executable, "args": ["-c", script(lines)]}}
                 },
             }
         ],
@@ -64,7 +68,7 @@ def ours() -> tuple[float, int]:
     return took, count
 
 
-def sessions() -> tuple[float, int]:
+def sessions(lines: int = LINES) -> tuple[float, int]:
     from openjd.model import parse_model
     from openjd.model.v2023_09 import StepScript
     from openjd.sessions import LOG, ActionState, Session
@@ -79,9 +83,9 @@ def sessions() -> tuple[float, int]:
     handler = Counter()
     LOG.addHandler(handler)
     LOG.setLevel(logging.INFO)
-    script = parse_model(
+    step_script = parse_model(
         model=StepScript,
-        obj={"actions": {"onRun": {"command": sys.executable, "args": ["-c", SCRIPT]}}},
+        obj={"actions": {"onRun": {"command": sys.executable, "args": ["-c", script(lines)]}}},
     )
     done = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -92,7 +96,7 @@ def sessions() -> tuple[float, int]:
             session_root_directory=Path(tmp),
         ) as session:
             t0 = time.perf_counter()
-            session.run_task(step_script=script, task_parameter_values={})
+            session.run_task(step_script=step_script, task_parameter_values={})
             while session.action_status is None or session.action_status.state == (
                 ActionState.RUNNING
             ):
@@ -103,12 +107,13 @@ def sessions() -> tuple[float, int]:
 
 
 def main() -> None:
-    base = baseline()
-    print(f"lines: {LINES:,}")
+    lines = int(sys.argv[1]) if len(sys.argv) > 1 else LINES
+    base = baseline(lines)
+    print(f"lines: {lines:,}")
     print(f"baseline (to /dev/null):      {base:7.2f} s   1.0x")
-    t, n = ours()
+    t, n = ours(lines)
     print(f"openjd-checkpoint TaskExecution: {t:7.2f} s  {t / base:5.1f}x  ({n:,} lines read)")
-    t, n = sessions()
+    t, n = sessions(lines)
     print(f"openjd-sessions 0.14 Session:    {t:7.2f} s  {t / base:5.1f}x  ({n:,} log records)")
 
 

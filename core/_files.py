@@ -306,6 +306,54 @@ class _Blobs:
             self._discard(tmp)
             raise StoreError(f"cannot store {self.store._where(final)}: {exc}") from None
 
+    def stage(self, source_fd: int) -> tuple[str, str, int]:
+        """Local stores: copy the open file ``source_fd`` (from its start) to a temporary file
+        in the store, hashing it in the same pass: one read of the file, where hashing it and
+        then uploading it read it twice. Returns the temporary file's path, the content's
+        sha256 (hex) and its size; the caller then ``commit_staged`` or ``discard`` it.
+
+        Raises:
+            StoreError: the store cannot be written.
+        """
+        tmp = self.path(f"blobs/tmp/{uuid.uuid4().hex}")
+        h = hashlib.sha256()
+        size = 0
+        try:
+            self.store._makedirs(posixpath.dirname(tmp))
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as out:
+                for chunk in _chunks(source_fd):
+                    h.update(chunk)
+                    size += len(chunk)
+                    out.write(chunk)
+        except OSError as exc:
+            self._discard(tmp)
+            raise StoreError(f"cannot store {self.store._where(tmp)}: {exc}") from None
+        return tmp, h.hexdigest(), size
+
+    def commit_staged(self, tmp: str, key: str) -> None:
+        """Make the staged file ``tmp`` durable and the content of ``key``.
+
+        Raises:
+            StoreError: the store cannot be written (``tmp`` is removed).
+        """
+        final = self.path(key)
+        try:
+            fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            self.store._makedirs(posixpath.dirname(final))
+            os.replace(tmp, final)
+        except OSError as exc:
+            self._discard(tmp)
+            raise StoreError(f"cannot store {self.store._where(final)}: {exc}") from None
+
+    def discard(self, path: str) -> None:
+        """Remove a staged file (no error if it is gone)."""
+        self._discard(path)
+
     def _discard(self, path: str) -> None:
         try:
             if self.local:
@@ -668,23 +716,10 @@ class FileCapture:
                 if output:
                     self._outputs[path] = (known.sha256, known.size)
                 return known
-            h = hashlib.sha256()
-            for chunk in _chunks(fd):
-                h.update(chunk)
-                self.stats.hashed_bytes += len(chunk)
-            digest = h.hexdigest()
-            if _stat_key(os.fstat(fd)) != key:
-                raise _CaptureFailedError("it changed while it was being read")
-            if self._blobs.exists(blob_key(digest)):
-                self.stats.reused_files += 1
-                self._blobs.touch(blob_key(digest))
+            if self._blobs.local:
+                digest = self._capture_local(fd, key)
             else:
-                try:
-                    size = self._blobs.upload(fd, blob_key(digest), digest)
-                except RestoreError as exc:
-                    raise _CaptureFailedError(str(exc)) from None
-                self.stats.uploaded_bytes += size
-                self.stats.uploaded_files += 1
+                digest = self._capture_remote(fd, key)
             cap = _Captured(digest, st.st_size, bool(st.st_mode & 0o100), key)
             self._captured[real] = cap
             if output:
@@ -693,6 +728,50 @@ class FileCapture:
         finally:
             if owned:
                 os.close(fd)
+
+    def _capture_local(self, fd: int, key: tuple[int, int, int, int, int]) -> str:
+        """Hash and copy the file into a local store in one pass; keep the copy only if the
+        store does not have that content yet. Returns the digest."""
+        tmp: str | None
+        tmp, digest, size = self._blobs.stage(fd)
+        try:
+            self.stats.hashed_bytes += size
+            if _stat_key(os.fstat(fd)) != key:
+                raise _CaptureFailedError("it changed while it was being read")
+            if self._blobs.exists(blob_key(digest)):
+                self.stats.reused_files += 1
+                self._blobs.touch(blob_key(digest))
+            else:
+                staged, tmp = tmp, None
+                self._blobs.commit_staged(staged, blob_key(digest))
+                self.stats.uploaded_bytes += size
+                self.stats.uploaded_files += 1
+        finally:
+            if tmp is not None:
+                self._blobs.discard(tmp)
+        return digest
+
+    def _capture_remote(self, fd: int, key: tuple[int, int, int, int, int]) -> str:
+        """Hash the file, then upload it unless the store has that content. Returns the
+        digest."""
+        h = hashlib.sha256()
+        for chunk in _chunks(fd):
+            h.update(chunk)
+            self.stats.hashed_bytes += len(chunk)
+        digest = h.hexdigest()
+        if _stat_key(os.fstat(fd)) != key:
+            raise _CaptureFailedError("it changed while it was being read")
+        if self._blobs.exists(blob_key(digest)):
+            self.stats.reused_files += 1
+            self._blobs.touch(blob_key(digest))
+        else:
+            try:
+                size = self._blobs.upload(fd, blob_key(digest), digest)
+            except RestoreError as exc:
+                raise _CaptureFailedError(str(exc)) from None
+            self.stats.uploaded_bytes += size
+            self.stats.uploaded_files += 1
+        return digest
 
     def _walk(self, path: str) -> tuple[list[str], list[str]]:
         """The regular files and folders below the folder ``path`` (real paths), refusing

@@ -25,6 +25,8 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -38,6 +40,7 @@ __all__ = (
     "OutputLine",
     "ProcessIdentity",
     "kill_process_group",
+    "new_marker",
     "processes_with_marker",
 )
 
@@ -362,13 +365,57 @@ inherit it, so the task's processes are found even after they left the process g
 reparented (``setsid``, double fork), and never confused with a process that reused a pid."""
 
 
-def _scan_proc(*, pgid: int | None = None, marker: str | None = None) -> list[int]:
+_MARKER_BIRTHS: OrderedDict[str, int] = OrderedDict()
+"""Markers made by ``new_marker`` in this process (the most recent ``_MARKER_BIRTHS_KEPT``), and
+the boot-relative clock tick a little before each was made."""
+
+_MARKER_BIRTHS_LOCK = threading.Lock()
+
+_MARKER_BIRTHS_KEPT = 4096
+
+_MARKER_BIRTH_MARGIN_SECONDS = 2.0
+"""How much earlier than a marker's making a process may have started and still be checked for
+it (slack for clock rounding; a process cannot carry a marker made after it started)."""
+
+
+def _boot_ticks() -> int:
+    """Now, in the unit of ``/proc/PID/stat``'s ``starttime``: clock ticks since boot."""
+    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))
+
+
+def new_marker() -> str:
+    """A fresh value for ``MARKER_VARIABLE``. Its making time is remembered so that a scan for
+    it reads the environment only of processes started since: a process that existed before a
+    marker was made cannot carry it (its environment was fixed when it started, and the marker
+    is a random value it could not have known)."""
+    marker = uuid.uuid4().hex
+    margin = int(_MARKER_BIRTH_MARGIN_SECONDS * os.sysconf("SC_CLK_TCK"))
+    with _MARKER_BIRTHS_LOCK:
+        _MARKER_BIRTHS[marker] = _boot_ticks() - margin
+        while len(_MARKER_BIRTHS) > _MARKER_BIRTHS_KEPT:
+            _MARKER_BIRTHS.popitem(last=False)
+    return marker
+
+
+def _scan_proc(
+    *,
+    pgid: int | None = None,
+    marker: str | None = None,
+    parents: dict[int, tuple[int, int]] | None = None,
+) -> list[int]:
     """Pids of this user's processes (but this one) in process group ``pgid`` or whose
     environment holds ``OPENJD_CHECKPOINT_SESSION=marker``: one pass over ``/proc`` with plain
     reads (psutil's ``process_iter`` costs about ten times as much, and this runs after every
-    action)."""
+    action). For a marker made by ``new_marker`` in this process, only processes started since
+    have their environment read (reading every process's environment dominated the scan).
+    ``parents``, if given, is filled in the same pass with each process's parent pid and start
+    time (clock ticks since boot), to find descendants without another pass."""
     me = os.getpid()
     needle = f"{MARKER_VARIABLE}={marker}".encode() if marker is not None else None
+    born: int | None = None
+    if marker is not None:
+        with _MARKER_BIRTHS_LOCK:
+            born = _MARKER_BIRTHS.get(marker)
     found: list[int] = []
     try:
         names = os.listdir("/proc")
@@ -381,13 +428,19 @@ def _scan_proc(*, pgid: int | None = None, marker: str | None = None) -> list[in
         if pid == me:
             continue
         try:
-            if pgid is not None:
+            if pgid is not None or born is not None or parents is not None:
                 with open(f"/proc/{pid}/stat", "rb") as fh:
                     stat = fh.read()
-                # pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses
-                if int(stat[stat.rindex(b")") + 2 :].split()[2]) == pgid:
+                # pid (comm) state ppid pgrp ... starttime (22nd): comm may hold spaces and
+                # parentheses
+                fields = stat[stat.rindex(b")") + 2 :].split()
+                if parents is not None:
+                    parents[pid] = (int(fields[1]), int(fields[19]))
+                if pgid is not None and int(fields[2]) == pgid:
                     found.append(pid)
                     continue
+                if born is not None and int(fields[19]) < born:
+                    continue  # started before the marker existed: it cannot carry it
             if needle is not None:
                 with open(f"/proc/{pid}/environ", "rb") as fh:
                     if needle in fh.read().split(b"\0"):
@@ -405,6 +458,27 @@ def _processes(pids: list[int]) -> list[psutil.Process]:
         except psutil.Error:
             continue
     return procs
+
+
+def _descendants(root: int, parents: dict[int, tuple[int, int]]) -> list[int]:
+    """The pids descending from ``root`` in ``parents`` (pid: parent pid, start time), started no
+    earlier than it (as psutil's ``children``: a reused parent pid adopts no older process)."""
+    if root not in parents:
+        return []
+    start = parents[root][1]
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, started) in parents.items():
+        if started >= start:
+            children.setdefault(ppid, []).append(pid)
+    found: list[int] = []
+    stack = list(children.get(root, ()))
+    while stack:
+        pid = stack.pop()
+        if pid in found or pid == root:
+            continue
+        found.append(pid)
+        stack.extend(children.get(pid, ()))
+    return found
 
 
 def processes_with_marker(marker: str) -> list[psutil.Process]:
@@ -425,17 +499,18 @@ def kill_process_group(
     left the group) is killed too. Processes that were reparented away before this call cannot be
     found and are not.
     """
-    victims: list[psutil.Process] = []
-    try:
-        leader = psutil.Process(pid)
-        victims = leader.children(recursive=True)
-        if include_leader:
-            victims.append(leader)
-    except psutil.Error:
-        pass
-    # Members of the group that are no longer our descendants (reparented to init), and
-    # processes that carry the session's marker (they left the group: setsid, double fork).
-    for proc in _processes(_scan_proc(pgid=pid, marker=marker)):
+    # One pass over /proc: members of the group (even those no longer our descendants,
+    # reparented to init), processes that carry the session's marker (they left the group:
+    # setsid, double fork), and every process's parent, for the leader's descendants.
+    parents: dict[int, tuple[int, int]] = {}
+    marked = _scan_proc(pgid=pid, marker=marker, parents=parents)
+    victims = _processes(_descendants(pid, parents))
+    if include_leader:
+        try:
+            victims.append(psutil.Process(pid))
+        except psutil.Error:
+            pass
+    for proc in _processes(marked):
         if proc not in victims and (include_leader or proc.pid != pid):
             victims.append(proc)
     try:

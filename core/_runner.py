@@ -599,10 +599,13 @@ class JobRunner:
                         res = TaskResult(TaskOutcome.FAILED, None, str(exc), ex.record)
                     records[(spec.step_name, spec.task_key)] = res.record
                     result.results.append((spec, res))
+                    # Popped for every task: a finished TaskExecution must not stay alive (with
+                    # its buffers and warnings) until the step ends.
+                    began = started_at.pop(ex, time.monotonic())
                     if res.outcome != TaskOutcome.SUCCEEDED:
                         ok = False
                     elif chunker is not None and spec.resume is None:
-                        seconds = time.monotonic() - started_at.pop(ex, time.monotonic())
+                        seconds = time.monotonic() - began
                         size = chunker.report(len(spec.chunk_frames), seconds)
                         self.note(
                             f"{spec.label}: {len(spec.chunk_frames)} frame(s) in {seconds:.1f} s; "

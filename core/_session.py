@@ -35,7 +35,7 @@ from openjd.model import ParameterValueType, SymbolTable, evaluate_let_bindings
 
 from ._errors import StoreError
 from ._job import PreparedJob
-from ._process import processes_with_marker
+from ._process import new_marker, processes_with_marker
 from ._store import CheckpointStore, Lease, SessionRecord, host_id
 from ._template import JOB_STATUS_PARAMETER
 from ._wrap import defines_wrap, hook, inject_wrapped
@@ -329,7 +329,7 @@ class Session:
 
     def _enter(self, ex: TaskExecution, model: Any, path: str, step: str | None) -> str | None:
         assert self.working_dir is not None
-        marker = uuid.uuid4().hex
+        marker = new_marker()
         before = dict(self.env)
         if defines_wrap(model) and any(defines_wrap(e.model) for e in self._entered):
             other = next(e.model.name for e in self._entered if defines_wrap(e.model))

@@ -21,7 +21,6 @@ import json
 import os
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
@@ -63,6 +62,7 @@ from ._process import (
     ActionProcess,
     OutputLine,
     kill_process_group,
+    new_marker,
 )
 from ._session import Session, kill_marked
 from ._store import (
@@ -241,7 +241,7 @@ class TaskExecution:
             chunk_parameter=spec.chunk_parameter,
             step_hash=job.template.step_hashes.get(spec.step_name, ""),
         )
-        self._marker = uuid.uuid4().hex
+        self._marker = new_marker()
         self._dirty = False
         self._pending_save: CheckpointSave | None = None
         # The checkpoint's file dataset so far, as insertion-ordered sets. The record's
@@ -332,7 +332,9 @@ class TaskExecution:
         rec.message = None
         if self.spec.resume is not None:
             rec.resume_status = None
-        self._persist(force=True)
+        # Written with the task's process (one durable write instead of two), or before an
+        # environment action, whichever comes first; _finish writes it in any case.
+        self._dirty = True
         self._emit("started", self.spec.resume.generation if self.spec.resume else None)
         session = self._session
         private = session is None
@@ -386,6 +388,7 @@ class TaskExecution:
         action = getattr(getattr(env_model.script, "actions", None), which, None)
         if action is None:
             return 0, ""
+        self._persist()  # the task's start, if not yet written: environments may take long
         session = self._session
         assert session is not None and session.working_dir is not None
         return self._run_action(
@@ -810,7 +813,10 @@ class TaskExecution:
             with self._lock:
                 self._record.process = None
                 self._sync_dataset()
-            self._persist(force=True)
+                # Written by the next persist: _finish's, as the task ends (one durable write
+                # instead of two). A runner killed in between leaves the record naming a
+                # process that has exited, which the next run's reaping finds gone.
+                self._dirty = True
         self._tell_dropped_warnings()
         self._emit("action_ended", code)
         if env_action and code == 0:

@@ -1,0 +1,73 @@
+"""The one-pass /proc scan behind killing an action's process tree."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+
+from core._process import (
+    MARKER_VARIABLE,
+    _descendants,
+    _scan_proc,
+    kill_process_group,
+    new_marker,
+)
+
+
+def _wait_gone(pid: int, timeout: float = 5.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_a_new_marker_finds_a_process_that_left_the_group() -> None:
+    marker = new_marker()
+    code = "import os, time; os.setsid(); time.sleep(60)"
+    env = dict(os.environ, **{MARKER_VARIABLE: marker})
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env)
+    try:
+        time.sleep(0.3)
+        assert _scan_proc(marker=marker) == [proc.pid]
+        assert _scan_proc(marker=new_marker()) == []
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_kill_process_group_kills_descendants_found_in_the_same_pass() -> None:
+    # The leader starts a grandchild that leaves the group (setsid) and carries no marker:
+    # only the parent links found in the scan lead to it.
+    code = (
+        "import subprocess, sys, time\n"
+        "c = subprocess.Popen([sys.executable, '-c', 'import os, time; os.setsid(); "
+        "time.sleep(60)'])\n"
+        "print(c.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    leader = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True
+    )
+    assert leader.stdout is not None
+    grandchild = int(leader.stdout.readline())
+    time.sleep(0.2)
+    kill_process_group(leader.pid, timeout=5)
+    leader.wait(5)
+    assert _wait_gone(grandchild)
+
+
+def test_descendants_skip_processes_older_than_their_parent() -> None:
+    # pid 10 (started at 100) has child 11 (at 150); 12 names 10 as parent but started
+    # before it (the parent pid was reused): not a descendant.
+    parents = {10: (1, 100), 11: (10, 150), 12: (10, 50), 13: (11, 160), 14: (2, 170)}
+    assert sorted(_descendants(10, parents)) == [11, 13]
+    assert _descendants(99, parents) == []
