@@ -59,7 +59,7 @@ from ._store import (
     default_store_location,
 )
 from ._task import StopIntent
-from ._words import describe_exit, outcome_sentence
+from ._words import OUTCOME_WORDS, describe_exit, outcome_sentence, run_status_words
 
 ENV_VERSION = "environment-2023-09"
 """The ``specificationVersion`` that makes ``check`` validate an environment template."""
@@ -376,15 +376,16 @@ def _report(args: argparse.Namespace, result: RunResult, store: CheckpointStore)
 
     counts: dict[str, int] = {}
     for _spec, res in result.results:
-        counts[res.outcome.value] = counts.get(res.outcome.value, 0) + 1
+        word = OUTCOME_WORDS.get(res.outcome.value, res.outcome.value)
+        counts[word] = counts.get(word, 0) + 1
     summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "no task ran"
     cond = result.condition
-    say(
-        f"openjd-checkpoint: run {result.run_id} {result.status.value} ({summary}); "
-        f"condition Succeeded={cond.status} reason={cond.reason}"
-        + (f": {cond.message}" if cond.message else "")
-        + "\n"
-    )
+    # "run ID STATUS (N outcome, ...)": the tasks this attempt ran, in plain words; then why, in
+    # the run's own words, and the outcome counted over every attempt.
+    status = run_status_words(result.status.value)
+    say(f"openjd-checkpoint: run {result.run_id} {status} ({summary})\n")
+    if cond.message and cond.message != "suspended; resumable":  # that one the next line says
+        say(f"  {cond.message}\n")
     say(f"  {_outcome(store, result)}\n")
     for spec, res in result.results:
         if res.outcome.value == "failed":

@@ -18,12 +18,14 @@ frame) as plain lines.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
 import time
 from typing import Any
 
 from ._task import TaskEvent, TaskExecution
+from ._words import OUTCOME_WORDS
 
 __all__ = ("Progress", "make_progress", "write")
 
@@ -59,16 +61,7 @@ class _Step:
         return sum(self.outcomes.values())
 
     def counts(self) -> str:
-        return ", ".join(f"{n} {_OUTCOME_WORDS.get(k, k)}" for k, n in self.outcomes.items())
-
-
-_OUTCOME_WORDS = {
-    "succeeded": "succeeded",
-    "failed": "failed",
-    "interrupted_with_checkpoint": "suspended with a checkpoint",
-    "interrupted": "suspended",
-    "canceled": "canceled",
-}
+        return ", ".join(f"{n} {OUTCOME_WORDS.get(k, k)}" for k, n in self.outcomes.items())
 
 
 class Progress:
@@ -182,16 +175,19 @@ class Progress:
         write(sys.stderr, text + "\n")
 
     def started(self) -> None:
-        """Print the header (once), if not yet printed."""
+        """Print the header (once), if not yet printed (never in ``quiet`` mode)."""
         with self._lock:
             header, self.header = self.header, None
-        if header is not None:
+        if header is not None and self._mode != "quiet":
             self._say(f"openjd-checkpoint: {header}")
 
     def note(self, text: str) -> None:
-        """A line a person should see, in every mode: the runner's decisions (resuming or not,
-        and why), warnings, failures, signals."""
+        """A line a person should see: the runner's decisions (resuming or not, and why),
+        warnings, failures, signals. In ``quiet`` mode (``-q``) only what the person must act
+        on: warnings, errors, refusals, failures and what a signal did (``_NEEDS_YOU``)."""
         self.started()
+        if self._mode == "quiet" and not _NEEDS_YOU.search(text):
+            return
         self._say(f"openjd-checkpoint: {text}")
 
     def output(self, ex: TaskExecution, lines: list[str]) -> None:
@@ -242,7 +238,7 @@ class Progress:
                 res = event.value
                 outcome = res.outcome.value
                 st.outcomes[outcome] = st.outcomes.get(outcome, 0) + 1
-                words = _OUTCOME_WORDS.get(outcome, outcome)
+                words = OUTCOME_WORDS.get(outcome, outcome)
                 detail = f": {res.message}" if res.message and outcome != "succeeded" else ""
                 text = f"{name} {words}{detail}"
                 if outcome == "failed":
@@ -284,6 +280,13 @@ class Progress:
 def _clock(seconds: float) -> str:
     s = int(seconds)
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+_NEEDS_YOU = re.compile(
+    r"^(warning|error|SIG[A-Z]+:)|refus|fail|cannot|could not|not resum|interruption notice",
+    re.IGNORECASE,
+)
+"""The notes ``-q`` keeps: those a person must act on or know to act."""
 
 
 def make_progress(job: Any, *, quiet: bool, verbose: bool) -> Progress:

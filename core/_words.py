@@ -9,7 +9,7 @@ from __future__ import annotations
 import signal
 from typing import Any
 
-__all__ = ("describe_exit", "outcome_sentence", "run_status_words")
+__all__ = ("OUTCOME_WORDS", "describe_exit", "outcome_sentence", "run_status_words")
 
 
 def describe_exit(code: int | None) -> str:
@@ -26,6 +26,15 @@ def describe_exit(code: int | None) -> str:
         return f"killed by {name} (exit code {code})"
     return f"exited with code: {code}"
 
+
+OUTCOME_WORDS = {
+    "succeeded": "succeeded",
+    "failed": "failed",
+    "interrupted_with_checkpoint": "suspended with a checkpoint",
+    "interrupted": "suspended",
+    "canceled": "canceled",
+}
+"""A task execution's outcome (``TaskOutcome`` value) in the words the CLI uses."""
 
 _RUN_STATUS = {
     "running": "running",

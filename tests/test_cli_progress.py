@@ -81,7 +81,12 @@ def test_plain_lines_when_not_a_terminal(template: Path, tmp_path: Path) -> None
     for chunk in ("Render[Frame=1-3]", "Render[Frame=4-6]"):
         assert f"{chunk} started" in lines and f"{chunk} succeeded" in lines
         gens = [ln for ln in lines if ln.startswith(f"{chunk}: checkpoint generation")]
-        assert gens == [f"{chunk}: checkpoint generation {g} stored" for g in (1, 2, 3)]
+        # Three saves; saves read in one batch of lines commit once (the latest wins), so one
+        # to three generations, numbered from 1.
+        assert 1 <= len(gens) <= 3, lines
+        assert gens == [
+            f"{chunk}: checkpoint generation {g} stored" for g in range(1, len(gens) + 1)
+        ]
     assert lines.index("step Render ended: 2 succeeded") > max(
         i for i, ln in enumerate(lines) if ln.startswith("Render[")
     )
@@ -115,6 +120,8 @@ def test_quiet_and_verbose(template: Path, tmp_path: Path) -> None:
     quiet = run("-q", "q")
     assert quiet.returncode == 0
     assert "started" not in quiet.stderr and "checkpoint generation" not in quiet.stderr
+    assert "Running job" not in quiet.stderr  # -q: only what needs the person
+    assert "condition" not in quiet.stderr and "reason=" not in quiet.stderr  # plain words
     assert "[Prepare] prepared" in quiet.stdout
     verbose = run("-v", "v")
     assert "Render[Frame=1-3]: frame 2 finished" in verbose.stderr
