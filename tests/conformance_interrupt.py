@@ -357,7 +357,9 @@ def run_interrupt_test(
             for key in ("template", "parameters", "limits", "checkpointFiles"):
                 if key in step:
                     spec[key] = step[key]
-            cmd = build_command(spec, workdir, cli)
+            # Every note the scheduler prints is part of what a case checks (resume statuses,
+            # decisions): the attempts run without -q, whose output keeps only what needs a person.
+            cmd = [c for c in build_command(spec, workdir, cli) if c != "-q"]
             if start == "fresh":
                 cmd.append("--fresh")
             elif start == "resume":
@@ -365,7 +367,7 @@ def run_interrupt_test(
                 if target is None:
                     result.reason = f"{label}: no run id from the previous attempt to resume"
                     return result
-                cmd = [*cli, "resume", str(target), "--store", str(store), "-q"]
+                cmd = [*cli, "resume", str(target), "--store", str(store)]
                 if "template" in step:
                     cmd += ["--template", str(workdir / "template.yaml")]
                 for pname, value in (step.get("parameters") or {}).items():
@@ -429,8 +431,9 @@ def run_ours(
     stop_with_cli: bool = False,
     on_result: Callable[[CaseResult], None] | None = None,
 ) -> list[CaseResult]:
-    """Every fixture of ``dirs`` under ``root``: templates validated in-process, ``.invalid``
-    job tests as the public harness runs them, the other job tests with interruptions."""
+    """Every fixture of ``dirs`` under ``root``: templates validated by the CLI's ``check``,
+    ``.invalid`` job tests as the public harness runs them, the other job tests with
+    interruptions (run without ``-q``: the notes are part of what they check)."""
     cases = discover(root, list(dirs or OURS_DIRS))
     with tempfile.TemporaryDirectory(prefix="openjd-conformance-ours-") as scratch_name:
         scratch = Path(scratch_name)
@@ -440,7 +443,7 @@ def run_ours(
             name = path.relative_to(root).as_posix()
             try:
                 if Path(group).name in ("job_templates", "env_templates"):
-                    res = run_template_test(path, group, name)
+                    res = run_template_test(path, group, name, scratch, cli=cli)
                 elif ".invalid." in path.name:
                     res = run_job_test(path, group, name, scratch, cli=cli)
                 else:
