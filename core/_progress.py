@@ -58,7 +58,8 @@ class _Step:
 
     @property
     def done(self) -> int:
-        return sum(self.outcomes.values())
+        """Tasks that finished (succeeded or failed); a suspended or canceled one is still left."""
+        return self.outcomes.get("succeeded", 0) + self.outcomes.get("failed", 0)
 
     def counts(self) -> str:
         return ", ".join(f"{n} {OUTCOME_WORDS.get(k, k)}" for k, n in self.outcomes.items())
