@@ -384,7 +384,23 @@ def cmd_logs(args: argparse.Namespace, store: CheckpointStore) -> int:
         time.sleep(0.5)
         logs = [lg for lg in read_run_logs(store, run.job_key, run.run_id) if _wanted(args, lg)]
     if not any(lg.entries for lg in logs) and not shown:
-        print(f"openjd-checkpoint: no output kept for run {run.run_id}", file=sys.stderr)
+        filters = [
+            f"{flag} {value}"
+            for flag, value in (
+                ("--step", getattr(args, "step", None)),
+                ("--task", getattr(args, "task", None)),
+                ("--attempt", getattr(args, "attempt", None)),
+            )
+            if value is not None
+        ]
+        if filters and read_run_logs(store, run.job_key, run.run_id):
+            print(
+                f"openjd-checkpoint: run {run.run_id} has output, but none matches "
+                f"{' '.join(filters)} (without them: every task's output)",
+                file=sys.stderr,
+            )
+        else:
+            print(f"openjd-checkpoint: no output kept for run {run.run_id}", file=sys.stderr)
     return 0
 
 

@@ -106,6 +106,7 @@ def test_logs_filter_by_step_and_task(finished: tuple[str, str]) -> None:
     assert one == [f"first 2 {k} {i}" for i in range(5) for k in ("line", "err")]
     none = cli("logs", run_id, "--attempt", "2", "--store", store)
     assert none.returncode == 0 and none.stdout == ""
+    assert "has output, but none matches --attempt 2" in none.stderr  # the filter, not the run
     doc = json.loads(cli("logs", run_id, "--json", "--store", store).stdout)
     assert {"schema", "run_id", "logs", "lines"} <= set(doc)
     assert {"at", "time", "step", "task", "attempt", "text"} == set(doc["lines"][0])
