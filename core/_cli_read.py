@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from datetime import datetime, timezone
@@ -60,25 +61,47 @@ def task_label(rec: TaskRecord) -> str:
     return f"{rec.step}[{inner}]"
 
 
+# Times come from stored records, which a person or a bug may have damaged: a time that is no
+# time (NaN, 1e300) shows as unknown instead of ending the command with a traceback.
 def _iso(ts: float | None) -> str | None:
     if ts is None:
         return None
-    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="seconds")
+    try:
+        return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="seconds")
+    except (OverflowError, ValueError, OSError, TypeError):
+        return None
 
 
-def _local(ts: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+def _local(ts: float, fmt: str = "%Y-%m-%d %H:%M:%S") -> str:
+    try:
+        return time.strftime(fmt, time.localtime(ts))
+    except (OverflowError, ValueError, OSError, TypeError):
+        return "?"
 
 
 def _duration(seconds: float) -> str:
+    if not isinstance(seconds, (int, float)) or not math.isfinite(seconds):
+        return "?"
     seconds = max(0, int(round(seconds)))
     h, rest = divmod(seconds, 3600)
     m, s = divmod(rest, 60)
     return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
 
 
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN or infinite float (a damaged record's) made None: JSON has
+    neither."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
 def _dump(doc: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    sys.stdout.write(json.dumps(_finite(doc), indent=2, sort_keys=True) + "\n")
 
 
 def _warn(warnings: list[str], text: str, as_json: bool) -> None:
@@ -307,7 +330,9 @@ def _wanted(args: argparse.Namespace, log: Any) -> bool:
 
 
 def _line(e: Any) -> str:
-    stamp = time.strftime("%H:%M:%S", time.localtime(e.at)) + f".{int(e.at * 1000) % 1000:03d}"
+    stamp = _local(e.at, "%H:%M:%S")
+    if stamp != "?":
+        stamp += f".{int(e.at * 1000) % 1000:03d}"
     return f"{stamp} [{e.task}] #{e.attempt} {e.text}"
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import email.utils
 import http.client
 import json
+import math
 import signal
 import threading
 import time
@@ -71,6 +72,12 @@ HTTP_TIMEOUT_SECONDS = 2.0
 DEFAULT_NOTICE_SECONDS = {"gcp": 30.0, "azure": 30.0}
 """The notice a provider gives when it announces no time (Google Cloud never does; an Azure
 ``Preempt`` without ``NotBefore``), in seconds: the documented minimum."""
+MIN_NOTICE_SECONDS = 2.0
+"""The least time a notice leaves the tasks to checkpoint, in seconds: a deadline nearer than
+this, or already past (a notice read late), becomes this far from when the notice was seen."""
+MAX_NOTICE_SECONDS = 366 * 86400.0
+"""A deadline further than this from when the notice was seen (a year, in seconds) is not
+taken as a time (milliseconds, a garbled value): the notice stands, without a deadline."""
 REFUSED_SIGNALS = {"SIGINT", "SIGTERM", "SIGKILL", "SIGSTOP"}
 """Signals a ``signal:`` source may not take: SIGINT and SIGTERM already suspend a CLI run, and
 SIGKILL and SIGSTOP cannot be caught."""
@@ -95,6 +102,29 @@ class Notice:
     deadline: float | None
     received_at: float = field(default_factory=time.time)
     event_id: str | None = None
+
+    def __post_init__(self) -> None:
+        # A deadline is the source's word, not ours: one that is no time at all (NaN, 1e300,
+        # milliseconds read as seconds) is dropped, and one already past (a late notice) leaves
+        # the tasks MIN_NOTICE_SECONDS to checkpoint, with the detail saying so.
+        deadline, detail = self.deadline, self.detail
+        if deadline is not None:
+            lo, hi = self.received_at - 86400.0, self.received_at + MAX_NOTICE_SECONDS
+            if not (isinstance(deadline, (int, float)) and math.isfinite(deadline)) or not (
+                lo <= deadline <= hi
+            ):
+                detail += (
+                    f"; its deadline {str(deadline)[:40]!s} is not a time within a year: ignored"
+                )
+                deadline = None
+            elif deadline < self.received_at + MIN_NOTICE_SECONDS:
+                detail += (
+                    f"; its deadline was {self.received_at - deadline:.1f} s ago or too near: "
+                    f"the tasks get {MIN_NOTICE_SECONDS:g} s to checkpoint"
+                )
+                deadline = self.received_at + MIN_NOTICE_SECONDS
+        object.__setattr__(self, "deadline", deadline)
+        object.__setattr__(self, "detail", detail)
 
     def describe(self) -> str:
         """One line for people: source, detail, deadline and how far away it is."""
@@ -450,11 +480,14 @@ def _file_deadline(text: str) -> float | None:
         except (ValueError, AttributeError):
             return None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an integer past any float: no time (Notice drops it)
+            return math.inf
     if isinstance(value, str):
         try:
             return float(value)
-        except ValueError:
+        except (ValueError, OverflowError):
             pass
         try:
             return _iso_time(value)
@@ -728,7 +761,10 @@ class NoticeWatcher:
 def checkpoint_timing(notice: Notice, ended_at: float) -> str:
     """The log line that says how long the checkpoints took against the notice's deadline."""
     took = ended_at - notice.received_at
-    text = f"interruption notice ({notice.source}): tasks checkpointed and stopped in {took:.1f} s"
+    text = (
+        f"interruption notice ({notice.source}): tasks asked to checkpoint and stopped in "
+        f"{took:.1f} s"
+    )
     if notice.deadline is None:
         return text + " (no deadline announced)"
     given = notice.deadline - notice.received_at

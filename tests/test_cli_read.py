@@ -116,3 +116,27 @@ def test_unknown_run_exits_2_with_json_too(store: dict[str, Any]) -> None:
 def test_empty_store_json(tmp_path: Path) -> None:
     assert as_json("runs", "--store", str(tmp_path / "none"))["runs"] == []
     assert as_json("checkpoints", "list", "--store", str(tmp_path / "none"))["checkpoints"] == []
+
+
+def test_damaged_times_in_records_show_as_unknown(store: dict[str, Any], tmp_path: Path) -> None:
+    """A run record whose times are no time (1e300, NaN) and a checkpoint saved at 1e300: every
+    reading command still answers (the time unknown), none ends in a traceback (exit 70)."""
+    import shutil
+
+    copy = tmp_path / "store"
+    shutil.copytree(store["store"], copy)
+    fib = store["ids"]["Fibonacci checkpointing job (fast)"]
+    (run_file,) = copy.glob(f"jobs/*/runs/{fib}/run.json")
+    doc = json.loads(run_file.read_text())
+    doc["created_at"], doc["updated_at"] = 1e300, float("nan")
+    run_file.write_text(json.dumps(doc))
+    for task_file in run_file.parent.glob("tasks/*.json"):
+        rec = json.loads(task_file.read_text())
+        if rec.get("checkpoint"):
+            rec["checkpoint"]["saved_at"] = 1e300
+            task_file.write_text(json.dumps(rec))
+    for args in (["runs"], ["checkpoints", "list"], ["checkpoints", "show", fib]):
+        table = cli(*args, "--store", str(copy))
+        assert table.returncode == 0, (args, table.stderr)
+        assert "Traceback" not in table.stderr
+        json.loads(cli(*args, "--json", "--store", str(copy)).stdout)  # valid JSON: no NaN

@@ -19,12 +19,15 @@ from metadata_server import MetadataServer, closed_port_url
 
 from core import CheckpointStore, TaskStatus
 from core._notices import (
+    MIN_NOTICE_SECONDS,
     AwsSource,
     AzureSource,
     FileSource,
     GcpSource,
+    Notice,
     NoticeWatcher,
     SignalSource,
+    _file_deadline,
     parse_notice_sources,
     parse_poll_seconds,
 )
@@ -85,7 +88,7 @@ def assert_suspended_then_resumed(store: Path, first: CliProcess, source: str) -
     assert notice["stopped_after"] is not None
     assert f"interruption notice from {source}" in first.stderr
     assert re.search(
-        rf"interruption notice \({source}\): tasks checkpointed and stopped in", first.stderr
+        rf"interruption notice \({source}\): tasks asked to checkpoint and stopped in", first.stderr
     )
     second = subprocess.run(
         cli_cmd(*fib_args(store)), capture_output=True, text=True, timeout=120, cwd=ROOT
@@ -157,6 +160,32 @@ def test_a_notice_file_suspends_the_run(store: Path, tmp_path: Path) -> None:
     assert_suspended_then_resumed(store, first, "file")
     run, _ = only_run(store)
     assert run.notices[0]["deadline"] == pytest.approx(deadline)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["{ms}", "1e20", "nan", "inf", '{{"deadline": 1e300}}', '{{"deadline": -1e300}}', "9" * 4000],
+)
+def test_a_deadline_that_is_no_time_is_dropped_and_the_notice_stands(
+    text: str, tmp_path: Path
+) -> None:
+    """A notice file written in milliseconds, or with a garbled time: the notice still counts
+    (a notice without deadline), and nothing raises in the watcher's thread."""
+    now = time.time()
+    path = tmp_path / "notice"
+    path.write_text(text.format(ms=int((now + 120) * 1000)))
+    notice = Notice("file", "interruption", "notice file", _file_deadline(path.read_text()))
+    assert notice.deadline is None
+    assert "ignored" in notice.describe() or "no deadline" in notice.describe()
+
+
+def test_a_deadline_already_past_leaves_the_tasks_time_to_checkpoint() -> None:
+    now = time.time()
+    late = Notice("file", "interruption", "notice file", now - 5, received_at=now)
+    assert late.deadline == pytest.approx(now + MIN_NOTICE_SECONDS)
+    assert "ago or too near" in late.describe()
+    fine = Notice("file", "interruption", "notice file", now + 60, received_at=now)
+    assert fine.deadline == pytest.approx(now + 60) and "ago" not in fine.describe()
 
 
 def test_a_configured_signal_suspends_the_run(store: Path) -> None:
@@ -285,7 +314,7 @@ def test_run_tasks_stops_this_process_tasks_on_a_notice(
     run = st.read_run(attempt.job_key, attempt.run_id)
     assert run is not None and run.termination is None  # the run goes on elsewhere
     assert run.notices[0]["source"] == "azure" and "stopped_after" in run.notices[0]
-    assert any("tasks checkpointed and stopped in" in n for n in notes), notes
+    assert any("tasks asked to checkpoint and stopped in" in n for n in notes), notes
     lines.clear()
     [again] = run_tasks(
         st, job, attempt.run_id, plan_step(st, job, attempt.run_id, specs[0].step_name)

@@ -55,7 +55,7 @@ def test_a_notice_checkpoints_the_task_and_the_retry_resumes(
         log1 = client.task_log(dag_id, run_id, TASK, 1, map_index=0)
         assert "interruption notice from gcp" in log1, log1[-3000:]
         assert "stopped by an interruption notice" in log1
-        assert "tasks checkpointed and stopped in" in log1
+        assert "tasks asked to checkpoint and stopped in" in log1
         log2 = client.task_log(dag_id, run_id, TASK, 2, map_index=0)
         assert "resuming from checkpoint generation 1" in log2
         assert f"Final answer: Fibonacci number {n} is {fib(n)}" in log2
