@@ -75,8 +75,8 @@ DEFAULT_NOTICE_SECONDS = {"gcp": 30.0, "azure": 30.0}
 MIN_NOTICE_SECONDS = 2.0
 """The least time a notice leaves the tasks to checkpoint, in seconds: a deadline nearer than
 this, or already past (a notice read late), becomes this far from when the notice was seen."""
-MAX_NOTICE_SECONDS = 366 * 86400.0
-"""A deadline further than this from when the notice was seen (a year, in seconds) is not
+MAX_NOTICE_SECONDS = 3660 * 86400.0
+"""A deadline further than this from when the notice was seen (ten years, in seconds) is not
 taken as a time (milliseconds, a garbled value): the notice stands, without a deadline."""
 REFUSED_SIGNALS = {"SIGINT", "SIGTERM", "SIGKILL", "SIGSTOP"}
 """Signals a ``signal:`` source may not take: SIGINT and SIGTERM already suspend a CLI run, and
@@ -114,7 +114,7 @@ class Notice:
                 lo <= deadline <= hi
             ):
                 detail += (
-                    f"; its deadline {str(deadline)[:40]!s} is not a time within a year: ignored"
+                    f"; its deadline {str(deadline)[:40]!s} is not a time within ten years: ignored"
                 )
                 deadline = None
             elif deadline < self.received_at + MIN_NOTICE_SECONDS:

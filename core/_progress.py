@@ -185,9 +185,9 @@ class Progress:
     def note(self, text: str) -> None:
         """A line a person should see: the runner's decisions (resuming or not, and why),
         warnings, failures, signals. In ``quiet`` mode (``-q``) only what the person must act
-        on: warnings, errors, refusals, failures and what a signal did (``_NEEDS_YOU``)."""
+        on or know: not the routine notes of ``_ROUTINE``."""
         self.started()
-        if self._mode == "quiet" and not _NEEDS_YOU.search(text):
+        if self._mode == "quiet" and _ROUTINE.search(text):
             return
         self._say(f"openjd-checkpoint: {text}")
 
@@ -283,11 +283,13 @@ def _clock(seconds: float) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
-_NEEDS_YOU = re.compile(
-    r"^(warning|error|SIG[A-Z]+:)|refus|fail|cannot|could not|not resum|interruption notice",
-    re.IGNORECASE,
+_ROUTINE = re.compile(
+    r"requested; stopping$|^interruption notices from: |^checkpoint files: |"
+    r"^azure: acknowledged scheduled event "
 )
-"""The notes ``-q`` keeps: those a person must act on or know to act."""
+"""The notes ``-q`` leaves out: routine steps of what the person asked for. Every other note
+(warnings, failures, refusals, decisions about resuming, processes a dead runner left, what a
+signal does) is shown."""
 
 
 def make_progress(job: Any, *, quiet: bool, verbose: bool) -> Progress:
