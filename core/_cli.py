@@ -156,14 +156,9 @@ def _params(pairs: list[str]) -> dict[str, str]:
             out.update(_param_file(Path(text.lstrip("@")).expanduser(), where))
         elif text.startswith("{"):
             try:
-                data = json.loads(text)
-            except (json.JSONDecodeError, RecursionError) as exc:
-                msg = (
-                    f"{exc.msg} at column {exc.colno}"
-                    if isinstance(exc, json.JSONDecodeError)
-                    else "nested too deeply"
-                )
-                raise TemplateError([f"{where}: not valid inline JSON: {msg}"]) from None
+                data = _inline_json(text)
+            except TemplateError as exc:
+                raise TemplateError([f"{where}: {exc}"]) from None
             out.update(_param_document(data, where))
         else:
             name, eq, value = pair.partition("=")
@@ -171,6 +166,23 @@ def _params(pairs: list[str]) -> dict[str, str]:
                 raise TemplateError([f"{where}: expected {PARAM_FORMS}"])
             out[name.strip()] = value
     return out
+
+
+def _inline_json(text: str) -> Any:
+    """An option's inline JSON value.
+
+    Raises:
+        TemplateError: "not valid inline JSON: <what> at column <n>" (the caller adds where).
+    """
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        msg = (
+            f"{exc.msg} at column {exc.colno}"
+            if isinstance(exc, json.JSONDecodeError)
+            else "nested too deeply"
+        )
+        raise TemplateError([f"not valid inline JSON: {msg}"]) from None
 
 
 def _path_mapping_rules(value: str) -> list[Any]:
@@ -184,16 +196,7 @@ def _path_mapping_rules(value: str) -> list[Any]:
     where = f"--path-mapping-rules {_shown(value)}"
     try:
         if text.startswith(("{", "[")):
-            try:
-                obj = json.loads(text)
-            except (json.JSONDecodeError, RecursionError) as exc:
-                msg = (
-                    f"{exc.msg} at column {exc.colno}"
-                    if isinstance(exc, json.JSONDecodeError)
-                    else "nested too deeply"
-                )
-                raise TemplateError([f"not valid inline JSON: {msg}"]) from None
-            return load_path_mapping_rules(obj)
+            return load_path_mapping_rules(_inline_json(text))
         if text.startswith("file://"):
             if text == "file://":
                 raise TemplateError(["no file named after 'file://'"])
