@@ -176,10 +176,10 @@ class Progress:
         write(sys.stderr, text + "\n")
 
     def started(self) -> None:
-        """Print the header (once), if not yet printed (never in ``quiet`` mode)."""
+        """Print the header (once), if not yet printed."""
         with self._lock:
             header, self.header = self.header, None
-        if header is not None and self._mode != "quiet":
+        if header is not None:
             self._say(f"openjd-checkpoint: {header}")
 
     def note(self, text: str) -> None:
@@ -284,12 +284,12 @@ def _clock(seconds: float) -> str:
 
 
 _ROUTINE = re.compile(
-    r"requested; stopping$|^interruption notices from: |^checkpoint files: |"
-    r"^azure: acknowledged scheduled event "
+    r"^interruption notices from: |^checkpoint files: |^azure: acknowledged scheduled event "
 )
 """The notes ``-q`` leaves out: routine steps of what the person asked for. Every other note
 (warnings, failures, refusals, decisions about resuming, processes a dead runner left, what a
-signal does) is shown."""
+signal or a stop request does) is shown, and the "Running job" line (what other OpenJD CLIs
+print first, and scripts look for)."""
 
 
 def make_progress(job: Any, *, quiet: bool, verbose: bool) -> Progress:

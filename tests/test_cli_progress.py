@@ -120,7 +120,7 @@ def test_quiet_and_verbose(template: Path, tmp_path: Path) -> None:
     quiet = run("-q", "q")
     assert quiet.returncode == 0
     assert "started" not in quiet.stderr and "checkpoint generation" not in quiet.stderr
-    assert "Running job" not in quiet.stderr  # -q: only what needs the person
+    assert "step Prepare started" not in quiet.stderr  # -q: no progress lines
     assert "condition" not in quiet.stderr and "reason=" not in quiet.stderr  # plain words
     assert "[Prepare] prepared" in quiet.stdout
     verbose = run("-v", "v")
