@@ -526,6 +526,16 @@ class CheckpointStore:
                 f"{MAX_RECORD_BYTES:,} a record may have (it could never be read back); the "
                 "previous version stays"
             )
+        self._replace_file(path, payload, durable=True)
+
+    def _replace_file(self, path: str, body: bytes, *, durable: bool) -> None:
+        """Write ``body`` to ``path`` (checked by the caller) all at once: on a local store a
+        temporary file renamed over it, fsynced with its folder when ``durable``; elsewhere one
+        upload, which the object store makes atomic.
+
+        Raises:
+            StoreError: it cannot be written (the operating system's reason).
+        """
         parent = posixpath.dirname(path)
         try:
             self._makedirs(parent)
@@ -533,9 +543,10 @@ class CheckpointStore:
                 fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=parent)
                 try:
                     with os.fdopen(fd, "wb") as fh:
-                        fh.write(payload)
-                        fh.flush()
-                        os.fsync(fh.fileno())
+                        fh.write(body)
+                        if durable:
+                            fh.flush()
+                            os.fsync(fh.fileno())
                     os.replace(tmp, path)  # replaces a link at ``path`` itself, never its target
                 except BaseException:
                     try:
@@ -543,13 +554,14 @@ class CheckpointStore:
                     except OSError:
                         pass
                     raise
-                dfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-                try:
-                    os.fsync(dfd)
-                finally:
-                    os.close(dfd)
+                if durable:
+                    dfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+                    try:
+                        os.fsync(dfd)
+                    finally:
+                        os.close(dfd)
             else:
-                self.fs.pipe_file(path, payload)
+                self.fs.pipe_file(path, body)
         except OSError as exc:
             raise StoreError(f"cannot write {self._where(path)}: {_reason(exc)}") from None
 
@@ -1241,25 +1253,7 @@ class CheckpointStore:
             raise StoreError(f"checkpoint store {self.location!r}: not writing log {name!r}")
         path = posixpath.join(self._run_dir(job_key, run_id), "logs", name)
         self._checked(path)
-        parent = posixpath.dirname(path)
-        try:
-            self._makedirs(parent)
-            if self._local:
-                fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=parent)
-                try:
-                    with os.fdopen(fd, "wb") as fh:
-                        fh.write(body)
-                    os.replace(tmp, path)
-                except BaseException:
-                    try:
-                        os.unlink(tmp)
-                    except OSError:
-                        pass
-                    raise
-            else:
-                self.fs.pipe_file(path, body)
-        except OSError as exc:
-            raise StoreError(f"cannot write {self._where(path)}: {_reason(exc)}") from None
+        self._replace_file(path, body, durable=False)
 
     def list_logs(self, job_key: str, run_id: str) -> list[str]:
         """The names of the run's log files (none if it has no ``logs`` folder).
