@@ -148,18 +148,30 @@ def run_summary(store: CheckpointStore, run: RunRecord, tasks: list[TaskRecord])
     }
 
 
-def cmd_runs(args: argparse.Namespace, store: CheckpointStore) -> int:
-    """``runs``: every stored run (id, job, parameters, status, attempts, started, duration)."""
-    as_json = bool(getattr(args, "json", False))
+def _runs_and_tasks(
+    store: CheckpointStore, as_json: bool
+) -> tuple[list[tuple[RunRecord, list[TaskRecord]]], list[str]]:
+    """Every stored run with its task records, and the warnings about records that could not be
+    read (printed on stderr unless ``as_json``: a JSON document carries them itself)."""
     runs, warnings = store.list_runs()
     if not as_json:
         for w in warnings:
             print(f"warning: {w}", file=sys.stderr)
-    rows = []
+    out = []
     for r in runs:
         tasks, task_warnings = store.read_tasks(r.job_key, r.run_id)
         for w in task_warnings:
             _warn(warnings, w, as_json)
+        out.append((r, tasks))
+    return out, warnings
+
+
+def cmd_runs(args: argparse.Namespace, store: CheckpointStore) -> int:
+    """``runs``: every stored run (id, job, parameters, status, attempts, started, duration)."""
+    as_json = bool(getattr(args, "json", False))
+    runs, warnings = _runs_and_tasks(store, as_json)
+    rows = []
+    for r, tasks in runs:
         rows.append(run_summary(store, r, tasks))
     if as_json:
         _dump({"schema": JSON_SCHEMA_VERSION, "store": store.location, "runs": rows,
@@ -204,15 +216,9 @@ def checkpoint_row(run: RunRecord, rec: TaskRecord) -> dict[str, Any]:
 def cmd_checkpoints_list(args: argparse.Namespace, store: CheckpointStore) -> int:
     """``checkpoints list``: the tasks that hold checkpoints or finished frames of a chunk."""
     as_json = bool(getattr(args, "json", False))
-    runs, warnings = store.list_runs()
-    if not as_json:
-        for w in warnings:
-            print(f"warning: {w}", file=sys.stderr)
+    runs, warnings = _runs_and_tasks(store, as_json)
     rows = []
-    for r in runs:
-        tasks, task_warnings = store.read_tasks(r.job_key, r.run_id)
-        for w in task_warnings:
-            _warn(warnings, w, as_json)
+    for r, tasks in runs:
         for t in tasks:
             if t.checkpoint is not None or (t.completed_frames and t.status.value != "succeeded"):
                 rows.append(checkpoint_row(r, t))
