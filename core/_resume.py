@@ -20,7 +20,15 @@ from enum import Enum
 from ._errors import RunError, StoreError
 from ._job import PreparedJob
 from ._process import ProcessIdentity
-from ._store import CheckpointStore, RunRecord, RunStatus, TaskRecord, TaskStatus, host_id
+from ._store import (
+    CheckpointStore,
+    RunRecord,
+    RunStatus,
+    TaskRebuilt,
+    TaskRecord,
+    TaskStatus,
+    host_id,
+)
 
 __all__ = ("RefusalCode", "ResumeHow", "ResumePlan", "ResumeRefusedError", "plan_resume")
 
@@ -151,9 +159,11 @@ def check_run(
     if versioned:
         raise ResumeRefusedError(RefusalCode.STATE_CHANGED, versioned[0])
     for w in warnings:
-        # an unreadable record was moved aside (kept); its task runs from the top
+        # an unreadable record was moved aside (kept); its task resumes from its newest
+        # readable checkpoint generation (TaskRebuilt), or else runs from the top
         if notes is not None:
-            notes.append(f"warning: {w}; that task runs from the top")
+            rest = "" if isinstance(w, TaskRebuilt) else "; that task runs from the top"
+            notes.append(f"warning: {w}{rest}")
     useful = [
         r
         for r in records

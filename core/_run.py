@@ -593,7 +593,9 @@ def claim_task(
         )
     notes: list[str] = []
     try:
-        record = store.read_task(job.job_key, run_id, spec.step_name, spec.task_key)
+        rebuilt: list[str] = []
+        record = store.read_task(job.job_key, run_id, spec.step_name, spec.task_key, rebuilt)
+        notes.extend(f"warning: {w}" for w in rebuilt)
     except StoreError as exc:
         notes.append(f"warning: {exc}; the task runs from the top")
         record = None

@@ -120,6 +120,16 @@ class _NotARecordError(Exception):
     over ``MAX_RECORD_BYTES``): it is set aside like an unreadable record."""
 
 
+class _SetAsideError(StoreError):
+    """A record was unreadable and has been moved aside (kept): its place is free again."""
+
+
+class TaskRebuilt(str):
+    """A warning of ``read_tasks``/``read_task``: a task's record was unreadable (kept aside)
+    and the record was rebuilt from its newest readable checkpoint generation, which the task
+    resumes from (where a plain warning's task runs from the top)."""
+
+
 HOST_ID_VARIABLE = "OPENJD_CHECKPOINT_HOST_ID"
 """Environment variable that names this process's host (default: the host name)."""
 
@@ -196,6 +206,26 @@ class CheckpointData(_Model):
     """Managed file data flow: the SHA-256 of the manifest of this generation's files in the
     store (``core._files``); None in shared mode, where ``file``/``files``/``dirs`` are paths on a
     shared file system."""
+
+
+class TaskIdentity(_Model):
+    """Which task a checkpoint generation file belongs to, and what its record held when the
+    generation was committed: enough to rebuild the task's record from its newest readable
+    generation when the record itself is damaged (``CheckpointStore.read_task``)."""
+
+    step: str
+    task_key: str
+    parameters: dict[str, dict[str, str]]
+    chunk_parameter: str | None = None
+    completed_frames: list[int] = Field(default_factory=list)
+    step_hash: str = ""
+
+
+class GenerationFile(CheckpointData):
+    """A checkpoint generation file (``<task_id>.gen-<N>.json``): the checkpoint and, since
+    this release, the identity of its task (None in files written before)."""
+
+    task: TaskIdentity | None = None
 
 
 class TaskRecord(_Model):
@@ -650,7 +680,7 @@ class CheckpointStore:
         except (_NotARecordError, ValueError, RecursionError, ValidationError) as exc:
             # ValueError covers UnicodeDecodeError, JSONDecodeError and over-long integers
             aside = self._move_aside(path)
-            raise StoreError(
+            raise _SetAsideError(
                 f"{self._where(path)} is unreadable ({_short(exc)}); kept as {aside}"
             ) from None
 
@@ -1148,18 +1178,88 @@ class CheckpointStore:
             self._task_path(record.job_key, record.run_id, tid), record.model_dump(mode="json")
         )
 
-    def read_task(self, job_key: str, run_id: str, step: str, task_key: str) -> TaskRecord | None:
+    def read_task(
+        self,
+        job_key: str,
+        run_id: str,
+        step: str,
+        task_key: str,
+        warnings: list[str] | None = None,
+    ) -> TaskRecord | None:
         """One task's latest record, None if it has none.
 
+        A record that is unreadable (or names another task) is moved aside and kept; when one
+        of the task's checkpoint generation files is readable, the record is rebuilt from the
+        newest (``TaskRebuilt`` appended to ``warnings``), so a damaged record never costs the
+        task its stored checkpoint.
+
         Raises:
-            StoreError: the record is unreadable (it is moved aside and kept).
+            StoreError: the record is unreadable and no generation rebuilds it (the record is
+                moved aside and kept), or the store cannot be read.
         """
-        path = self._task_path(job_key, run_id, task_id_for(step, task_key))
-        rec: TaskRecord | None = self._read(path, TaskRecord)
-        if rec is not None and (rec.step, rec.task_key) != (step, task_key):
-            aside = self._move_aside(path)
-            raise StoreError(f"{self._where(path)} names another task; kept as {aside}")
+        tid = task_id_for(step, task_key)
+        path = self._task_path(job_key, run_id, tid)
+        try:
+            rec: TaskRecord | None = self._read(path, TaskRecord)
+            if rec is not None and (rec.step, rec.task_key) != (step, task_key):
+                aside = self._move_aside(path)
+                raise _SetAsideError(f"{self._where(path)} names another task; kept as {aside}")
+        except _SetAsideError as exc:
+            tdir = posixpath.join(self._run_dir(job_key, run_id), "tasks")
+            rebuilt = self._rebuild_task(job_key, run_id, tid, self._ls_names(tdir), str(exc))
+            if rebuilt is None:
+                raise
+            record, warning = rebuilt
+            if warnings is not None:
+                warnings.append(warning)
+            return record
         return rec
+
+    def _rebuild_task(
+        self, job_key: str, run_id: str, tid: str, names: list[str], problem: str
+    ) -> tuple[TaskRecord, TaskRebuilt] | None:
+        """Rebuild the record of task ``tid`` (whose record file was set aside for
+        ``problem``) from its newest readable generation file among ``names`` that says which
+        task it belongs to, write it, and return it with its warning; None when there is none.
+        The rebuilt record is ``interrupted`` with that checkpoint, the frames finished by that
+        commit and the attempt that made it."""
+        tdir = posixpath.join(self._run_dir(job_key, run_id), "tasks")
+        gens: list[tuple[int, str]] = []
+        prefix = f"{tid}.gen-"
+        for name in names:
+            number = name[len(prefix) : -len(".json")]
+            if name.startswith(prefix) and name.endswith(".json") and number.isdigit():
+                gens.append((int(number), name))
+        for _number, name in sorted(gens, reverse=True):
+            try:
+                gen: GenerationFile | None = self._read(posixpath.join(tdir, name), GenerationFile)
+            except StoreError:
+                continue
+            if gen is None or gen.task is None:
+                continue
+            ident = gen.task
+            if task_id_for(ident.step, ident.task_key) != tid:
+                continue
+            record = TaskRecord(
+                job_key=job_key,
+                run_id=run_id,
+                step=ident.step,
+                task_key=ident.task_key,
+                parameters=ident.parameters,
+                status=TaskStatus.INTERRUPTED,
+                attempt=gen.attempt,
+                chunk_parameter=ident.chunk_parameter,
+                completed_frames=ident.completed_frames,
+                checkpoint=CheckpointData.model_validate(gen.model_dump(exclude={"task"})),
+                step_hash=ident.step_hash,
+                message=f"record rebuilt from checkpoint generation {gen.generation}",
+            )
+            self.write_task(record)
+            return record, TaskRebuilt(
+                f"{problem}; the task's record was rebuilt from its checkpoint generation "
+                f"{gen.generation}, which it resumes from"
+            )
+        return None
 
     def delete_task(self, record: TaskRecord) -> None:
         """Delete a task's record and its checkpoint generations."""
@@ -1177,7 +1277,15 @@ class CheckpointStore:
         generations older than the last ``keep_generations``."""
         tid = task_id_for(record.step, record.task_key)
         gen_path = self._gen_path(record.job_key, record.run_id, tid, checkpoint.generation)
-        self._write(gen_path, checkpoint.model_dump(mode="json"))
+        identity = TaskIdentity(
+            step=record.step,
+            task_key=record.task_key,
+            parameters=record.parameters,
+            chunk_parameter=record.chunk_parameter,
+            completed_frames=record.completed_frames,
+            step_hash=record.step_hash,
+        )
+        self._write(gen_path, {**checkpoint.model_dump(mode="json"), "task": identity.model_dump()})
         record.checkpoint = checkpoint
         self.write_task(record)
         old = checkpoint.generation - self.keep_generations
@@ -1227,11 +1335,22 @@ class CheckpointStore:
         tasks: list[TaskRecord] = []
         warnings: list[str] = []
         tdir = posixpath.join(self._run_dir(job_key, run_id), "tasks")
-        for name in self._ls_names(tdir):
+        names = self._ls_names(tdir)
+        for name in names:
             if not wanted(name):
                 continue
             try:
                 rec = self._read(posixpath.join(tdir, name), TaskRecord)
+            except _SetAsideError as exc:
+                rebuilt = self._rebuild_task(
+                    job_key, run_id, name[: -len(".json")], names, str(exc)
+                )
+                if rebuilt is None:
+                    warnings.append(str(exc))
+                else:
+                    tasks.append(rebuilt[0])
+                    warnings.append(rebuilt[1])
+                continue
             except StoreError as exc:
                 warnings.append(str(exc))
                 continue
@@ -1319,11 +1438,11 @@ class CheckpointStore:
         for name in self._ls_names(tdir):
             if name.startswith(f"{tid}.gen-") and name.endswith(".json"):
                 try:
-                    data = self._read(posixpath.join(tdir, name), CheckpointData)
+                    data = self._read(posixpath.join(tdir, name), GenerationFile)
                 except StoreError:
                     continue
                 if data is not None:
-                    gens.append(data)
+                    gens.append(CheckpointData.model_validate(data.model_dump(exclude={"task"})))
         gens.sort(key=lambda g: g.generation)
         return gens
 

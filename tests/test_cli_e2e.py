@@ -247,3 +247,49 @@ def test_bad_template_and_parameters_exit_2(tmp_path: Path) -> None:
         cwd=ROOT,
     )
     assert r.returncode == 2 and "Nope" in r.stderr
+
+
+@pytest.mark.parametrize("damage", ["truncated", "emptied"])
+def test_a_damaged_task_record_resumes_from_its_checkpoint_generation(
+    store: Path, damage: str
+) -> None:
+    """A task record damaged while the run was suspended (a torn copy, a full disk, a stray
+    edit) is kept aside and rebuilt from the task's newest checkpoint generation: the resume
+    goes on from that checkpoint, not from the top, and the answer is right."""
+    template = EXAMPLES / "fibonacci" / "fibonacci-fast.yaml"
+    n = 60
+    args = ("run", str(template), "--store", str(store), "-p", f"N={n}",
+            "-p", "StepSeconds=0.05", "-p", "CheckpointSeconds=0.1")  # fmt: skip
+    first = CliProcess(*args)
+    first.wait_for("checkpoint generation 3 stored")
+    first.proc.send_signal(signal.SIGINT)
+    assert first.wait(60) == 75, first.stderr
+    run, (task,) = only_run(store)
+    saved = task.checkpoint
+    assert saved is not None
+    [path] = [
+        p
+        for p in (store / "jobs" / run.job_key / "runs" / run.run_id / "tasks").iterdir()
+        if p.suffix == ".json" and ".gen-" not in p.name
+    ]
+    body = path.read_bytes()
+    path.write_bytes(body[: len(body) // 2] if damage == "truncated" else b"")
+
+    second = subprocess.run(
+        cli_cmd("resume", run.run_id, "--store", str(store)),
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert second.returncode == 0, second.stderr
+    assert "unreadable" in second.stderr and str(path) in second.stderr
+    assert f"rebuilt from its checkpoint generation {saved.generation}" in second.stderr
+    assert "runs from the top" not in second.stderr
+    assert '"RESUMED"' in second.stdout
+    assert f"Final answer: Fibonacci number {n} is {fib(n)}" in second.stdout
+    resumed_at = int(saved.state.split(",")[0])
+    first_step = re.search(r"Fibonacci number (\d+) is \d+$", second.stdout, re.M)
+    assert first_step is not None and int(first_step.group(1)) == resumed_at
+    # the damaged copy is kept aside, untouched
+    aside = [p for p in path.parent.iterdir() if ".unreadable-" in p.name]
+    assert [p.read_bytes() for p in aside] == [
+        body[: len(body) // 2] if damage == "truncated" else b""
+    ]

@@ -66,20 +66,68 @@ def test_round_trip_and_generations_kept(store_url: str) -> None:
     assert [g.generation for g in store.list_generations(tasks[0])] == [4, 5]
 
 
-def test_unreadable_record_is_moved_aside_not_overwritten(store_url: str) -> None:
+def test_unreadable_record_is_moved_aside_and_rebuilt_from_its_newest_generation(
+    store_url: str,
+) -> None:
+    """A damaged task record is kept aside, never overwritten, and the record is rebuilt from
+    the task's newest readable generation: the stored checkpoint is not lost."""
+    store = CheckpointStore(store_url)
+    rec = record(parameters={"F": {"type": "INT", "value": "3"}}, chunk_parameter=None)
+    rec.completed_frames = [1, 2]
+    rec.step_hash = "abc"
+    for gen in (1, 2, 3):
+        store.commit_checkpoint(rec, ck(gen))
+    write_raw(store, TASK_FILE, "{ not json")
+    # the newest generation is damaged too: the one before it is used
+    gen3 = f"{RUN_DIR}/tasks/{task_id_for('S', '{}')}.gen-000003.json"
+    write_raw(store, gen3, "[1, 2")
+    tasks, warnings = store.read_tasks(JK, RID)
+    path = raw_path(store, TASK_FILE)
+    assert len(warnings) == 1 and path in warnings[0] and "unreadable" in warnings[0]
+    assert "rebuilt from its checkpoint generation 2" in warnings[0]
+    [task] = tasks
+    assert (task.step, task.task_key, task.parameters) == ("S", "{}", rec.parameters)
+    assert task.status == TaskStatus.INTERRUPTED and task.checkpoint.state == "s2"
+    assert task.completed_frames == [1, 2] and task.step_hash == "abc"
+    aside = [n for n in names(store, f"{RUN_DIR}/tasks") if ".unreadable-" in n]
+    assert len(aside) == 2  # the record and generation 3, both kept
+    record_aside = next(n for n in aside if ".gen-" not in n)
+    assert store.fs.cat_file(raw_path(store, f"{RUN_DIR}/tasks/{record_aside}")) == b"{ not json"
+    # the rebuilt record was written: the next read is clean, and read_task agrees
+    assert store.read_tasks(JK, RID) == ([task], [])
+    assert store.read_task(JK, RID, "S", "{}").checkpoint.state == "s2"
+
+
+def test_unreadable_record_with_no_usable_generation_is_moved_aside_not_overwritten(
+    store_url: str,
+) -> None:
+    """With no generation that names its task (files written before generations carried it,
+    or a generation of another task under this name), the record is only kept aside."""
     store = CheckpointStore(store_url)
     rec = record()
     store.commit_checkpoint(rec, ck(1))
+    gen1 = f"{RUN_DIR}/tasks/{task_id_for('S', '{}')}.gen-000001.json"
+    old_format = read_json(store, gen1)
+    del old_format["task"]
+    write_raw(store, gen1, json.dumps(old_format))
     write_raw(store, TASK_FILE, "{ not json")
     tasks, warnings = store.read_tasks(JK, RID)
     assert tasks == []
     path = raw_path(store, TASK_FILE)
     assert len(warnings) == 1 and path in warnings[0] and "unreadable" in warnings[0]
+    assert "rebuilt" not in warnings[0]
     aside = [n for n in names(store, f"{RUN_DIR}/tasks") if ".unreadable-" in n]
     assert len(aside) == 1
     assert store.fs.cat_file(raw_path(store, f"{RUN_DIR}/tasks/{aside[0]}")) == b"{ not json"
-    # the checkpoint generation file is still there too
+    # the checkpoint generation file is still there too, and still lists as a generation
     assert any(".gen-000001" in n for n in names(store, f"{RUN_DIR}/tasks"))
+    assert [g.state for g in store.list_generations(rec)] == ["s1"]
+    # another task's generation under this task's name does not rebuild it
+    other = read_json(store, gen1) | {"task": {"step": "T", "task_key": "{}", "parameters": {}}}
+    write_raw(store, gen1, json.dumps(other))
+    write_raw(store, TASK_FILE, "{ not json")
+    with pytest.raises(StoreError, match="unreadable"):
+        store.read_task(JK, RID, "S", "{}")
 
 
 def test_other_schema_version_is_refused_by_name(store_url: str) -> None:

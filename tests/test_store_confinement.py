@@ -137,7 +137,11 @@ def test_record_linked_outside_is_set_aside_unread(tmp_path: Path) -> None:
     path.symlink_to(outside / "sub" / "x.json")
     before = snapshot(outside)
     found, warnings = store.read_tasks(JK, RID)
-    assert found == [] and len(warnings) == 1 and "not a regular file" in warnings[0]
+    assert len(warnings) == 1 and "not a regular file" in warnings[0]
+    # the record is rebuilt from generation 1, which is inside the store
+    assert [t.checkpoint.generation for t in found] == [1]
+    assert "rebuilt from its checkpoint generation 1" in warnings[0]
+    assert not path.is_symlink() and path.is_file()
     aside = [p for p in tasks.iterdir() if ".unreadable-" in p.name]
     assert len(aside) == 1 and aside[0].is_symlink()  # the link moved, not its target
     store.commit_checkpoint(rec, ck(2))
