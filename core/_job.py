@@ -54,6 +54,8 @@ from ._template import (
 
 _INT64 = (-(2**63), 2**63 - 1)
 """OpenJD INT values are 64-bit (Template Schemas 2.3); openjd-model 0.14 does not check it."""
+_INT_TEXT = re.compile(r"[-+]?[0-9]+")
+"""How an INT value is written (Template Schemas 2.3: a base-10 integer)."""
 
 MAX_TASKS_PER_STEP = 1_000_000
 """The most tasks (chunks, for a chunked step) a step's parameter space may define, and the most
@@ -586,11 +588,21 @@ def prepare_job(
             or [str(exc)],
             source=str(tmpl.source) if tmpl.source else None,
         ) from None
-    problems = [
-        f"job parameters: {name}: {value.value} is outside the 64-bit integer range"
-        for name, value in values.items()
-        if value.type == ParameterValueType.INT and not _INT64[0] <= int(value.value) <= _INT64[1]
-    ]
+    problems: list[str] = []
+    for name, value in sorted(values.items()):
+        if value.type != ParameterValueType.INT:
+            continue
+        if not _INT_TEXT.fullmatch(str(value.value)):
+            # Python's int() (and so openjd-model 0.14) takes '1_000', ' 12' and non-ASCII
+            # digits; a task would get the text as typed, and openjd run fails on it.
+            problems.append(
+                f"job parameters: {name}: {str(value.value)!r} is not an integer; an INT value "
+                "is written with the digits 0-9 and an optional sign, nothing else"
+            )
+        elif not _INT64[0] <= int(value.value) <= _INT64[1]:
+            problems.append(
+                f"job parameters: {name}: {value.value} is outside the 64-bit integer range"
+            )
     problems += _value_problems(values, [tmpl.document, *(_dump(e) for e in envs)])
     problems += _task_count_problems(job)
     if problems:

@@ -229,7 +229,7 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 """The range of an INT value (Expression Language 1.2.1: a 64-bit signed integer; both reference
 implementations store INT as int64)."""
 
-_INT_TEXT = re.compile(r"^\s*[+-]?\d+\s*$")
+_INT_TEXT = re.compile(r"[+-]?[0-9]+")
 _RANGE_PART = re.compile(r"^\s*([+-]?\d+)\s*(?:-\s*([+-]?\d+)\s*(?::\s*([+-]?\d+)\s*)?)?$")
 
 
@@ -238,9 +238,17 @@ def _int64_problem(where: str, value: Any) -> str | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, str):
-        if not _INT_TEXT.match(value):
+        try:
+            number = int(value)
+        except ValueError:
             return None  # a format string, or not an integer (openjd-model judges those)
-        number = int(value)
+        if not _INT_TEXT.fullmatch(value):
+            # openjd-model 0.14 (Python's int()) takes ' 12', '1_000' and non-ASCII digits,
+            # and a task would get the text as written
+            return (
+                f"{where}: {value!r} is not an integer; an INT value is written with the "
+                "digits 0-9 and an optional sign, nothing else"
+            )
     elif isinstance(value, int):
         number = value
     else:

@@ -242,3 +242,29 @@ def test_a_looser_bound_that_admits_an_earlier_allowed_value_is_refused(tmp_path
     text = str(err.value)
     assert "allowedValues ['5', '12'] widens the allowedValues ['5', '8'] of environment" in text
     assert "its allowedValues ['5', '12'] admits '12', outside the maxValue 10 of" in text
+
+
+# --- INT values written as Python reads them, not as OpenJD writes them -----------------------
+
+
+@pytest.mark.parametrize("text", ["1_000", " 12", "12 ", "\u0663"])
+def test_int_value_not_written_with_digits_is_refused_by_name(text: str) -> None:
+    """Python's int() takes '1_000', ' 12' and '٣' (openjd-model 0.14 does too); a task would
+    get the text as written, and openjd run fails on it with a traceback."""
+    with pytest.raises(TemplateError) as err:
+        prepare_job(parse_template(JOB), parameters={"P": text})
+    assert f"job parameters: P: {text!r} is not an integer" in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("text", ["12", "+12", "-12", "0", "007"])
+def test_int_value_written_with_digits_and_a_sign_is_accepted(text: str) -> None:
+    prepare_job(parse_template(JOB), parameters={"P": text})
+
+
+@pytest.mark.parametrize("field", ["default", "minValue", "maxValue"])
+def test_int_template_field_not_written_with_digits_is_refused_naming_the_field(
+    field: str,
+) -> None:
+    with pytest.raises(TemplateError) as err:
+        parse_template(job_with(**{field: "1_000"}))
+    assert f"parameterDefinitions[0] (P).{field}: '1_000' is not an integer" in str(err.value)
