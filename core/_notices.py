@@ -32,10 +32,12 @@ import email.utils
 import http.client
 import json
 import math
+import os
 import signal
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -610,10 +612,18 @@ def parse_notice_sources(text: str | Sequence[str] | None, *, where: str) -> lis
         seen.add(name)
         if name in ("aws", "aws-rebalance", "gcp", "azure"):
             url = arg.strip() or METADATA_URL
-            if not url.startswith(("http://", "https://")):
+            parts = urllib.parse.urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
                 raise ValueError(
-                    f"{where}: {item!r}: the base URL must start with http:// or https://"
+                    f"{where}: {item!r}: the base URL must be http:// or https:// and a host "
+                    "(aws:http://169.254.169.254)"
                 )
+            try:
+                parts.port  # noqa: B018 (raises ValueError for a port that is no number)
+            except ValueError:
+                raise ValueError(
+                    f"{where}: {item!r}: the base URL's port is not a number"
+                ) from None
             if name == "gcp":
                 sources.append(GcpSource(url, where=where))
             elif name == "azure":
@@ -623,11 +633,20 @@ def parse_notice_sources(text: str | Sequence[str] | None, *, where: str) -> lis
         elif name == "file":
             if not arg.strip():
                 raise ValueError(f"{where}: {item!r}: file needs a path (file:/path/to/notice)")
+            key = "file:" + os.path.abspath(arg.strip())
+            if key in seen:
+                raise ValueError(f"{where}: {item!r} is named twice")
+            seen.add(key)
             sources.append(FileSource(arg.strip(), where=where))
         elif name == "signal":
             if not arg.strip():
                 raise ValueError(f"{where}: {item!r}: signal needs a name (signal:USR2)")
-            sources.append(SignalSource(arg.strip(), where=where))
+            signal_source = SignalSource(arg.strip(), where=where)
+            key = f"signal:{int(signal_source.signal)}"
+            if key in seen:
+                raise ValueError(f"{where}: {item!r} is named twice")
+            seen.add(key)
+            sources.append(signal_source)
         else:
             raise ValueError(f"{where}: unknown interruption notice source {item!r} ({_NAMES})")
     if "aws" in seen and "aws-rebalance" in seen:

@@ -260,6 +260,13 @@ def test_bad_settings_are_refused_naming_where() -> None:
         parse_notice_sources("signal:NOPE", where="--x")
     with pytest.raises(ValueError, match=r"--x: 'gcp' is named twice"):
         parse_notice_sources("gcp,gcp", where="--x")
+    for bad in ("aws:http://", "azure:https:///latest", "gcp:http//h", "aws:http://h:port"):
+        with pytest.raises(ValueError, match=rf"--x: '{bad}': the base URL"):
+            parse_notice_sources(bad, where="--x")
+    with pytest.raises(ValueError, match=r"--x: 'file:/tmp/n/../x' is named twice"):
+        parse_notice_sources("file:/tmp/x,file:/tmp/n/../x", where="--x")
+    with pytest.raises(ValueError, match=r"--x: 'signal:SIGUSR2' is named twice"):
+        parse_notice_sources("signal:usr2,signal:SIGUSR2", where="--x")
     with pytest.raises(ValueError, match=r"--p: 'nan' must be from"):
         parse_poll_seconds("nan", where="--p")
     kinds = [
