@@ -127,6 +127,14 @@ def _files(rec: TaskRecord) -> int:
     return len(ck.files) + len(ck.dirs) + (1 if ck.file else 0)
 
 
+def _resumable(task: TaskRecord) -> bool:
+    """The task holds something a resume uses: a checkpoint, or finished frames of an
+    unfinished chunk (what ``checkpoints list`` lists, and ``runs`` counts as resumable)."""
+    return task.checkpoint is not None or (
+        bool(task.completed_frames) and task.status.value != "succeeded"
+    )
+
+
 def run_summary(store: CheckpointStore, run: RunRecord, tasks: list[TaskRecord]) -> dict[str, Any]:
     """One run as ``runs --json`` gives it (see the README for each field)."""
     return {
@@ -144,6 +152,7 @@ def run_summary(store: CheckpointStore, run: RunRecord, tasks: list[TaskRecord])
         "duration_seconds": round(max(0.0, run.updated_at - run.created_at), 3),
         "tasks": len(tasks),
         "tasks_with_checkpoints": sum(1 for t in tasks if t.checkpoint is not None),
+        "tasks_resumable": sum(1 for t in tasks if _resumable(t)),
         "template": run.template_path,
     }
 
@@ -220,7 +229,7 @@ def cmd_checkpoints_list(args: argparse.Namespace, store: CheckpointStore) -> in
     rows = []
     for r, tasks in runs:
         for t in tasks:
-            if t.checkpoint is not None or (t.completed_frames and t.status.value != "succeeded"):
+            if _resumable(t):
                 rows.append(checkpoint_row(r, t))
     if as_json:
         _dump({"schema": JSON_SCHEMA_VERSION, "store": store.location, "checkpoints": rows,

@@ -1036,7 +1036,8 @@ def enter_finally(store: CheckpointStore, job: PreparedJob, run_id: str) -> Fina
             TerminationMode.SUSPENDED,
         )
         if run.phase == "regular":
-            run.job_status = status
+            # a suspended run has no Job.Status yet: its finally steps run when it ends
+            run.job_status = None if term.mode == TerminationMode.SUSPENDED else status
             if run_finally:
                 run.phase = "finally"
             store.write_run(run)

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 RUN_FIELDS = {
     "run_id", "job", "parameters", "status", "stored_status", "reason", "message", "attempts",
     "started_at", "started_time", "updated_at", "duration_seconds", "tasks",
-    "tasks_with_checkpoints", "template",
+    "tasks_with_checkpoints", "tasks_resumable", "template",
 }  # fmt: skip
 CHECKPOINT_FIELDS = {
     "run_id", "job", "step", "task", "task_status", "generation", "saved_at", "saved_time",
@@ -67,7 +67,7 @@ def test_runs_json_has_the_documented_fields_and_plain_statuses(store: dict[str,
     assert by_job["Fails"]["status"] == "failed"
     fib = by_job["Fibonacci checkpointing job (fast)"]
     assert fib["status"] == "suspended" and fib["parameters"]["N"] == "400"
-    assert fib["tasks_with_checkpoints"] == 1
+    assert fib["tasks_with_checkpoints"] == fib["tasks_resumable"] == 1
     assert by_job["Finishes"]["attempts"] == 1  # the refused resume did not count as one
 
 
@@ -94,6 +94,7 @@ def test_checkpoints_show_is_a_table_and_json_the_raw_records(store: dict[str, A
     doc = as_json("checkpoints", "show", fib, "--store", store["store"])
     (task,) = doc["tasks"]
     assert task["label"] == "ResumableFibonacci" and task["generations"]
+    assert doc["job_status"] is None  # suspended: no Job.Status until the run ends
     table = cli("checkpoints", "show", fib, "--store", store["store"])
     assert table.returncode == 0
     assert f"run {fib}: suspended" in table.stdout
@@ -140,3 +141,21 @@ def test_damaged_times_in_records_show_as_unknown(store: dict[str, Any], tmp_pat
         assert table.returncode == 0, (args, table.stderr)
         assert "Traceback" not in table.stderr
         json.loads(cli(*args, "--json", "--store", str(copy)).stdout)  # valid JSON: no NaN
+
+
+def test_runs_counts_as_resumable_what_checkpoints_list_lists(tmp_path: Path) -> None:
+    """A chunk suspended with finished frames and no checkpoint: ``runs --json`` counts it in
+    ``tasks_resumable`` (not in ``tasks_with_checkpoints``), and ``checkpoints list`` lists it."""
+    store = str(tmp_path / "store")
+    sus = CliProcess(
+        "run", str(EXAMPLES / "chunked-frames" / "chunked-frames.yaml"), "--store", store,
+        "-p", "Frames=1-8", "-p", "FramesPerChunk=8", "-p", "FrameSeconds=0.3",
+        "-p", f"OutputDir={tmp_path / 'out'}",
+    )  # fmt: skip
+    sus.wait_for('openjd_task_complete: {"Frame": 2}')
+    sus.proc.send_signal(signal.SIGINT)
+    assert sus.wait(60) == 75, sus.stderr
+    (run,) = as_json("runs", "--store", store)["runs"]
+    (row,) = as_json("checkpoints", "list", "--store", store)["checkpoints"]
+    assert row["generation"] is None and row["frames_done"]
+    assert (run["tasks_with_checkpoints"], run["tasks_resumable"]) == (0, 1)
