@@ -43,10 +43,11 @@ def add_json_option(p: argparse.ArgumentParser) -> None:
 
 def reading(fn: Any) -> Any:
     """A parser default ``func`` for a reading command ``fn(args, store)``: the store is the
-    one ``--store`` names, never created by reading it."""
+    one ``--store`` names, never created or changed by reading it (an unreadable record is
+    reported and left in place)."""
 
     def run(args: argparse.Namespace) -> int:
-        code: int = fn(args, CheckpointStore(args.store, create=False))
+        code: int = fn(args, CheckpointStore(args.store, create=False, read_only=True))
         return code
 
     return run
@@ -283,6 +284,8 @@ def cmd_show(args: argparse.Namespace, store: CheckpointStore) -> int:
     if getattr(args, "json", False):
         _dump(data)
         return 0
+    for w in data["warnings"]:
+        print(f"warning: {w}", file=sys.stderr)
     params = " ".join(f"{k}={v}" for k, v in run.parameters.items())
     print(f"run {run.run_id}: {data['status_words']} after {run.attempt} attempt(s)")
     print(f"  job: {run.job_name}" + (f" ({params})" if params else ""))
@@ -363,12 +366,19 @@ def cmd_logs(args: argparse.Namespace, store: CheckpointStore) -> int:
     if run is None:
         print(f"openjd-checkpoint: no run {args.run_id!r} in {store.location}", file=sys.stderr)
         return 2
-    logs = [lg for lg in read_run_logs(store, run.job_key, run.run_id) if _wanted(args, lg)]
+    warnings: list[str] = []
+    logs = [
+        lg for lg in read_run_logs(store, run.job_key, run.run_id, warnings) if _wanted(args, lg)
+    ]
+    if not args.json:
+        for w in warnings:
+            print(f"warning: {w}", file=sys.stderr)
     if args.json:
         _dump(
             {
                 "schema": JSON_SCHEMA_VERSION,
                 "run_id": run.run_id,
+                "warnings": warnings,
                 "logs": [
                     {
                         "step": lg.step,

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._errors import StoreError
-from ._store import CheckpointStore
+from ._store import MAX_RECORD_BYTES, CheckpointStore
 
 __all__ = ("DEFAULT_MAX_LOG_BYTES", "LogEntry", "LogFile", "LogKeeper", "read_run_logs")
 
@@ -206,11 +206,19 @@ class LogFile:
     cut_lines: int = 0
 
 
+class _DamagedLogError(Exception):
+    """A log file that is not one of ours: not gzip, or no header line."""
+
+
 def _parse(name: str, raw: bytes) -> LogFile | None:
+    """The log in ``raw``; None while it holds no whole line yet (being written).
+
+    Raises:
+        _DamagedLogError: not a gzip stream, or its first line is not a log header."""
     try:
         text = zlib.decompressobj(31).decompress(raw)
-    except zlib.error:
-        return None
+    except zlib.error as exc:
+        raise _DamagedLogError(f"not a gzip stream ({exc})") from None
     lines = text.split(b"\n")
     if text.endswith(b"\n"):
         lines.pop()
@@ -223,11 +231,14 @@ def _parse(name: str, raw: bytes) -> LogFile | None:
         log = LogFile(name, str(head["step"]), str(head["task"]), int(head["attempt"]),
                       float(head.get("started_at", 0.0)))  # fmt: skip
     except (ValueError, KeyError, TypeError):
-        return None
+        raise _DamagedLogError("its first line is not a log header") from None
     for line in lines[1:]:
         if line.startswith(b"#cut "):
             parts = line.split()
-            log.cut_bytes, log.cut_lines = int(parts[1]), int(parts[2])
+            try:
+                log.cut_bytes, log.cut_lines = int(parts[1]), int(parts[2])
+            except (ValueError, IndexError):
+                pass  # a damaged count: the lines are still worth showing
             continue
         stamp, _, data = line.partition(b"\t")
         try:
@@ -239,8 +250,12 @@ def _parse(name: str, raw: bytes) -> LogFile | None:
     return log
 
 
-def read_run_logs(store: CheckpointStore, job_key: str, run_id: str) -> list[LogFile]:
-    """Every readable log of the run, in the order their task attempts started.
+def read_run_logs(
+    store: CheckpointStore, job_key: str, run_id: str, warnings: list[str] | None = None
+) -> list[LogFile]:
+    """Every readable log of the run, in the order their task attempts started; a log that
+    is damaged (not gzip, no header, not a regular file, too large) is left out, with a line
+    naming it appended to ``warnings``.
 
     Raises:
         StoreError: the run's logs cannot be listed or read."""
@@ -248,8 +263,18 @@ def read_run_logs(store: CheckpointStore, job_key: str, run_id: str) -> list[Log
     for name in store.list_logs(job_key, run_id):
         raw = store.read_log(job_key, run_id, name)
         if raw is None:
+            if warnings is not None:  # listed a moment ago: not a file, or too large
+                warnings.append(
+                    f"log {name} of run {run_id} is not a regular file of at most "
+                    f"{MAX_RECORD_BYTES:,} bytes; left out"
+                )
             continue
-        log = _parse(name, raw)
+        try:
+            log = _parse(name, raw)
+        except _DamagedLogError as exc:
+            if warnings is not None:
+                warnings.append(f"log {name} of run {run_id} is damaged: {exc}; left out")
+            continue
         if log is not None:
             out.append(log)
     out.sort(key=lambda lg: (lg.started_at, lg.name))

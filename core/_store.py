@@ -396,6 +396,8 @@ class CheckpointStore:
             Default: ``default_store_location()``.
         keep_generations: checkpoint generations kept per task (1 or more).
         create: make the store's folder if it is missing (False for read-only commands).
+        read_only: only read (the CLI's reading commands): an unreadable record is reported
+            and left in place, not set aside, and no task record is rebuilt.
         files: the file data flow, ``shared`` or ``managed`` (default:
             ``$OPENJD_CHECKPOINT_FILES``, else ``shared``; see ``core._files``).
         file_roots: absolute folders whose files a managed store may capture and restore,
@@ -411,10 +413,13 @@ class CheckpointStore:
         *,
         keep_generations: int = DEFAULT_KEEP_GENERATIONS,
         create: bool = True,
+        read_only: bool = False,
         files: str | None = None,
         file_roots: Iterable[str] = (),
     ) -> None:
         from ._files import file_flow_from_env, file_roots_from_env
+
+        self.read_only = read_only
 
         self.file_flow = file_flow_from_env(files)
         self.file_roots = file_roots_from_env(file_roots)
@@ -679,6 +684,11 @@ class CheckpointStore:
             return rec
         except (_NotARecordError, ValueError, RecursionError, ValidationError) as exc:
             # ValueError covers UnicodeDecodeError, JSONDecodeError and over-long integers
+            if self.read_only:
+                raise StoreError(
+                    f"{self._where(path)} is unreadable ({_short(exc)}); left as it is (the "
+                    "next run or resume sets it aside)"
+                ) from None
             aside = self._move_aside(path)
             raise _SetAsideError(
                 f"{self._where(path)} is unreadable ({_short(exc)}); kept as {aside}"
@@ -686,7 +696,10 @@ class CheckpointStore:
 
     def _move_aside(self, path: str) -> str:
         """Rename ``path`` (whatever it is: a link is moved, not followed) to a fresh
-        ``<path>.unreadable-<time>`` beside it; ``path`` itself if that fails."""
+        ``<path>.unreadable-<time>`` beside it; ``path`` itself if that fails, or if the store
+        is ``read_only``."""
+        if self.read_only:
+            return path
         stamp = int(time.time())
         try:
             self._checked(path)
@@ -1202,6 +1215,8 @@ class CheckpointStore:
         try:
             rec: TaskRecord | None = self._read(path, TaskRecord)
             if rec is not None and (rec.step, rec.task_key) != (step, task_key):
+                if self.read_only:
+                    raise StoreError(f"{self._where(path)} names another task")
                 aside = self._move_aside(path)
                 raise _SetAsideError(f"{self._where(path)} names another task; kept as {aside}")
         except _SetAsideError as exc:

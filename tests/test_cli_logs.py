@@ -136,6 +136,29 @@ def test_logs_of_two_attempts_and_follow_while_running(store: Path) -> None:
     assert any("Final answer" in t for t in two)
 
 
+def test_a_damaged_log_is_left_out_with_a_warning_naming_it(
+    finished: tuple[str, str], tmp_path: Path
+) -> None:
+    import shutil
+
+    src, run_id = finished
+    store = tmp_path / "store"
+    shutil.copytree(src, store)
+    logs = sorted(store.rglob("*.log.gz"))
+    assert len(logs) == 3, logs  # First (two tasks) and Second
+    logs[0].write_bytes(b"not gzip at all")
+    fifo_name = logs[1].name
+    logs[1].unlink()
+    os.mkfifo(logs[1])
+    proc = cli("logs", run_id, "--store", str(store))
+    assert proc.returncode == 0, proc.stderr
+    assert f"log {logs[0].name} of run {run_id} is damaged: not a gzip stream" in proc.stderr
+    assert f"log {fifo_name} of run {run_id} is not a regular file" in proc.stderr
+    assert len(texts(proc.stdout)) >= 1  # the good log is still shown
+    doc = json.loads(cli("logs", run_id, "--json", "--store", str(store)).stdout)
+    assert len(doc["warnings"]) == 2 and len(doc["logs"]) == 1
+
+
 def test_gc_removes_the_logs_with_the_run(finished: tuple[str, str], tmp_path: Path) -> None:
     store, run_id = finished
     (run,), _ = CheckpointStore(store).list_runs()

@@ -159,3 +159,33 @@ def test_runs_counts_as_resumable_what_checkpoints_list_lists(tmp_path: Path) ->
     (row,) = as_json("checkpoints", "list", "--store", store)["checkpoints"]
     assert row["generation"] is None and row["frames_done"]
     assert (run["tasks_with_checkpoints"], run["tasks_resumable"]) == (0, 1)
+
+
+def test_reading_commands_change_nothing_in_a_damaged_store(
+    store: dict[str, Any], tmp_path: Path
+) -> None:
+    """An unreadable task record and run record: ``runs``, ``checkpoints list|show`` and
+    ``logs`` report them and leave every file as it was (no setting aside, no rebuilding);
+    the next ``resume`` is what sets them aside and rebuilds the task's record."""
+    import shutil
+
+    copy = tmp_path / "store"
+    shutil.copytree(store["store"], copy)
+    fib = store["ids"]["Fibonacci checkpointing job (fast)"]
+    (run_file,) = copy.glob(f"jobs/*/runs/{fib}/run.json")
+    (task_file,) = [p for p in run_file.parent.glob("tasks/*.json") if ".gen-" not in p.name]
+    task_file.write_text("{ torn")
+    finished = store["ids"]["Finishes"]
+    (other_run,) = copy.glob(f"jobs/*/runs/{finished}/run.json")
+    other_run.write_text("[]")
+
+    def snapshot() -> dict[str, bytes]:
+        return {str(p): p.read_bytes() for p in copy.rglob("*") if p.is_file()}
+
+    before = snapshot()
+    for args in (["runs"], ["checkpoints", "list"], ["checkpoints", "show", fib], ["logs", fib]):
+        proc = cli(*args, "--store", str(copy))
+        assert proc.returncode == 0, (args, proc.stderr)
+        if args[0] != "logs":
+            assert "unreadable" in proc.stderr and "left as it is" in proc.stderr, (args, proc)
+        assert snapshot() == before, args
