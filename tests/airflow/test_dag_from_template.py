@@ -226,7 +226,7 @@ dag = dag_from_template(
     dag_id="chunked_grouped",
     store={store!r},
     max_map_length=2,
-    default_args={{"retries": 3, "execution_timeout": timedelta(seconds=3)}},
+    default_args={{"retries": 6, "execution_timeout": timedelta(seconds=3)}},
 )
 """
 
@@ -241,7 +241,10 @@ def test_grouped_step_resumes_only_unfinished_tasks(
         run_conf={
             "Frames": "1-10",
             "FramesPerChunk": 1,
-            "FrameSeconds": 0.45,
+            # A group's five frames take 4.5 s of sleeping alone, past the 3 s timeout on any
+            # machine, and one frame fits in a try with room for a slow start: each try makes
+            # progress and each group times out at least once.
+            "FrameSeconds": 0.9,
             "OutputDir": str(out),
         },
     )
