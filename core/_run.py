@@ -101,6 +101,7 @@ __all__ = (
     "plan_group",
     "record_task_done",
     "reap_orphans",
+    "record_environment_failure",
     "record_notice",
     "reap_run",
     "request_termination",
@@ -662,6 +663,31 @@ def record_notice(
         store.write_run(run)
 
 
+def record_environment_failure(
+    store: CheckpointStore, job_key: str, run_id: str, message: str, *, attempt: int
+) -> None:
+    """Note in the run's record (``RunRecord.environment_failures``) that an environment's
+    ``onExit`` (or the ``onWrapEnvExit`` that wraps it) failed when a session closed:
+    ``finish_attempt`` then ends this attempt Failed, as ``openjd run`` ends a session whose
+    environment exit failed (RFC 0008 "Failure semantics"; the conformance data's
+    ``wrap-failed-exit-hook-own-onexit-still-runs``). The tasks keep their own outcomes: a
+    retry does not run them again.
+
+    Args:
+        message: what failed, naming the action (``Session.close``'s return value).
+        attempt: the run attempt whose session it was.
+
+    Raises:
+        StoreError: the store cannot be read or written.
+    """
+    with store.run_lock(job_key, run_id):
+        run = store.read_run(job_key, run_id)
+        if run is None:
+            return
+        run.environment_failures.append({"attempt": attempt, "message": message})
+        store.write_run(run)
+
+
 def run_tasks(
     store: CheckpointStore,
     job: PreparedJob,
@@ -828,12 +854,30 @@ def run_tasks(
         problem = session.close()  # the watcher still runs: a deadline reaches onExit
         notice_watcher.close()
         watcher.close()
-        if problem and on_note is not None:
-            on_note(f"warning: {problem}")
+        if problem:
+            _environment_failed(store, job.job_key, run_id, run.attempt, problem, on_note)
         notice = state["notice"]
         if notice is not None:
             _after_notice(store, job.job_key, run_id, run.attempt, notice, notice_watcher, on_note)
     return results
+
+
+def _environment_failed(
+    store: CheckpointStore,
+    job_key: str,
+    run_id: str,
+    attempt: int,
+    problem: str,
+    on_note: Callable[[str], None] | None,
+) -> None:
+    """A session's environment exit failed: record it (the attempt ends Failed) and say so."""
+    note = f"{problem}; the run will end failed"
+    try:
+        record_environment_failure(store, job_key, run_id, problem, attempt=attempt)
+    except StoreError as exc:
+        note = f"warning: {problem} (not recorded in the run: {exc})"
+    if on_note is not None:
+        on_note(note)
 
 
 def _after_notice(
@@ -1106,6 +1150,11 @@ def finish_attempt(
             if finally_timeout:
                 failed_here.update(_incomplete_roots(job, job.template.finally_steps, records)[1])
             finally_failed = [s for s in job.template.finally_steps if s in failed_here]
+        env_failed = [
+            str(f.get("message"))
+            for f in run.environment_failures
+            if f.get("attempt") == run.attempt
+        ]
         if skipped is None:
             skipped = [
                 spec.label
@@ -1133,8 +1182,8 @@ def finish_attempt(
             status = RunStatus.FAILED
             cond = RunCondition(status="False", reason="Timeout", message=run.timed_out)
             code = EXIT_CODES["failed"]
-        elif incomplete or finally_failed:
-            what = failed_steps + [f"finally {s}" for s in finally_failed]
+        elif incomplete or finally_failed or env_failed:
+            what = failed_steps + [f"finally {s}" for s in finally_failed] + env_failed
             if finally_timeout:
                 what.append(finally_timeout)
             status = RunStatus.FAILED

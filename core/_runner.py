@@ -33,6 +33,7 @@ from ._run import (
     RunWatcher,
     Termination,
     TerminationMode,
+    _environment_failed,
     attempt_records,
     begin_attempt,
     claim_task,
@@ -451,11 +452,21 @@ class JobRunner:
         with self._lock:
             sessions, self._sessions = list(self._all_sessions), []
         for session in sessions:  # still listed while closing: a forced stop reaches onExit
-            problem = session.close()
-            if problem:
-                self.note(f"warning: {problem}")
+            self._close_session(session)
         with self._lock:
             self._all_sessions = [s for s in self._all_sessions if s not in sessions]
+
+    def _close_session(self, session: Session) -> None:
+        """Close one session; an environment exit that failed fails the attempt (core rule:
+        ``record_environment_failure``)."""
+        problem = session.close()
+        attempt = self._attempt
+        if problem and attempt is not None:
+            _environment_failed(
+                self.store, attempt.job_key, attempt.run_id, attempt.attempt, problem, self.note
+            )
+        elif problem:
+            self.note(f"warning: {problem}")
 
     def _session(self, job_status: str | None) -> Session:
         """An idle session (a new one while fewer than ``max_parallel`` exist)."""
@@ -466,7 +477,7 @@ class JobRunner:
                     session.job_status = job_status  # finally steps read {{Job.Status}}
                     return session
                 self._all_sessions.remove(session)
-                session.close()
+                self._close_session(session)
             session = Session(
                 self.job,
                 run_id=self.run_id,

@@ -349,6 +349,10 @@ class RunRecord(_Model):
     """Interruption notices that stopped an attempt of the run (``core._notices``): each with
     ``source``, ``kind``, ``detail``, ``deadline`` and ``received_at`` (seconds since the
     epoch), ``attempt``, and, once the tasks have stopped, ``stopped_after`` (seconds)."""
+    environment_failures: list[dict[str, Any]] = Field(default_factory=list)
+    """Environments whose ``onExit`` (or wrapping ``onWrapEnvExit``) failed when a session
+    closed (``record_environment_failure``): each with ``attempt`` and ``message``. An attempt
+    with one ends Failed, as ``openjd run`` ends a session whose environment exit failed."""
     superseded_by: str | None = None
     """A later run of the same job that started from the top instead of resuming this one
     (a requeue, or a retry that was refused): retries no longer pick this run; an operator

@@ -97,18 +97,14 @@ PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 CONFLICTING_CASES = {
     "EXPR/jobs/2.12--list-path-param-mapping-posix.test.yaml": (
         "contradicts 2.12--list-path-default-absolute-posix.invalid (an absolute LIST[PATH] "
-        "default element must be refused, 2.12 with 2.2); we follow the .invalid case"
+        "default element must be refused, 2.12 with 2.2); we follow the .invalid case "
+        "(openjd run 0.8 passes this one and fails that one)"
     ),
     "EXPR/jobs/2.12--list-path-param-runtime.test.yaml": (
         "expects RawParam of a LIST[PATH] default unjoined, contradicting "
         "2.12--list-path-default-item-allowed-values-checked-after-join.invalid (default "
         "elements are joined with the template's folder, as PATH defaults are, 2.2); we follow "
-        "the .invalid case"
-    ),
-    "WRAP_ACTIONS/jobs/wrap-failed-exit-hook-own-onexit-still-runs.test.yaml": (
-        "wants the run to fail when an onExit (here its onWrapEnvExit) fails at the end of a "
-        "session; here that is a warning, as for every onExit (docs/decisions.md, 'onExit "
-        "failures')"
+        "the .invalid case (openjd run 0.8 passes this one and fails that one)"
     ),
 }
 """Fixtures that two others contradict, or that contradict a decision of ours: skipped with the

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import re
 import signal
 import subprocess
 import time
@@ -162,3 +163,65 @@ def test_a_job_environment_that_installs_a_package_runs_once_per_session(tmp_pat
     assert "TINYLIB processed init" in done.stdout
     for part in (1, 2, 3):
         assert f"TINYLIB processed part {part}" in done.stdout
+
+
+FAILING_EXIT = """\
+specificationVersion: 'jobtemplate-2023-09'
+name: failing exit
+jobEnvironments:
+- name: Scratch
+  script:
+    actions:
+      onEnter: {command: python3, args: [-c, "print('ENTERED')"]}
+      onExit: {command: python3, args: [-c, "import sys; print('EXIT-RAN'); sys.exit(7)"]}
+steps:
+- name: S
+  script:
+    actions:
+      onRun: {command: python3, args: [-c, "print('TASK-RAN')"]}
+"""
+
+
+def test_an_on_exit_that_fails_fails_the_run_and_a_retry_runs_no_task_again(
+    tmp_path: Path,
+) -> None:
+    """As ``openjd run``: a session whose environment exit failed ends the run failed (exit 1),
+    naming the action; the task keeps its success, so a retry runs nothing and succeeds."""
+    template = tmp_path / "exit.yaml"
+    template.write_text(FAILING_EXIT)
+    store = str(tmp_path / "store")
+    first = run_cli("run", str(template), "--store", store)
+    assert first.returncode == 1, first.stderr
+    assert "TASK-RAN" in first.stdout and "EXIT-RAN" in first.stdout
+    assert "jobEnvironments[0].script.actions.onExit failed: exited with code 7" in first.stderr
+    assert re.search(r"run \S+ failed", first.stderr), first.stderr
+    again = run_cli("run", str(template), "--store", store)
+    assert again.returncode == 0, again.stderr
+    assert "TASK-RAN" not in again.stdout, again.stdout
+
+
+def test_an_on_exit_that_fails_in_a_schedulers_session_fails_the_attempt(tmp_path: Path) -> None:
+    """The adapters' path (``run_tasks`` in a task instance or task run, then
+    ``finish_attempt`` in the last teardown): the task succeeds, the attempt ends Failed."""
+    from core import (
+        CheckpointStore,
+        begin_attempt,
+        finish_attempt,
+        plan_step,
+        prepare_job,
+        run_tasks,
+    )
+
+    template = tmp_path / "exit.yaml"
+    template.write_text(FAILING_EXIT)
+    st = CheckpointStore(tmp_path / "store")
+    job = prepare_job(template)
+    attempt = begin_attempt(st, job, external_key="dag/run-1")
+    notes: list[str] = []
+    [result] = run_tasks(st, job, attempt.run_id, plan_step(st, job, attempt.run_id, "S"),
+                         on_note=notes.append)  # fmt: skip
+    assert result.outcome.value == "succeeded"
+    assert any("onExit failed: exited with code 7" in n for n in notes), notes
+    outcome = finish_attempt(st, job, attempt.run_id)
+    assert outcome.status.value == "failed"
+    assert "onExit failed: exited with code 7" in outcome.condition.message
