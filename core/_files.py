@@ -274,26 +274,18 @@ class _Blobs:
         """
         tmp = self.path(f"blobs/tmp/{uuid.uuid4().hex}")
         final = self.path(key)
-        h = hashlib.sha256()
-        size = 0
         try:
             self.store._makedirs(posixpath.dirname(tmp))
             if self.local:
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
                 with os.fdopen(fd, "wb") as out:
-                    for chunk in _chunks(source_fd):
-                        h.update(chunk)
-                        size += len(chunk)
-                        out.write(chunk)
+                    got, size = _copy_hashing(source_fd, out)
                     out.flush()
                     os.fsync(out.fileno())
             else:
                 with self.fs.open(tmp, "wb") as out:
-                    for chunk in _chunks(source_fd):
-                        h.update(chunk)
-                        size += len(chunk)
-                        out.write(chunk)
-            if h.hexdigest() != digest:
+                    got, size = _copy_hashing(source_fd, out)
+            if got != digest:
                 self._discard(tmp)
                 raise RestoreError("its content changed while it was being stored")
             if self.local:
@@ -316,20 +308,15 @@ class _Blobs:
             StoreError: the store cannot be written.
         """
         tmp = self.path(f"blobs/tmp/{uuid.uuid4().hex}")
-        h = hashlib.sha256()
-        size = 0
         try:
             self.store._makedirs(posixpath.dirname(tmp))
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             with os.fdopen(fd, "wb") as out:
-                for chunk in _chunks(source_fd):
-                    h.update(chunk)
-                    size += len(chunk)
-                    out.write(chunk)
+                digest, size = _copy_hashing(source_fd, out)
         except OSError as exc:
             self._discard(tmp)
             raise StoreError(f"cannot store {self.store._where(tmp)}: {exc}") from None
-        return tmp, h.hexdigest(), size
+        return tmp, digest, size
 
     def commit_staged(self, tmp: str, key: str) -> None:
         """Make the staged file ``tmp`` durable and the content of ``key``.
@@ -437,6 +424,18 @@ def _chunks(fd: int) -> Iterable[bytes]:
         if not chunk:
             return
         yield chunk
+
+
+def _copy_hashing(source_fd: int, out: Any) -> tuple[str, int]:
+    """Copy the open file ``source_fd`` (from its start) to the binary file object ``out``,
+    hashing it in the same pass. Returns the content's sha256 (hex) and its size in bytes."""
+    h = hashlib.sha256()
+    size = 0
+    for chunk in _chunks(source_fd):
+        h.update(chunk)
+        size += len(chunk)
+        out.write(chunk)
+    return h.hexdigest(), size
 
 
 def _stat_key(st: os.stat_result) -> tuple[int, int, int, int, int]:
