@@ -165,21 +165,7 @@ def test_a_job_environment_that_installs_a_package_runs_once_per_session(tmp_pat
         assert f"TINYLIB processed part {part}" in done.stdout
 
 
-FAILING_EXIT = """\
-specificationVersion: 'jobtemplate-2023-09'
-name: failing exit
-jobEnvironments:
-- name: Scratch
-  script:
-    actions:
-      onEnter: {command: python3, args: [-c, "print('ENTERED')"]}
-      onExit: {command: python3, args: [-c, "import sys; print('EXIT-RAN'); sys.exit(7)"]}
-steps:
-- name: S
-  script:
-    actions:
-      onRun: {command: python3, args: [-c, "print('TASK-RAN')"]}
-"""
+FAILING_EXIT = DATA / "failing_exit.yaml"
 
 
 def test_an_on_exit_that_fails_fails_the_run_and_a_retry_runs_no_task_again(
@@ -187,8 +173,7 @@ def test_an_on_exit_that_fails_fails_the_run_and_a_retry_runs_no_task_again(
 ) -> None:
     """As ``openjd run``: a session whose environment exit failed ends the run failed (exit 1),
     naming the action; the task keeps its success, so a retry runs nothing and succeeds."""
-    template = tmp_path / "exit.yaml"
-    template.write_text(FAILING_EXIT)
+    template = FAILING_EXIT
     store = str(tmp_path / "store")
     first = run_cli("run", str(template), "--store", store)
     assert first.returncode == 1, first.stderr
@@ -212,8 +197,7 @@ def test_an_on_exit_that_fails_in_a_schedulers_session_fails_the_attempt(tmp_pat
         run_tasks,
     )
 
-    template = tmp_path / "exit.yaml"
-    template.write_text(FAILING_EXIT)
+    template = FAILING_EXIT
     st = CheckpointStore(tmp_path / "store")
     job = prepare_job(template)
     attempt = begin_attempt(st, job, external_key="dag/run-1")

@@ -21,6 +21,7 @@ ROOT = HERE.parents[1]
 THREE_STEPS = ROOT / "tests" / "data" / "three_steps.yaml"
 FIBONACCI = ROOT / "examples" / "fibonacci" / "fibonacci-fast.yaml"
 TRAINING = ROOT / "examples" / "managed-files" / "training.yaml"
+FAILING_EXIT = ROOT / "tests" / "data" / "failing_exit.yaml"
 
 DAG_FILE = """
 from datetime import timedelta
@@ -139,6 +140,27 @@ def test_failing_step_fails_the_run_and_finally_runs(
     printed = capfd.readouterr().out
     assert "RENDER-FAIL 3" in printed
     assert "CLEANUP status=Failed" in printed
+
+
+def test_a_failing_on_exit_fails_the_dag_run(dag_tester: ah.DagTester, tmp_path: Path, capfd):
+    """The core's rule (docs/decisions.md, "onExit failures"): the task instance whose session
+    closed with a failed onExit succeeds (its task did), the DAG run fails."""
+    store = tmp_path / "store"
+    result = dag_tester.run(
+        "failing_exit.py",
+        source=dag_source(FAILING_EXIT, "failing_exit", store, '{"retries": 0}'),
+        run_conf={},
+    )
+
+    assert result.state == "failed", result.states()
+    states = result.states()
+    assert states[("S", 0)] == "success"
+    assert states[("openjd_finish", -1)] == "failed"
+    [run] = core_runs(store)
+    assert run["status"] == "failed"
+    assert "onExit failed: exited with code 7" in run["condition"]["message"]
+    printed = capfd.readouterr().out
+    assert "TASK-RAN" in printed and "EXIT-RAN" in printed
 
 
 def test_execution_timeout_then_retry_resumes(

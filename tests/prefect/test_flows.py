@@ -21,6 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 THREE_STEPS = REPO / "tests" / "data" / "three_steps.yaml"
 COUNTER = REPO / "tests" / "data" / "counter.yaml"
 TRAINING = REPO / "examples" / "managed-files" / "training.yaml"
+FAILING_EXIT = REPO / "tests" / "data" / "failing_exit.yaml"
 
 
 def _frames(out: Path) -> dict[int, str]:
@@ -110,6 +111,20 @@ def test_three_steps_through_the_decorator_with_a_failing_step(tmp_path: Path) -
     assert (out / "cleanup-status").read_text() == "Failed\n"
     assert "Render" in (state.message or "")
     assert 4 not in _frames(out)
+
+
+def test_a_failing_on_exit_fails_the_flow_run(tmp_path: Path) -> None:
+    """The core's rule (docs/decisions.md, "onExit failures"): the task run whose session
+    closed with a failed onExit completes (its task did), the flow run fails."""
+    store = CheckpointStore(tmp_path / "store")
+    flow = flow_from_template(FAILING_EXIT, store=store.location)
+    state = flow(return_state=True)
+    assert state.is_failed(), state
+    assert "onExit failed: exited with code 7" in (state.message or "")
+    runs = {r.name: r for r in ph.task_runs(state.state_details.flow_run_id)}
+    assert runs["S"].state_type == StateType.COMPLETED
+    [run] = store.list_runs()[0]
+    assert run.status == RunStatus.FAILED
 
 
 def _state_names(flow_run_id: Any) -> dict[str, list[str]]:
