@@ -12,6 +12,7 @@ reported complete run through ``onRun`` (split into contiguous pieces where the 
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import os
 import re
@@ -184,9 +185,11 @@ class PreparedJob:
 
     @property
     def parameters(self) -> dict[str, str]:
-        """Job parameter values as plain strings (name -> value)."""
+        """Job parameter values as plain strings (name -> value), each written as
+        ``prepare_job`` reads it back: a scalar as its text, a list (EXPR's ``LIST[...]``
+        types) as JSON (``["a", "b"]``; Python's ``str`` of a list is not JSON)."""
         return {
-            k: str(v.value)
+            k: json.dumps(v.value) if isinstance(v.value, list) else str(v.value)
             for k, v in sorted(self.parameter_values.items())
             if k != JOB_STATUS_PARAMETER
         }

@@ -200,3 +200,65 @@ def test_two_concurrent_runs_one_resumes_one_is_refused(store: Path, template: P
     loser = a if "already-resumed" in a.stderr else b
     assert "resume refused (already-resumed)" in loser.stderr
     assert "LONG-START" not in loser.stdout
+
+
+LIST_PARAMETERS = """\
+specificationVersion: 'jobtemplate-2023-09'
+extensions: [EXPR]
+name: list parameters
+parameterDefinitions:
+- {name: Names, type: "LIST[STRING]", default: [left, right]}
+- {name: Scenes, type: "LIST[PATH]", default: [a/one.blend]}
+- {name: Flags, type: "LIST[BOOL]", default: [true, false]}
+steps:
+- name: S
+  parameterSpace:
+    taskParameterDefinitions:
+    - {name: Name, type: STRING, range: "{{RawParam.Names}}"}
+  script:
+    actions:
+      onRun:
+        command: python3
+        args: ["{{Task.File.Work}}", "{{Task.Param.Name}}", "{{Param.Scenes[0]}}",
+               "{{Param.Flags}}"]
+    embeddedFiles:
+    - name: Work
+      type: TEXT
+      data: |
+        import sys, time
+        print("TASK", sys.argv[1:], flush=True)
+        if sys.argv[1] == "two words":  # the first task finishes, the second is interrupted
+            print("LONG-START", flush=True)
+            time.sleep(30)
+"""
+
+
+def test_resume_by_id_of_a_run_with_list_parameters(store: Path, tmp_path: Path) -> None:
+    """List values are kept in the run's record as JSON, so ``resume RUN_ID`` (which rebuilds
+    the job from the record) reads them back, and a retry counts them as the same input."""
+    template = tmp_path / "lists.yaml"
+    template.write_text(LIST_PARAMETERS)
+    first = CliProcess("run", str(template), "--store", str(store), "-q", "--max-parallel", "1",
+                       "-p", '{"Names": ["one", "two words"]}')  # fmt: skip
+    first.wait_for("LONG-START")
+    first.proc.send_signal(2)  # SIGINT: Suspended
+    assert first.wait(60) == 75, first.stderr
+    (run,) = CheckpointStore(store).list_runs()[0]
+    run_id = run.run_id
+    assert json.loads(run.parameters["Names"]) == ["one", "two words"]
+    assert json.loads(run.parameters["Flags"]) == [True, False]
+    assert json.loads(run.parameters["Scenes"]) == [str(tmp_path / "a/one.blend")]
+    proc = CliProcess("resume", run_id, "--store", str(store), "-q")
+    proc.wait_for("LONG-START")
+    proc.proc.send_signal(2)
+    assert proc.wait(60) == 75, proc.stderr
+    # Only the unfinished task runs, with the list values the run began with.
+    assert f"TASK ['two words', '{tmp_path}/a/one.blend', 'true', 'false']" in proc.stdout
+    assert "TASK ['one'" not in proc.stdout, proc.stdout
+    # A retry with the same values (given another way) continues the same run.
+    again = CliProcess("run", str(template), "--store", str(store), "-q", "--max-parallel", "1",
+                       "-p", 'Names=["one", "two words"]')  # fmt: skip
+    again.wait_for("LONG-START")
+    again.proc.send_signal(2)
+    assert again.wait(60) == 75, again.stderr
+    assert f"resuming run {run_id}" in again.stderr, again.stderr
