@@ -63,7 +63,20 @@ _OPERATOR_ARGS = frozenset({"queue", "pool", "pool_slots", "priority_weight", "e
 def _number(value: Any) -> Any:
     if isinstance(value, Decimal):
         return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, (list, tuple)):
+        return [_number(v) for v in value]
     return value
+
+
+_LIST_ITEMS: dict[str, dict[str, Any]] = {
+    "LIST[INT]": {"type": "integer"},
+    "LIST[FLOAT]": {"type": "number"},
+    "LIST[STRING]": {"type": "string"},
+    "LIST[PATH]": {"type": "string"},
+    "LIST[BOOL]": {"type": "boolean"},
+    "LIST[LIST[INT]]": {"type": "array", "items": {"type": "integer"}},
+}
+"""JSON schema of a list parameter's items, by OpenJD type."""
 
 
 def job_params(template: core.CheckpointJobTemplate) -> dict[str, Param]:
@@ -90,6 +103,13 @@ def job_params(template: core.CheckpointJobTemplate) -> dict[str, Param]:
             schema["type"] = "number"
         elif kind in ("STRING", "PATH"):
             schema["type"] = "string"
+        elif kind == "BOOL":
+            schema["type"] = "boolean"
+        elif kind.startswith("LIST["):  # EXPR's list types: JSON arrays in the trigger form
+            schema["type"] = "array"
+            item = _LIST_ITEMS.get(kind)
+            if item is not None:
+                schema["items"] = item
         for ours, theirs in (
             ("minValue", "minimum"),
             ("maxValue", "maximum"),

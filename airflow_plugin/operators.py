@@ -173,11 +173,14 @@ class OpenJDBeginOperator(BaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         params = context["params"]
-        values = {n: params[n] for n in self.parameter_names if params.get(n) is not None}
         store = _store(self)
         location = store.location  # to show: any credentials in the URL are masked
         try:
-            job = core.prepare_job(self.template_path, values)
+            template = core.load_template(self.template_path)
+            values = core.framework_parameter_values(
+                template, {n: params.get(n) for n in self.parameter_names}
+            )
+            job = core.prepare_job(template, values)
         except core.TemplateError as exc:
             raise AirflowFailException(f"the job cannot be made: {exc}") from None
         ti = context["ti"]

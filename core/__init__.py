@@ -22,7 +22,13 @@ if TYPE_CHECKING:
     from ._chunks import AdaptiveChunker
     from ._errors import OpenJDCheckpointError, RunError, StoreError, TemplateError
     from ._groups import group_label, group_tasks
-    from ._job import PreparedJob, TaskSpec, load_path_mapping_rules, prepare_job
+    from ._job import (
+        PreparedJob,
+        TaskSpec,
+        framework_parameter_values,
+        load_path_mapping_rules,
+        prepare_job,
+    )
     from ._messages import (
         DEFAULT_MAX_LINE_BYTES,
         DEFAULT_MAX_STATE_BYTES,
@@ -133,6 +139,7 @@ _EXPORTS = {
     "parse_line": "._messages",
     "parse_template": "._template",
     "prepare_job": "._job",
+    "framework_parameter_values": "._job",
     "group_label": "._groups",
     "group_tasks": "._groups",
 }
@@ -196,6 +203,7 @@ __all__ = (
     "record_environment_failure",
     "record_task_done",
     "prepare_job",
+    "framework_parameter_values",
     "prepare_run_job",
     "request_termination",
     "run_task",

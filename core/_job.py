@@ -69,6 +69,7 @@ __all__ = (
     "PreparedJob",
     "TaskSpec",
     "load_environment_template",
+    "framework_parameter_values",
     "load_path_mapping_rules",
     "prepare_job",
 )
@@ -186,10 +187,11 @@ class PreparedJob:
     @property
     def parameters(self) -> dict[str, str]:
         """Job parameter values as plain strings (name -> value), each written as
-        ``prepare_job`` reads it back: a scalar as its text, a list (EXPR's ``LIST[...]``
-        types) as JSON (``["a", "b"]``; Python's ``str`` of a list is not JSON)."""
+        ``prepare_job`` reads it back (``_parameter_text``): a list (EXPR's ``LIST[...]``
+        types) as JSON (``["a", "b"]``; Python's ``str`` of a list is not JSON), a bool as
+        ``true``/``false``, anything else as its text."""
         return {
-            k: json.dumps(v.value) if isinstance(v.value, list) else str(v.value)
+            k: _parameter_text(v.value)
             for k, v in sorted(self.parameter_values.items())
             if k != JOB_STATUS_PARAMETER
         }
@@ -525,6 +527,61 @@ def load_path_mapping_rules(
         raise TemplateError([f"path mapping rules: {exc}"], source=where) from None
 
 
+def _parameter_text(value: Any) -> str:
+    """One job parameter value as ``prepare_job`` reads it: a list as JSON, a bool as
+    ``true``/``false``, anything else as its text."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return json.dumps([_plain_item(v) for v in value])
+    return str(value)
+
+
+def _plain_item(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, (list, tuple)):
+        return [_plain_item(v) for v in value]
+    return value
+
+
+def framework_parameter_values(
+    template: CheckpointJobTemplate, values: Mapping[str, Any]
+) -> dict[str, str]:
+    """Job parameter values as a framework gives them (an Airflow DAG run's params, a Prefect
+    flow run's parameters), ready for ``prepare_job``: values that are None are left out (the
+    default applies); a ``PATH`` or ``LIST[PATH]`` value equal to its default is left out, so
+    that openjd-model takes a relative default from the template's folder, as the CLI does
+    (a framework fills every default in, and a value given by the user is taken from the
+    current directory); lists are written as JSON and bools as ``true``/``false``.
+
+    Args:
+        values: name -> value (str, int, float, bool, or a list of them).
+
+    Returns:
+        name -> value text. Names the template does not define are kept, for ``prepare_job``
+        to refuse by name.
+    """
+    defaults: dict[str, Any] = {}
+    for definition in template.template.parameterDefinitions or []:
+        kind = str(getattr(definition.type, "value", definition.type))
+        default = getattr(definition, "default", None)
+        if kind in ("PATH", "LIST[PATH]") and default is not None:
+            defaults[definition.name] = _plain_item(default)
+    out: dict[str, str] = {}
+    for name, value in values.items():
+        if value is None:
+            continue
+        if name in defaults:
+            plain = _plain_item(value)
+            if plain == defaults[name] or str(plain) == str(defaults[name]):
+                continue
+        out[name] = _parameter_text(value)
+    return out
+
+
 def prepare_job(
     template: CheckpointJobTemplate | str | Path,
     parameters: Mapping[str, Any] | None = None,
@@ -537,7 +594,8 @@ def prepare_job(
 
     Args:
         template: a loaded template, or a template file to load.
-        parameters: job parameter values, name -> value (strings, ints or floats).
+        parameters: job parameter values, name -> value (strings, ints, floats, bools, or
+            lists of them for EXPR's list types; a list is passed on as JSON).
         environments: external environment templates (or files), entered before the job's.
         path_mapping_rules: applied to PATH parameter values at run time.
         current_working_dir: where relative PATH values are taken from (default: cwd).
@@ -554,7 +612,7 @@ def prepare_job(
         raise TemplateError(narrowing, source=str(tmpl.source) if tmpl.source else None)
     template_dir = tmpl.source.parent if tmpl.source else Path.cwd()
     cwd = (current_working_dir or Path.cwd()).resolve()
-    raw = {k: str(v) if not isinstance(v, str) else v for k, v in (parameters or {}).items()}
+    raw = {k: _parameter_text(v) for k, v in (parameters or {}).items()}
     uses_expr = "EXPR" in tmpl.extensions or any(
         "EXPR" in (getattr(e, "extensions", None) or []) for e in envs
     )

@@ -63,7 +63,7 @@ from ._cancel import (
     CancelWatcher,
     mode_of_state,
 )
-from ._params import RESUME_PARAMETER, flow_signature, path_defaults
+from ._params import RESUME_PARAMETER, flow_signature
 from ._tasks import cache_key, remember_job, run_group
 
 __all__ = (
@@ -255,17 +255,6 @@ def _wait_all(futures: Sequence[PrefectFuture[Any]], stopping: _Stopping) -> Non
 
 
 # --- the flow body -----------------------------------------------------------------------------
-def _job_values(
-    config: _Config, template: core.CheckpointJobTemplate, values: Mapping[str, Any]
-) -> dict[str, Any]:
-    defaults = path_defaults(template)
-    return {
-        k: v
-        for k, v in values.items()
-        if v is not None and not (k in defaults and str(v) == defaults[k])
-    }
-
-
 def _submit_step(
     config: _Config,
     job: PreparedJob,
@@ -441,7 +430,7 @@ def _flow_body(
         changed = user_fn(dict(values))
         if changed is not None:
             values = dict(changed)
-    job = core.prepare_job(template, _job_values(config, template, values))
+    job = core.prepare_job(template, core.framework_parameter_values(template, values))
     store_location = _store_location(config)
     store = _open_store(config)
     ctx = FlowRunContext.get()

@@ -1,7 +1,8 @@
 """Flow parameters from a template's job parameter definitions (translation only).
 
 A job parameter becomes a keyword parameter of the flow function, with its Python type
-(``INT`` -> ``int``, ``FLOAT`` -> ``float``, ``STRING`` and ``PATH`` -> ``str``), its default,
+(``INT`` -> ``int``, ``FLOAT`` -> ``float``, ``STRING`` and ``PATH`` -> ``str``, ``BOOL`` ->
+``bool``, EXPR's ``LIST[INT]`` -> ``list[int]`` and so on), its default,
 and, through pydantic ``Field``, its description, bounds and allowed values, so that Prefect's
 UI shows them and Prefect checks them when a run is created. openjd-model checks every value
 again when the job is made (``core.prepare_job``).
@@ -18,17 +19,34 @@ from pydantic import Field
 from core import CheckpointJobTemplate
 from core._template import JOB_STATUS_PARAMETER
 
-__all__ = ("RESUME_PARAMETER", "flow_signature", "path_defaults")
+__all__ = ("RESUME_PARAMETER", "flow_signature")
 
 RESUME_PARAMETER = "resume"
 """The flow parameter that names an earlier core run to resume (a run id or ``latest``)."""
 
-_TYPES: dict[str, type] = {"INT": int, "FLOAT": float, "STRING": str, "PATH": str}
+_TYPES: dict[str, Any] = {
+    "INT": int,
+    "FLOAT": float,
+    "STRING": str,
+    "PATH": str,
+    "BOOL": bool,
+    "LIST[INT]": list[int],
+    "LIST[FLOAT]": list[float],
+    "LIST[STRING]": list[str],
+    "LIST[PATH]": list[str],
+    "LIST[BOOL]": list[bool],
+    "LIST[LIST[INT]]": list[list[int]],
+}
 
 
-def _plain(value: Any, kind: type) -> Any:
+def _plain(value: Any, kind: Any) -> Any:
     if value is None:
         return None
+    if isinstance(value, (list, tuple)):
+        item = (getattr(kind, "__args__", None) or (str,))[0]
+        return [_plain(v, item) for v in value]
+    if kind is bool:
+        return bool(value)
     if isinstance(value, Decimal) or kind in (int, float):
         return kind(value)
     return str(value)
@@ -111,15 +129,3 @@ def flow_signature(
         annotation=resume_annotation,
     )
     return inspect.Signature([*required, *optional, resume]), annotations
-
-
-def path_defaults(template: CheckpointJobTemplate) -> dict[str, str]:
-    """PATH parameters' defaults (name -> default text). A value equal to its default is left
-    out of the job's values, so that openjd-model takes a relative default from the template's
-    folder, as on the CLI (a value given by the user is taken from the current directory)."""
-    out: dict[str, str] = {}
-    for definition in template.template.parameterDefinitions or []:
-        type_name = str(getattr(definition.type, "value", definition.type))
-        if type_name == "PATH" and getattr(definition, "default", None) is not None:
-            out[definition.name] = str(definition.default)
-    return out

@@ -6,6 +6,7 @@ docs/decisions.md ("PATH values")."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -128,3 +129,57 @@ def test_the_cli_joins_with_its_current_directory(tmp_path: Path) -> None:
     )
     assert r.returncode == 0, r.stderr
     assert f"VAL[{tmp_path / 'b'}] RAW[{tmp_path / 'b'}]" in r.stdout
+
+
+FRAMEWORK_VALUES = """\
+specificationVersion: jobtemplate-2023-09
+extensions: [EXPR]
+name: framework values
+parameterDefinitions:
+- {name: Scene, type: PATH, default: show/scene.blend}
+- {name: Shots, type: "LIST[PATH]", default: [a.exr, b.exr]}
+- {name: Cameras, type: "LIST[STRING]", default: [left]}
+- {name: Frames, type: "LIST[INT]", default: [1]}
+- {name: Draft, type: BOOL, default: false}
+- {name: Note, type: STRING, default: x}
+steps:
+- name: A
+  script:
+    actions:
+      onRun: {command: python, args: ["-c", "print(1)"]}
+"""
+
+
+def test_framework_values_keep_relative_path_defaults_in_the_template_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An Airflow DAG run or a Prefect flow run fills every default in; a PATH (or LIST[PATH])
+    value equal to its default still means the default, taken from the template's folder as on
+    the CLI, not from the worker's current directory. Lists go on as JSON, bools as text."""
+    from core import framework_parameter_values, load_template
+
+    folder = tmp_path / "templates"
+    folder.mkdir()
+    (folder / "job.yaml").write_text(FRAMEWORK_VALUES)
+    elsewhere = tmp_path / "worker-cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    template = load_template(folder / "job.yaml")
+    given = {
+        "Scene": "show/scene.blend",
+        "Shots": ["a.exr", "b.exr"],
+        "Cameras": ["left", "right side"],
+        "Frames": [1, 2],
+        "Draft": True,
+        "Note": None,
+    }
+    values = framework_parameter_values(template, given)
+    assert values == {"Cameras": '["left", "right side"]', "Frames": "[1, 2]", "Draft": "true"}
+    job = prepare_job(template, values)
+    assert job.parameters["Scene"] == str(folder / "show/scene.blend")
+    assert json.loads(job.parameters["Shots"]) == [str(folder / "a.exr"), str(folder / "b.exr")]
+    assert json.loads(job.parameters["Cameras"]) == ["left", "right side"]
+    assert job.parameters["Draft"] == "true" and job.parameters["Note"] == "x"
+    # A value that differs from the default is the user's: taken from the current directory.
+    other = prepare_job(template, framework_parameter_values(template, {"Scene": "s.blend"}))
+    assert other.parameters["Scene"] == str(elsewhere / "s.blend")

@@ -22,6 +22,7 @@ THREE_STEPS = ROOT / "tests" / "data" / "three_steps.yaml"
 FIBONACCI = ROOT / "examples" / "fibonacci" / "fibonacci-fast.yaml"
 TRAINING = ROOT / "examples" / "managed-files" / "training.yaml"
 FAILING_EXIT = ROOT / "tests" / "data" / "failing_exit.yaml"
+EXPR_SAMPLE = ROOT / "tests" / "data" / "expr-test-job.yaml"
 
 DAG_FILE = """
 from datetime import timedelta
@@ -161,6 +162,27 @@ def test_a_failing_on_exit_fails_the_dag_run(dag_tester: ah.DagTester, tmp_path:
     assert "onExit failed: exited with code 7" in run["condition"]["message"]
     printed = capfd.readouterr().out
     assert "TASK-RAN" in printed and "EXIT-RAN" in printed
+
+
+def test_an_expr_job_with_list_parameters_runs(dag_tester: ah.DagTester, tmp_path: Path, capfd):
+    """EXPR (lets, list parameters, path functions) through the DAG: every mapped task instance
+    rebuilds the job from the run's record, list values included."""
+    store = tmp_path / "store"
+    result = dag_tester.run(
+        "expr_sample.py",
+        source=dag_source(EXPR_SAMPLE, "expr_sample", store, '{"retries": 0}'),
+        run_conf={"Scene": "/projects/show/scene_010.blend", "OutputDir": "/out",
+                  "Frames": [1, 2, 4], "Cameras": ["left", "right"]},
+    )  # fmt: skip
+
+    assert result.state == "success", result.states()
+    printed = capfd.readouterr().out
+    assert "OUT:count=3 last=4 sum=7" in printed
+    assert "OUT:camera=RIGHT out=shot_right.4" in printed
+    assert "OUT:doubled=[2, 4, 8]" in printed
+    assert "OUT:/out/scene_010_3.exr" in printed  # the Outputs step's range 1-4
+    [run] = core_runs(store)
+    assert json.loads(run["parameters"]["Cameras"]) == ["left", "right"]
 
 
 def test_execution_timeout_then_retry_resumes(

@@ -4,6 +4,7 @@ files."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -22,6 +23,7 @@ THREE_STEPS = REPO / "tests" / "data" / "three_steps.yaml"
 COUNTER = REPO / "tests" / "data" / "counter.yaml"
 TRAINING = REPO / "examples" / "managed-files" / "training.yaml"
 FAILING_EXIT = REPO / "tests" / "data" / "failing_exit.yaml"
+EXPR_SAMPLE = REPO / "tests" / "data" / "expr-test-job.yaml"
 
 
 def _frames(out: Path) -> dict[int, str]:
@@ -125,6 +127,28 @@ def test_a_failing_on_exit_fails_the_flow_run(tmp_path: Path) -> None:
     assert runs["S"].state_type == StateType.COMPLETED
     [run] = store.list_runs()[0]
     assert run.status == RunStatus.FAILED
+
+
+def test_an_expr_job_with_list_parameters_runs(tmp_path: Path) -> None:
+    """EXPR (lets, list parameters, path functions) as a flow: list values as flow parameters,
+    kept in the core run's record as JSON."""
+    store = CheckpointStore(tmp_path / "store")
+    flow = flow_from_template(EXPR_SAMPLE, store=store.location)
+    state = flow(
+        Scene="/projects/show/scene_010.blend",
+        OutputDir="/out",
+        Frames=[1, 2, 4],
+        Cameras=["left", "right"],
+        return_state=True,
+    )
+    assert state.is_completed(), state
+    flow_run_id = state.state_details.flow_run_id
+    logs = ph.wait_for_logs(flow_run_id, "OUT:/out/scene_010_3.exr")
+    text = "\n".join(log.message for log in logs)
+    assert "OUT:count=3 last=4 sum=7" in text
+    assert "OUT:camera=RIGHT out=shot_right.4" in text
+    [run] = store.list_runs()[0]
+    assert json.loads(run.parameters["Cameras"]) == ["left", "right"]
 
 
 def _state_names(flow_run_id: Any) -> dict[str, list[str]]:
