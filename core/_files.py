@@ -590,8 +590,11 @@ class FileCapture:
         fd = _pin(file) if file is not None else None
         self._put(("save", _Save(file, list(files), list(dirs), commit, file_fd=fd)))
 
-    def adopt(self, path: str, entry: ManifestEntry) -> None:
-        """Record a restored file as captured (its content is in the store already)."""
+    def adopt(self, path: str, entry: ManifestEntry, *, output: bool = False) -> None:
+        """Record a restored file as captured (its content is in the store already). With
+        ``output``, it is one of the task's outputs too (a file of the restored dataset: the
+        earlier attempts declared it), so the outputs index of the resumed attempt still
+        names it and ``gc`` keeps its content after the run has ended."""
         try:
             st = os.stat(path)
         except OSError:
@@ -600,8 +603,9 @@ class FileCapture:
             (
                 "adopt",
                 (
-                    os.path.realpath(path),
+                    path,
                     _Captured(entry.sha256 or "", entry.size, entry.executable, _stat_key(st)),
+                    output,
                 ),
             )
         )
@@ -624,6 +628,13 @@ class FileCapture:
         self._queue.put(item)
 
     # --- the worker ---------------------------------------------------------------------------
+    def _report_outputs(self) -> None:
+        if self._on_uploaded is not None:
+            try:
+                self._on_uploaded(dict(self._outputs))
+            except Exception:  # early outputs are best effort
+                pass
+
     def _work(self) -> None:
         while True:
             kind, payload = self._queue.get()
@@ -639,14 +650,13 @@ class FileCapture:
                         self._try_declared(path, key)
                     for path in dirs:
                         self._try(path, lambda p: self._capture_dir(p, strict=False))
-                    if self._on_uploaded is not None:
-                        try:
-                            self._on_uploaded(dict(self._outputs))
-                        except Exception:  # early outputs are best effort
-                            pass
+                    self._report_outputs()
                 elif kind == "adopt":
-                    real, cap = payload
-                    self._captured[real] = cap
+                    path, cap, output = payload
+                    self._captured[os.path.realpath(path)] = cap
+                    if output and cap.sha256:
+                        self._outputs[path] = (cap.sha256, cap.size)
+                        self._report_outputs()
                 elif kind == "save":
                     self._commit(payload)
             except Exception as exc:  # never let the worker die: the task must go on

@@ -624,8 +624,11 @@ class TaskExecution:
                 self._dirs = dict.fromkeys(result.dirs)
                 self._dataset_changed = True
             if self._capture is not None:
+                declared = set(result.files)
+                folders = [d.rstrip(os.sep) + os.sep for d in result.dirs]
                 for target, entry in result.entries:
-                    self._capture.adopt(target, entry)
+                    output = target in declared or target.startswith(tuple(folders))
+                    self._capture.adopt(target, entry, output=output)
             return data, result
         self._warn(
             "no stored checkpoint generation of this task could be restored; it runs from the top"

@@ -695,6 +695,16 @@ def run_training_example(store: str, tmp_path: Path) -> None:
     assert int(resumed.group(1)) >= 3
     assert resumed.group(2).startswith(str(tmp_path / "host-b")), resumed.group(2)
     assert f"result: {expected(epochs)}" in out, out
+    # The run's outputs name every sample file, those of the first attempt (restored on
+    # host-b) included, and gc keeps their content once the run's checkpoints are gone.
+    st = CheckpointStore(store, files="managed")
+    [run] = st.list_runs()[0]
+    [index] = st.read_outputs(run.job_key, run.run_id)
+    samples = sorted(posixpath.basename(p) for p in index["files"] if "/samples/" in p)
+    assert samples == [f"epoch-{k:04d}.txt" for k in range(epochs)], sorted(index["files"])
+    collect_file_garbage(st, grace_seconds=0)
+    for entry in index["files"].values():
+        assert get(st, entry["blob"]) is not None, entry
 
 
 def test_cli_example_resumes_on_another_host_from_a_managed_store(tmp_path: Path) -> None:
