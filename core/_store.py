@@ -464,7 +464,18 @@ class CheckpointStore:
         """The fsspec file system (on S3 wrapped so that botocore's own errors are OSErrors)."""
         if create:
             try:
-                self.fs.makedirs(self.root, exist_ok=True)
+                if self._s3 is not None:
+                    # s3fs's makedirs of a bucket path creates the bucket: a typo in its name
+                    # would make a new bucket. The bucket must exist; a prefix needs no making.
+                    bucket = self.root.split("/", 1)[0]
+                    if not self._s3.bucket_exists(bucket):
+                        raise StoreError(
+                            f"checkpoint store {self.location!r}: the bucket {bucket!r} does "
+                            "not exist (or these credentials cannot see it); create it first: "
+                            "the store makes only its prefix"
+                        )
+                else:
+                    self.fs.makedirs(self.root, exist_ok=True)
             except OSError as exc:
                 raise StoreError(
                     f"checkpoint store {self.location!r} cannot be created: {exc}"
@@ -1808,6 +1819,23 @@ class _S3Objects:
     def endpoint(self) -> str:
         kwargs = getattr(self.fs, "client_kwargs", None) or {}
         return str(getattr(self.fs, "endpoint_url", None) or kwargs.get("endpoint_url") or "")
+
+    def bucket_exists(self, bucket: str) -> bool:
+        """True if ``bucket`` exists and these credentials may use it (``HeadBucket``).
+
+        Raises:
+            OSError: the server cannot be reached, or answers otherwise.
+        """
+        try:
+            with _os_errors(self.fs):
+                self.fs.call_s3("head_bucket", Bucket=bucket)
+        except (FileNotFoundError, PermissionError):
+            return False
+        except OSError as exc:
+            if _s3_code(exc) in _MISSING | {"NoSuchBucket", "403", "AccessDenied"}:
+                return False
+            raise
+        return True
 
     def _bucket_key(self, path: str) -> tuple[str, str]:
         bucket, key, _version = self.fs.split_path(path)

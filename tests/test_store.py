@@ -262,3 +262,37 @@ def test_read_only_use_does_not_create_the_store(tmp_path: Path) -> None:
     assert not (tmp_path / "nope").exists()
     with pytest.raises(StoreError, match="empty"):
         CheckpointStore("")
+
+
+def test_an_s3_store_in_a_bucket_that_does_not_exist_is_refused_not_created(
+    s3_server, tmp_path: Path
+) -> None:
+    """s3fs would create the bucket (a typo in its name would make a new bucket): the store
+    refuses, naming it; the CLI exits 3 with that message. An existing bucket's new prefix is
+    made as before."""
+    import s3fs
+
+    with pytest.raises(StoreError, match="the bucket 'openjd-no-such-bucket' does not exist"):
+        CheckpointStore("s3://openjd-no-such-bucket/runs")
+    fs = s3fs.S3FileSystem(use_listings_cache=False)
+    assert "openjd-no-such-bucket" not in [b.rstrip("/") for b in fs.ls("")]
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "core.cli",
+            "run",
+            "examples/fibonacci/fibonacci-fast.yaml",
+            "-p",
+            "N=1",
+            "--store",
+            "s3://openjd-no-such-bucket/x",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert done.returncode in (2, 3), done.stderr
+    assert "openjd-no-such-bucket" in done.stderr and "Traceback" not in done.stderr
+    CheckpointStore(s3_server.new_store())  # the test bucket exists: fine
