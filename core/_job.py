@@ -616,6 +616,9 @@ def prepare_job(
     uses_expr = "EXPR" in tmpl.extensions or any(
         "EXPR" in (getattr(e, "extensions", None) or []) for e in envs
     )
+    not_lists = _list_value_problems(tmpl, raw)
+    if not_lists:
+        raise TemplateError(not_lists, source=str(tmpl.source) if tmpl.source else None)
     given = _normalize_given_paths(tmpl, envs, raw, cwd, keep_uris=uses_expr)
     try:
         values = preprocess_job_parameters(
@@ -829,6 +832,34 @@ def _widening_problems(
 
 
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def _list_value_problems(tmpl: CheckpointJobTemplate, raw: Mapping[str, str]) -> list[str]:
+    """A given value of a list parameter (EXPR's ``LIST[...]`` types) that is not a JSON list,
+    named with how to write one. openjd-model 0.14 says only that it "is not valid JSON", and
+    then that every required parameter is missing, including those with defaults."""
+    problems: list[str] = []
+    for definition in tmpl.template.parameterDefinitions or []:
+        kind = str(getattr(definition.type, "value", definition.type))
+        value = raw.get(definition.name)
+        if not kind.startswith("LIST[") or value is None:
+            continue
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            parsed = None
+        if not isinstance(parsed, list):
+            example = {
+                "LIST[INT]": "[1, 2, 3]",
+                "LIST[FLOAT]": "[0.5, 1.0]",
+                "LIST[BOOL]": "[true, false]",
+                "LIST[LIST[INT]]": "[[1, 2], [3]]",
+            }.get(kind, '["a", "b"]')
+            problems.append(
+                f"job parameters: {definition.name}: {value!r} is not a {kind} value: write a "
+                f"list as JSON, e.g. -p '{definition.name}={example}'"
+            )
+    return problems
 
 
 def _normalize_given_paths(

@@ -418,6 +418,8 @@ class TaskExecution:
                     message = f"interrupted; checkpoint generation {rec.checkpoint.generation} kept"
                 elif rec.completed_frames:
                     message = f"interrupted; {len(rec.completed_frames)} finished frame(s) kept"
+                else:  # the action's own exit (a failure, to it) is what the stop asked for
+                    message = "interrupted; nothing to resume from (it runs from its start again)"
             elif intent == StopIntent.CANCEL:
                 outcome, rec.status = TaskOutcome.CANCELED, TaskStatus.CANCELED
                 message = "canceled"

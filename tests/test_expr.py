@@ -48,3 +48,23 @@ def test_resolve_int_field() -> None:
         resolve_int_field(fs("{{ 601 }}"), symtab, ge=1, le=600, description="period")
     with pytest.raises(ValueError, match="must be an integer"):
         resolve_int_field(fs("{{ Param.Name }}"), symtab, description="timeout")
+
+
+@pytest.mark.parametrize(
+    ("value", "kind"), [("1,2", "LIST[INT]"), ("left", "LIST[STRING]"), ('{"a": 1}', "LIST[INT]")]
+)
+def test_a_list_value_that_is_not_json_is_named_with_how_to_write_one(value, kind) -> None:
+    """openjd-model says only "not valid JSON", then that every required parameter is missing,
+    those with defaults included; the refusal names the parameter and shows a JSON list."""
+    from pathlib import Path
+
+    from core import TemplateError, prepare_job
+
+    sample = Path(__file__).resolve().parent / "data" / "expr-test-job.yaml"
+    name = "Frames" if kind == "LIST[INT]" else "Cameras"
+    with pytest.raises(TemplateError) as info:
+        prepare_job(sample, {name: value})
+    text = str(info.value)
+    assert f"{name}: {value!r} is not a {kind} value: write a list as JSON" in text
+    assert "missing" not in text
+    assert prepare_job(sample, {name: "[1, 2]" if name == "Frames" else '["a"]'}).parameters
