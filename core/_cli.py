@@ -521,7 +521,8 @@ def _cmd_gc(args: argparse.Namespace) -> int:
         print(
             f"checkpoint files: nothing to remove; kept {report.kept_blobs} file(s) in use"
             + (
-                f" and {report.young} younger than --grace-seconds {args.grace_seconds:g}"
+                f" and {report.young} unused file(s) and manifest(s) younger than "
+                f"--grace-seconds {args.grace_seconds:g}"
                 if report.young
                 else ""
             )
