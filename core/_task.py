@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from openjd.model import FormatStringError, SymbolTable
+from openjd.model import FormatStringError, ParameterValueType, SymbolTable
 
 from ._errors import StoreError
 from ._expr import resolve_args, resolve_cancelation, resolve_int_field
@@ -536,6 +536,8 @@ class TaskExecution:
             path = f"steps[{idx}].script.actions.onCheckpointResume"
             symtab["Task.Checkpoint.State"] = resume.state or ""
             symtab["Task.Checkpoint.File"] = checkpoint_file or ""
+            if self.job.uses_expr:  # a path, as Session.WorkingDirectory is (.parent, .name)
+                symtab.expr_types["Task.Checkpoint.File"] = ParameterValueType.PATH.value
             self._emit("status", f"resuming from checkpoint generation {resume.generation}")
         else:
             action = step.script.actions.onRun

@@ -565,12 +565,18 @@ def _parse_merged(
         step_name = str(doc["steps"][i]["name"])
         rpath = f"steps[{i}].script.actions.onCheckpointResume"
         trial = copy.deepcopy(doc)
-        trial["steps"][i]["script"]["actions"]["onRun"] = _swap_checkpoint_refs(raw)
+        stand_ins = _checkpoint_stand_ins("EXPR" in model_ext)
+        trial["steps"][i]["script"]["actions"]["onRun"] = _swap_checkpoint_refs(raw, stand_ins)
         try:
             _decode_job_template(trial, model_ext)
         except DecodeValidationError as exc:
+            written = json.dumps(raw)
             for msg in _model_problems(str(exc)):
-                problems.append(msg.replace(f"steps[{i}].script.actions.onRun", rpath))
+                msg = msg.replace(f"steps[{i}].script.actions.onRun", rpath)
+                for name, stand_in in stand_ins.items():
+                    if stand_in not in written:  # say what the user wrote, not the stand-in
+                        msg = msg.replace(stand_in, f"Task.Checkpoint.{name}")
+                problems.append(msg)
             continue
         try:
             resume_actions[step_name] = parse_model(
@@ -628,17 +634,29 @@ def _iter_actions(doc: dict[str, Any]) -> Iterator[tuple[str, Any]]:
             yield from env_actions(f"steps[{i}].stepEnvironments", step.get("stepEnvironments"))
 
 
-def _swap_checkpoint_refs(value: Any) -> Any:
-    """Replace ``Task.Checkpoint.X`` by a reference that exists wherever onRun is evaluated.
+def _checkpoint_stand_ins(expr: bool) -> dict[str, str]:
+    """For each ``Task.Checkpoint.X``, a reference of the same type that exists wherever onRun
+    is evaluated, so that openjd-model checks onCheckpointResume with onRun's rules: the state
+    is a string (``Job.Name`` with EXPR, which types expressions; any reference without it),
+    the file a path (``Session.PathMappingRulesFile``). openjd-model 0.14 has no way to
+    declare a symbol of our own for validation."""
+    return {
+        "State": "Job.Name" if expr else "Session.WorkingDirectory",
+        "File": "Session.PathMappingRulesFile",
+    }
+
+
+def _swap_checkpoint_refs(value: Any, stand_ins: dict[str, str]) -> Any:
+    """Replace each ``Task.Checkpoint.X`` by its stand-in (``_checkpoint_stand_ins``).
 
     The regex matches whole names only, so a misspelling (``Task.Checkpoint.StateX``) is left
     in place and reported by openjd-model under its own name."""
     if isinstance(value, str):
-        return _CHECKPOINT_REF.sub("Session.WorkingDirectory", value)
+        return _CHECKPOINT_REF.sub(lambda m: stand_ins[m.group(1)], value)
     if isinstance(value, list):
-        return [_swap_checkpoint_refs(v) for v in value]
+        return [_swap_checkpoint_refs(v, stand_ins) for v in value]
     if isinstance(value, dict):
-        return {k: _swap_checkpoint_refs(v) for k, v in value.items()}
+        return {k: _swap_checkpoint_refs(v, stand_ins) for k, v in value.items()}
     return value
 
 

@@ -137,6 +137,71 @@ def test_checkpoint_rules_still_apply_under_expr() -> None:
     assert "onCheckpointResume" in text and "Task.Checkpoint.Stat" in text, text
 
 
+FILE_WORKER = """
+import json, os, signal, sys, time
+path = os.path.join(sys.argv[1], "ck", "model.txt")
+os.makedirs(os.path.dirname(path), exist_ok=True)
+open(path, "w").write("7")
+def on_signal(sig, frame):
+    print("openjd_checkpoint_save: " + json.dumps({"state": "a,b", "file": path}), flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGUSR1, on_signal)
+print("READY", flush=True)
+time.sleep(60)
+"""
+
+
+def test_checkpoint_file_is_a_path_and_state_a_string_under_expr(tmp_path: Path) -> None:
+    """With EXPR, Task.Checkpoint.File is a path (``.parent``, ``.name``) and
+    Task.Checkpoint.State a string (``.split``), both when the template is checked and when
+    the task resumes: a template that passes the check does not fail at resume."""
+    doc = expr_template()
+    actions = doc["steps"][0]["script"]["actions"]
+    doc["steps"][0]["script"]["embeddedFiles"].append(
+        {"name": "FileWorker", "type": "TEXT", "data": FILE_WORKER}
+    )
+    actions["onRun"]["args"] = ["{{Task.File.FileWorker}}", str(tmp_path)]
+    actions["onCheckpointResume"]["args"] = [
+        "-c",
+        "import sys; print('RESUMED ' + ' '.join(sys.argv[1:]))",
+        "{{ Task.Checkpoint.File.parent.name }}",
+        "{{ Task.Checkpoint.File.name }}",
+        "{{ Task.Checkpoint.State.split(',') }}",
+    ]
+    job = prepare_job(parse_template(doc))
+    store = CheckpointStore(tmp_path / "store")
+    r = Runner(job, store)
+    r.wait_line("READY")
+    r.ex.stop(StopIntent.CHECKPOINT)
+    result = r.join()
+    assert result.record.checkpoint is not None, (result.message, r.lines)
+    again = Runner(job, store, resume=result.record.checkpoint)
+    resumed = again.join()
+    assert resumed.outcome == TaskOutcome.SUCCEEDED, (resumed.message, again.lines)
+    assert "RESUMED ck model.txt a b" in again.lines, again.lines
+
+
+@pytest.mark.parametrize(
+    ("expression", "message"),
+    [
+        ("{{ Task.Checkpoint.State.parent }}", "'parent' property is not available for string"),
+        ("{{ Task.Checkpoint.State + 1 }}", "with string and int"),
+        ("{{ upper(Task.Checkpoint.State }}", "upper(Task.Checkpoint.State"),
+    ],
+)
+def test_checkpoint_references_are_checked_with_their_types_and_named(
+    expression: str, message: str
+) -> None:
+    """A misuse is refused by check, in the user's own words (never a stand-in's name)."""
+    doc = expr_template()
+    doc["steps"][0]["script"]["actions"]["onCheckpointResume"]["args"].append(expression)
+    with pytest.raises(TemplateError) as info:
+        parse_template(doc)
+    text = "\n".join(info.value.problems)
+    assert "onCheckpointResume" in text and message in text, text
+    assert "Job.Name" not in text and "Session." not in text, text
+
+
 WRAPPED_WORKER = """
 import json, signal, sys, time
 print("WORKER " + " ".join(sys.argv[1:]), flush=True)
