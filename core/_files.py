@@ -1010,8 +1010,10 @@ def restore_checkpoint(
 
     Every entry is checked before anything is written: a manifest with any entry that is not a
     clean relative path below a known root is refused whole. Each file is written to a temporary
-    name beside its target while its hash is checked, then renamed over the target (a link
-    there is replaced, never followed). Restoring twice gives the same tree.
+    name beside its target while its hash is checked; once every file is in, each is renamed
+    over its target (a link there is replaced, never followed), so a generation that cannot be
+    restored leaves the files that were there as they were. Temporary files that a restore
+    killed part-way on this host left are removed. Restoring twice gives the same tree.
 
     Raises:
         RestoreError: the manifest is missing, edited or unsafe, a file's content is missing or
@@ -1054,6 +1056,12 @@ def restore_checkpoint(
         dirs=[_join(targets[r.root], r.path) for r in manifest.dirs],
         entries=[],
     )
+    # Two phases, so that a generation that cannot be restored changes nothing that was there
+    # (a file of a --file-root included): every file is first written beside its target under
+    # a temporary name while its hash is checked; only once all are in are they renamed over
+    # their targets.
+    staged: list[tuple[str, str, ManifestEntry]] = []
+    swept: set[str] = set()
     try:
         for entry in manifest.entries:
             root = targets[entry.root]
@@ -1063,26 +1071,85 @@ def restore_checkpoint(
                     continue
                 parent_rel, _, name = entry.path.rpartition("/")
                 parent = _safe_dirs(root, parent_rel)
-                target = os.path.join(parent, name)
-                result.restored_bytes += _restore_file(blobs, entry, parent, target)
-                result.entries.append((target, entry))
+                if parent not in swept:
+                    _sweep_dead_restores(parent)
+                    swept.add(parent)
+                tmp, size = _stage_file(blobs, entry, parent)
+                staged.append((tmp, os.path.join(parent, name), entry))
+                result.restored_bytes += size
             except OSError as exc:
                 raise RestoreError(
                     f"cannot restore {entry.path!r}: {exc.strerror or exc}"
                 ) from None
-    except RestoreError:
-        for target, _entry in result.entries:  # leave nothing of a generation not restored
+        for i, (tmp, target, entry) in enumerate(staged):
             try:
-                os.unlink(target)
+                os.replace(tmp, target)  # a link at the target is replaced, never followed
+            except OSError as exc:
+                staged = staged[i:]
+                raise RestoreError(
+                    f"cannot restore {entry.path!r}: {exc.strerror or exc}"
+                ) from None
+            result.entries.append((target, entry))
+        staged = []
+    finally:
+        for tmp, _target, _entry in staged:  # a generation not restored leaves nothing behind
+            try:
+                os.unlink(tmp)
             except OSError:
                 pass
-        raise
     return result
 
 
-def _restore_file(blobs: _Blobs, entry: ManifestEntry, parent: str, target: str) -> int:
+_RESTORE_TMP = ".openjd-restore-"
+"""Prefix of a file being restored, beside its target:
+``.openjd-restore-<host>-<pid>-<random>``, ``<host>`` a hash of this host's id (a file root may
+be shared by several hosts)."""
+
+
+def _restore_prefix() -> str:
+    from ._store import host_id
+
+    return f"{_RESTORE_TMP}{hashlib.sha256(host_id().encode()).hexdigest()[:12]}-"
+
+
+def _sweep_dead_restores(folder: str) -> None:
+    """Remove what a restore of this host killed part-way (its process gone) left in
+    ``folder``; those of other hosts are theirs."""
+    prefix = _restore_prefix()
+    try:
+        names = [n for n in os.listdir(folder) if n.startswith(prefix)]
+    except OSError:
+        return
+    for name in names:
+        pid_text = name[len(prefix) :].split("-", 1)[0]
+        if not pid_text.isdigit() or _pid_alive(int(pid_text)):
+            continue
+        try:
+            os.unlink(os.path.join(folder, name))
+        except OSError:
+            pass
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's process: alive
+    return True
+
+
+def _stage_file(blobs: _Blobs, entry: ManifestEntry, parent: str) -> tuple[str, int]:
+    """Write ``entry``'s content to a new temporary file in ``parent``, checking its hash.
+    Returns the temporary file's path and its size in bytes.
+
+    Raises:
+        RestoreError: the content is missing or does not match its hash (nothing is left).
+        OSError: the file cannot be written (nothing is left).
+    """
     digest = entry.sha256 or ""
-    tmp = os.path.join(parent, f".openjd-restore-{uuid.uuid4().hex}")
+    tmp = os.path.join(parent, f"{_restore_prefix()}{os.getpid()}-{uuid.uuid4().hex}")
     h = hashlib.sha256()
     size = 0
     try:
@@ -1107,9 +1174,8 @@ def _restore_file(blobs: _Blobs, entry: ManifestEntry, parent: str, target: str)
                 f"({digest[:12]}): the store was damaged or edited"
             )
         os.chmod(tmp, 0o755 if entry.executable else 0o644)
-        os.replace(tmp, target)
-        tmp = ""
-        return size
+        done, tmp = tmp, ""
+        return done, size
     finally:
         if tmp:
             try:

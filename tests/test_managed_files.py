@@ -960,3 +960,32 @@ def test_a_record_too_large_to_read_back_is_never_written(tmp_path: Path, monkey
     with pytest.raises(StoreError, match="could never be read back"):
         store.write_task(rec)
     assert store.read_task("0" * 16, RUN_ID, "S", "k").pending_files == []
+
+
+def test_a_generation_that_cannot_be_restored_leaves_the_files_there_as_they_were(
+    tmp_path: Path,
+) -> None:
+    """All or nothing: a file already in the restore root (a --file-root holds the user's own)
+    is neither overwritten nor deleted when a later file of the generation turns out damaged;
+    what a restore killed part-way on this host left is swept, another live one's is not."""
+    from core._files import RestoreError, _restore_prefix, restore_checkpoint
+
+    store = CheckpointStore(tmp_path / "store", files="managed")
+    _job, result = _first_run(store, tmp_path)
+    cp = result.record.checkpoint
+    manifest = json.loads(get(store, manifest_key(cp.manifest)))
+    target = tmp_path / "restore"
+    (target / "frames").mkdir(parents=True)
+    (target / "frames" / "f000.txt").write_text("the user's own")
+    last = [e for e in manifest["entries"] if e["kind"] == "file"][-1]
+    assert last["path"] != "frames/f000.txt"
+    put(store, blob_key(last["sha256"]), b"9" * last["size"])
+    dead = target / "frames" / f"{_restore_prefix()}999999999-left"
+    dead.write_text("a killed restore's")
+    live = target / "frames" / f"{_restore_prefix()}{os.getpid()}-running"
+    live.write_text("a running restore's")
+    with pytest.raises(RestoreError, match="does not match its hash"):
+        restore_checkpoint(store, cp.manifest, str(target), [])
+    assert (target / "frames" / "f000.txt").read_text() == "the user's own"
+    left = sorted(p.name for p in (target / "frames").iterdir())
+    assert left == sorted(["f000.txt", live.name]), left
