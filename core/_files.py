@@ -439,7 +439,10 @@ def _copy_hashing(source_fd: int, out: Any) -> tuple[str, int]:
 
 
 def _stat_key(st: os.stat_result) -> tuple[int, int, int, int, int]:
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    """What says a file's content is the same: its inode, size, modification time and mode.
+    Not its change time: unlinking or renaming over the file (the save-then-rename pattern,
+    ``os.replace``) changes the ctime of the inode a capture is reading, not its content."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode)
 
 
 def _kind(mode: int) -> str:

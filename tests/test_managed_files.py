@@ -989,3 +989,48 @@ def test_a_generation_that_cannot_be_restored_leaves_the_files_there_as_they_wer
     assert (target / "frames" / "f000.txt").read_text() == "the user's own"
     left = sorted(p.name for p in (target / "frames").iterdir())
     assert left == sorted(["f000.txt", live.name]), left
+
+
+SAVE_THEN_RENAME = """
+import json, os, time
+wd = os.getcwd()
+model = os.path.join(wd, "model.bin")
+for n in (1, 2):
+    with open(model + ".tmp", "wb") as fh:
+        fh.write(bytes([n]) * (64 << 20))
+    os.replace(model + ".tmp", model)
+    print("openjd_checkpoint_save: " + json.dumps({"state": str(n), "file": model}), flush=True)
+    time.sleep(0.1)  # the next version goes in while the saved one is still being copied
+    with open(model + ".tmp", "wb") as fh:
+        fh.write(b"next")
+    os.replace(model + ".tmp", model)
+    time.sleep(2)
+"""
+
+
+def test_a_save_survives_the_file_being_renamed_over_while_it_is_copied(tmp_path: Path) -> None:
+    """The save-then-rename pattern: the save's file is taken as it was when the save was
+    printed, even when the task renames a newer file over it while it is being copied (the
+    old inode's ctime changes then, its content does not)."""
+    store = CheckpointStore(tmp_path / "store", files="managed")
+    doc = {
+        "specificationVersion": "jobtemplate-2023-09",
+        "name": "save then rename",
+        "steps": [
+            {
+                "name": "S",
+                "script": {
+                    "actions": {"onRun": {"command": "python3", "args": ["-c", SAVE_THEN_RENAME]}}
+                },
+            }
+        ],
+    }
+    run = Run(prepare_job(parse_template(doc)), store, tmp_path / "work")
+    result = run.join()
+    assert result.outcome == TaskOutcome.SUCCEEDED, (result.message, run.ex.warnings)
+    assert not [w for w in run.ex.warnings if "changed" in w], run.ex.warnings
+    cp = result.record.checkpoint
+    assert cp is not None and cp.state == "2", (cp, run.ex.warnings)
+    manifest = json.loads(get(store, manifest_key(cp.manifest)))
+    [entry] = [e for e in manifest["entries"] if e["path"] == "model.bin"]
+    assert get(store, blob_key(entry["sha256"]))[:1] == b"\x02" and entry["size"] == 64 << 20
