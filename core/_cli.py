@@ -571,6 +571,7 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--file-root",
         action="append",
+        type=_file_root,
         metavar="DIR",
         help="managed files: a folder besides the session working directory whose files may be "
         "captured and restored (repeatable; also $OPENJD_CHECKPOINT_FILE_ROOTS)",
@@ -658,6 +659,15 @@ _seconds = _bounded_float(MAX_SECONDS, allow_zero=False)
 _retention_days = _bounded_float(MAX_RETENTION_DAYS, allow_zero=True)
 _grace_seconds = _bounded_float(MAX_SECONDS, allow_zero=True)
 """``gc --grace-seconds``: 0 collects at once (when no run is running) up to a year."""
+
+
+def _file_root(text: str) -> str:
+    """``--file-root``: an absolute path of an existing folder."""
+    if not text or not os.path.isabs(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an absolute path")
+    if not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a folder")
+    return text
 
 
 def _version() -> str:

@@ -136,9 +136,11 @@ def file_roots_from_env(extra: Iterable[str] = ()) -> list[str]:
     """
     roots: list[str] = []
     env = os.environ.get(FILE_ROOTS_VARIABLE, "")
-    for root in [*extra, *(r for r in env.split(os.pathsep) if r.strip())]:
+    given = [(r, "file root") for r in extra]
+    given += [(r, f"${FILE_ROOTS_VARIABLE}") for r in env.split(os.pathsep) if r.strip()]
+    for root, where in given:
         if not os.path.isabs(root):
-            raise StoreError(f"file root {root!r} is not an absolute path")
+            raise StoreError(f"{where} {root!r} is not an absolute path")
         norm = os.path.normpath(root)
         if norm not in roots:
             roots.append(norm)

@@ -462,6 +462,8 @@ class CheckpointStore:
             fs = _OSErrorsOnly(fs)
         self.fs = fs
         """The fsspec file system (on S3 wrapped so that botocore's own errors are OSErrors)."""
+        if self._local and not read_only:
+            self._refuse_roots_around_the_store()
         if create:
             try:
                 if self._s3 is not None:
@@ -480,6 +482,23 @@ class CheckpointStore:
                 raise StoreError(
                     f"checkpoint store {self.location!r} cannot be created: {exc}"
                 ) from None
+
+    def _refuse_roots_around_the_store(self) -> None:
+        """A file root that holds the (local) store, or lies inside it, would let a restore
+        write over the store's own records with a checkpoint's copies of them.
+
+        Raises:
+            StoreError: naming the root and the store.
+        """
+        store = os.path.realpath(self.root)
+        for root in self.file_roots:
+            real = os.path.realpath(root)
+            if os.path.commonpath([store, real]) in (store, real):
+                raise StoreError(
+                    f"file root {root!r} and the checkpoint store {self.location!r} overlap "
+                    "(one holds the other): a restore could write over the store's records; "
+                    "use folders beside each other"
+                )
 
     # --- paths ---------------------------------------------------------------------------------
     def _run_dir(self, job_key: str, run_id: str) -> str:

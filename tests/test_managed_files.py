@@ -1034,3 +1034,38 @@ def test_a_save_survives_the_file_being_renamed_over_while_it_is_copied(tmp_path
     manifest = json.loads(get(store, manifest_key(cp.manifest)))
     [entry] = [e for e in manifest["entries"] if e["path"] == "model.bin"]
     assert get(store, blob_key(entry["sha256"]))[:1] == b"\x02" and entry["size"] == 64 << 20
+
+
+def test_file_roots_that_overlap_the_store_or_are_no_folders_are_refused(tmp_path: Path) -> None:
+    """A file root holding the store (or inside it) would let a restore write over the store's
+    records: refused, naming both. On the CLI a root that is not an absolute path of a folder
+    exits 2 naming --file-root; $OPENJD_CHECKPOINT_FILE_ROOTS is named when it is wrong."""
+    import subprocess
+    import sys
+
+    from conftest import EXAMPLES, ROOT
+
+    from core import StoreError
+
+    store = tmp_path / "store"
+    for root in (tmp_path, store, store / "jobs"):
+        with pytest.raises(StoreError, match="overlap"):
+            CheckpointStore(store, files="managed", file_roots=[str(root)])
+    beside = tmp_path / "beside"
+    beside.mkdir()
+    CheckpointStore(store, files="managed", file_roots=[str(beside)])  # fine
+    example = str(EXAMPLES / "fibonacci" / "fibonacci-fast.yaml")
+    for bad in ("", "relative/dir", str(tmp_path / "missing")):
+        done = subprocess.run(
+            [sys.executable, "-m", "core.cli", "run", example, "-p", "N=1",
+             "--store", str(store), "--files", "managed", "--file-root", bad],
+            capture_output=True, text=True, cwd=ROOT, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 2, done.stderr
+        assert "--file-root" in done.stderr, done.stderr
+    done = subprocess.run(
+        [sys.executable, "-m", "core.cli", "run", example, "-p", "N=1", "--store", str(store)],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+        env=dict(os.environ, OPENJD_CHECKPOINT_FILE_ROOTS="relative"),
+    )  # fmt: skip
+    assert done.returncode != 0 and "$OPENJD_CHECKPOINT_FILE_ROOTS" in done.stderr, done.stderr
