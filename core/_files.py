@@ -559,6 +559,8 @@ class FileCapture:
         self._pending = 0
         self._count_lock = threading.Lock()
         self._abandoned = False
+        self._store_down: tuple[float, str] | None = None
+        """(time.monotonic() until which, why): the store could not be written just now."""
         self._thread = threading.Thread(target=self._work, name="openjd-file-capture", daemon=True)
         self._thread.start()
 
@@ -634,6 +636,9 @@ class FileCapture:
 
     # --- the worker ---------------------------------------------------------------------------
     def _report_outputs(self) -> None:
+        down = self._store_down
+        if down is not None and time.monotonic() < down[0]:
+            return  # the store cannot be written now: the outputs index waits for the next one
         if self._on_uploaded is not None:
             try:
                 self._on_uploaded(dict(self._outputs))
@@ -697,7 +702,35 @@ class FileCapture:
     ) -> _Captured:
         """Hash and upload one file (from ``fd`` if given, which stays open). ``expect``: the
         size and times it must still have. ``verify``: make sure its content is still in the
-        store even when it was captured before (``gc`` may have removed it meanwhile)."""
+        store even when it was captured before (``gc`` may have removed it meanwhile).
+
+        Once the store could not be written, the files queued after it are not tried for
+        ``STORE_DOWN_SECONDS`` (each would wait out the store's timeouts again, and a task
+        that declared many files would sit for minutes after its end): they fail at once,
+        saying why.
+
+        Raises:
+            _CaptureFailedError: the file cannot be taken (it is named).
+            StoreError: the store cannot be written.
+        """
+        down = self._store_down
+        if down is not None and time.monotonic() < down[0]:
+            raise StoreError(f"not tried: the store could not be written a moment ago ({down[1]})")
+        try:
+            return self._capture_one(path, output=output, expect=expect, fd=fd, verify=verify)
+        except StoreError as exc:
+            self._store_down = (time.monotonic() + STORE_DOWN_SECONDS, str(exc))
+            raise
+
+    def _capture_one(
+        self,
+        path: str,
+        *,
+        output: bool,
+        expect: tuple[int, int, int, int, int] | None,
+        fd: int | None,
+        verify: bool,
+    ) -> _Captured:
         ref = locate(path, self.session_dir, self.roots)
         if ref is None:
             raise _CaptureFailedError(self.refusal(path) or "outside the roots")
@@ -1104,6 +1137,10 @@ def restore_checkpoint(
                 pass
     return result
 
+
+STORE_DOWN_SECONDS = 30.0
+"""After the store could not be written, files queued for capture in the next 30 s are not
+tried (``FileCapture._capture_file``)."""
 
 _RESTORE_TMP = ".openjd-restore-"
 """Prefix of a file being restored, beside its target:

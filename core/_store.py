@@ -446,6 +446,16 @@ class CheckpointStore:
                     "AWS_PROFILE, ~/.aws/credentials, an instance role)"
                 )
             options["use_listings_cache"] = False  # other processes write here too
+            # An S3 service that cannot be reached fails a call in seconds, not minutes:
+            # s3fs's own retries (5, with back-off) around botocore's (legacy mode, 5 more)
+            # made each call of a run take 10 s or more while the store was away, and a run
+            # with uploads queued sat for minutes. Throttling and 5xx answers are still
+            # retried (botocore's standard mode, 3 attempts).
+            options["config_kwargs"] = {
+                "connect_timeout": 5,
+                "read_timeout": 60,
+                "retries": {"max_attempts": 3, "mode": "standard"},
+            }
         try:
             fs, root = fsspec.core.url_to_fs(loc, **options)
         except (ValueError, ImportError) as exc:
@@ -458,6 +468,7 @@ class CheckpointStore:
         self._memory = isinstance(fs, MemoryFileSystem)
         self._s3: _S3Objects | None = None
         if _S3_PROTOCOLS.intersection(_protocols(fs)):
+            fs.retries = 2  # s3fs's own, around botocore's (above); a class attribute of 5
             self._s3 = _S3Objects(fs)
             fs = _OSErrorsOnly(fs)
         self.fs = fs

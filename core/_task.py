@@ -664,14 +664,18 @@ class TaskExecution:
             return
         while not capture.drain(0.1):
             deadline = self._stop_deadline
-            if self._stop_intent == StopIntent.CANCEL or (
-                deadline is not None and time.time() >= deadline - STOP_KILL_MARGIN_SECONDS
+            if (
+                self._stop_intent == StopIntent.CANCEL
+                or self._stop_force
+                or (deadline is not None and time.time() >= deadline - STOP_KILL_MARGIN_SECONDS)
             ):
                 capture.abandon()
                 why = (
                     "the task was canceled"
                     if self._stop_intent == StopIntent.CANCEL
-                    else ("the stop deadline came")
+                    else "the task was stopped at once"
+                    if self._stop_force
+                    else "the stop deadline came"
                 )
                 self._warn(
                     f"{why} before every checkpoint file was stored: the saves still uploading "

@@ -1069,3 +1069,64 @@ def test_file_roots_that_overlap_the_store_or_are_no_folders_are_refused(tmp_pat
         env=dict(os.environ, OPENJD_CHECKPOINT_FILE_ROOTS="relative"),
     )  # fmt: skip
     assert done.returncode != 0 and "$OPENJD_CHECKPOINT_FILE_ROOTS" in done.stderr, done.stderr
+
+
+def test_an_s3_store_that_goes_away_mid_run_ends_the_run_in_seconds(tmp_path: Path) -> None:
+    """The S3 service dies while a task declares a file a step: the run ends with exit 3 and
+    the store's error, within its timeouts (a call fails in seconds, and files queued after a
+    failure are not tried for a while), instead of waiting out every queued file (it took
+    about 8 minutes). The timeout below is a hang guard, not a speed goal."""
+    import signal
+    import subprocess
+    import sys
+
+    import s3server
+    from conftest import EXAMPLES, ROOT
+
+    port = s3server._free_port()
+    server = subprocess.Popen(
+        [sys.executable, s3server.__file__, "127.0.0.1", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        end = time.monotonic() + 60
+        while not s3server._answers(f"http://127.0.0.1:{port}/"):
+            assert server.poll() is None and time.monotonic() < end, "moto did not start"
+            time.sleep(0.1)
+        s3server._put(f"http://127.0.0.1:{port}/going-away")
+        env = dict(
+            _cli_env(tmp_path / "host", "host"),
+            FSSPEC_S3_ENDPOINT_URL=f"http://127.0.0.1:{port}",
+            AWS_ACCESS_KEY_ID=s3server.ACCESS_KEY,
+            AWS_SECRET_ACCESS_KEY=s3server.SECRET_KEY,
+            AWS_DEFAULT_REGION="us-east-1",
+        )
+        cli = subprocess.Popen(
+            [sys.executable, "-m", "core.cli", "run",
+             str(EXAMPLES / "managed-files" / "training.yaml"),
+             "-p", "Epochs=40", "-p", "EpochSeconds=0.2", "--store", "s3://going-away/p"],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        seen: list[str] = []
+        assert cli.stdout is not None
+        for line in cli.stdout:
+            seen.append(line)
+            if "epoch 3/" in line:
+                os.killpg(server.pid, signal.SIGKILL)
+                break
+        try:
+            rest, _ = cli.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            cli.kill()
+            cli.communicate()
+            raise AssertionError("the run still waited on the store 4 minutes later") from None
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+        server.wait(10)
+    out = "".join(seen) + rest
+    assert cli.returncode == 3, out
+    assert "EndpointConnectionError" in out and "result: " in out, out
+    assert "not tried: the store could not be written a moment ago" in out, out
