@@ -268,7 +268,7 @@ def show_document(store: CheckpointStore, run: RunRecord) -> dict[str, Any]:
         td["files_mode"] = "managed" if t.checkpoint and t.checkpoint.manifest else "shared"
         data["tasks"].append(td)
     data["file_data_flow"] = run.files_mode or store.file_flow.value
-    data["outputs"] = store.read_outputs(run.job_key, run.run_id)
+    data["outputs"] = store.read_outputs(run.job_key, run.run_id, warnings)
     data["warnings"] = warnings
     return data
 

@@ -1298,11 +1298,12 @@ def referenced_manifests(store: Any, runs: list[Any]) -> tuple[set[str], list[st
     return names, warnings
 
 
-def _output_blobs(store: Any, runs: list[Any]) -> set[str]:
-    """The content named by the early-outputs indexes of ``runs``."""
+def _output_blobs(store: Any, runs: list[Any], warnings: list[str]) -> set[str]:
+    """The content named by the early-outputs indexes of ``runs``; an index that cannot be
+    read is named in ``warnings``."""
     out: set[str] = set()
     for run in runs:
-        for index in store.read_outputs(run.job_key, run.run_id):
+        for index in store.read_outputs(run.job_key, run.run_id, warnings):
             for item in index.get("files", {}).values():
                 digest = item.get("sha256") if isinstance(item, dict) else None
                 if isinstance(digest, str):
@@ -1337,7 +1338,16 @@ def collect_file_garbage(
             report.warnings.append(str(exc))
             continue
         live_blobs.update(e.sha256 for e in manifest.entries if e.sha256)
-    live_blobs.update(_output_blobs(store, runs))
+    unreadable: list[str] = []
+    live_blobs.update(_output_blobs(store, runs, unreadable))
+    if unreadable:
+        # What it named is unknown, and after a run has ended it is the only record of its
+        # outputs: no content is removed until it is mended or deleted.
+        report.warnings.extend(unreadable)
+        report.warnings.append(
+            "no stored file content was removed: an early-outputs index cannot be read "
+            "(mend or delete it, then run gc again)"
+        )
 
     def remove(path: str) -> None:
         if dry_run:
@@ -1360,7 +1370,7 @@ def collect_file_garbage(
         report.bytes_freed += int(info.get("size") or 0)
     for path, info in _list_files(store, "blobs/sha256"):
         digest = posixpath.basename(path)
-        if digest in live_blobs:
+        if digest in live_blobs or unreadable:
             report.kept_blobs += 1
             continue
         if now - _mtime(info) < grace_seconds:

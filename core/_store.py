@@ -1473,8 +1473,11 @@ class CheckpointStore:
             {"step": record.step, "task_key": record.task_key, "files": files},
         )
 
-    def read_outputs(self, job_key: str, run_id: str) -> list[dict[str, Any]]:
-        """The early-outputs indexes of a run (unreadable ones are set aside)."""
+    def read_outputs(
+        self, job_key: str, run_id: str, warnings: list[str] | None = None
+    ) -> list[dict[str, Any]]:
+        """The early-outputs indexes of a run. One that cannot be read (not a regular file,
+        too large, not a JSON object) is left out and, with ``warnings``, named there."""
         directory = posixpath.join(self._run_dir(job_key, run_id), "outputs")
         out: list[dict[str, Any]] = []
         for name in self._ls_names(directory):
@@ -1483,11 +1486,21 @@ class CheckpointStore:
             path = posixpath.join(directory, name)
             try:
                 raw = self._read_bytes(path)
-                data = json.loads(raw) if raw is not None else None
-            except (_NotARecordError, ValueError, StoreError):
-                continue
-            if isinstance(data, dict):
-                out.append(data)
+            except (_NotARecordError, StoreError) as exc:
+                problem = str(exc) or type(exc).__name__
+            else:
+                if raw is None:
+                    continue  # removed meanwhile
+                try:
+                    data = json.loads(raw)
+                except ValueError:
+                    data = None
+                if isinstance(data, dict):
+                    out.append(data)
+                    continue
+                problem = "not a JSON object"
+            if warnings is not None:
+                warnings.append(f"{self._where(path)}: unreadable early-outputs index ({problem})")
         return out
 
     def list_generations(self, record: TaskRecord) -> list[CheckpointData]:

@@ -1130,3 +1130,38 @@ def test_an_s3_store_that_goes_away_mid_run_ends_the_run_in_seconds(tmp_path: Pa
     assert cli.returncode == 3, out
     assert "EndpointConnectionError" in out and "result: " in out, out
     assert "not tried: the store could not be written a moment ago" in out, out
+
+
+def test_an_unreadable_outputs_index_is_named_and_gc_then_removes_no_content(
+    tmp_path: Path,
+) -> None:
+    """After a run has ended its outputs index is the only record of its files: one that
+    cannot be read is named by checkpoints show, and gc keeps every stored file until it is
+    mended or deleted (it would have freed the files it named)."""
+    import subprocess
+    import sys
+
+    from conftest import EXAMPLES, ROOT
+
+    store = tmp_path / "store"
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "core.cli", *args, "--store", str(store)],
+                              capture_output=True, text=True, cwd=ROOT, timeout=120)  # fmt: skip
+
+    done = cli("run", str(EXAMPLES / "managed-files" / "training.yaml"), "--files", "managed",
+               "-p", "Epochs=3", "-p", "EpochSeconds=0.05", "-q")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    [index] = store.glob("jobs/*/runs/*/outputs/*.json")
+    index.write_text("[1, 2")
+    blobs = sorted(store.glob("blobs/sha256/*/*"))
+    assert len(blobs) >= 3
+    run_id = index.parents[1].name
+    shown = cli("checkpoints", "show", run_id, "--json")
+    assert shown.returncode == 0, shown.stderr
+    [warning] = json.loads(shown.stdout)["warnings"]
+    assert index.name in warning and "unreadable early-outputs index" in warning
+    gc = cli("gc", "--grace-seconds", "0")
+    assert gc.returncode == 0, gc.stderr
+    assert "no stored file content was removed" in gc.stderr and index.name in gc.stderr
+    assert sorted(store.glob("blobs/sha256/*/*")) == blobs
