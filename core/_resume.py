@@ -27,6 +27,7 @@ from ._store import (
     TaskRebuilt,
     TaskRecord,
     TaskStatus,
+    describe_holder,
     host_id,
 )
 
@@ -137,7 +138,7 @@ def check_run(
             f"job parameter(s) {', '.join(diff)} differ from run {run.run_id}'s",
         )
     if store.lease_held(run) or (run.status == RunStatus.RUNNING and _owner_alive(run)):
-        owner = f" by process {run.runner.pid}" if run.runner else ""
+        owner = describe_holder(store, run.runner)
         raise ResumeRefusedError(
             RefusalCode.ALREADY_RESUMED, f"run {run.run_id} is being run now{owner}"
         )

@@ -58,6 +58,7 @@ from ._store import (
     StopRequest,
     TaskRecord,
     TaskStatus,
+    describe_holder,
     host_id,
     new_run_id,
     this_process,
@@ -368,7 +369,7 @@ def begin_attempt(
             if external_key is None:
                 live = _live_driver(store, job.job_key)
                 if live is not None:
-                    who = f" by process {live.runner.pid}" if live.runner else ""
+                    who = describe_holder(store, live.runner)
                     raise ResumeRefusedError(
                         RefusalCode.ALREADY_RESUMED,
                         f"job {job.job.name!r} is being run now{who} (run {live.run_id}); "
@@ -871,7 +872,7 @@ def _environment_failed(
     on_note: Callable[[str], None] | None,
 ) -> None:
     """A session's environment exit failed: record it (the attempt ends Failed) and say so."""
-    note = f"{problem}; the run will end failed"
+    note = problem  # finish_attempt ends the attempt Failed, unless it is suspended or stopped
     try:
         record_environment_failure(store, job_key, run_id, problem, attempt=attempt)
     except StoreError as exc:

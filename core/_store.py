@@ -191,6 +191,26 @@ class ProcessInfo(_Model):
     the task inherits it, so the task's processes are found even after they left its group."""
 
 
+def describe_holder(store: CheckpointStore, info: ProcessInfo | None) -> str:
+    """`` by process PID`` for a refusal message, saying so when that process, of this host,
+    has ended: on a store other than a local folder its lease frees only once its ttl has run
+    out (60 s after its last renewal)."""
+    if info is None:
+        return ""
+    text = f" by process {info.pid}"
+    if info.host == host_id() and not store._local:
+        try:
+            os.kill(info.pid, 0)
+        except ProcessLookupError:
+            text += (
+                ", which has ended: its lease on this store frees 60 s after its last renewal; "
+                "try again then"
+            )
+        except OSError:
+            pass
+    return text
+
+
 class CheckpointData(_Model):
     """One committed checkpoint (``openjd_checkpoint_save`` plus the file dataset so far)."""
 

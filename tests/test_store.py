@@ -296,3 +296,21 @@ def test_an_s3_store_in_a_bucket_that_does_not_exist_is_refused_not_created(
     assert done.returncode in (2, 3), done.stderr
     assert "openjd-no-such-bucket" in done.stderr and "Traceback" not in done.stderr
     CheckpointStore(s3_server.new_store())  # the test bucket exists: fine
+
+
+def test_a_refusal_names_a_dead_holder_whose_lease_has_not_expired() -> None:
+    """On a store other than a local folder a dead holder's lease frees only after its ttl:
+    the refusal says the process has ended and when to try again, instead of asking to wait
+    for a process that is gone. A live holder, or one of another host, is named only."""
+    from core._store import ProcessInfo, describe_holder, host_id
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    store = CheckpointStore("memory://openjd-holder-test")
+    gone = ProcessInfo(pid=dead.pid, pgid=dead.pid, start_time=0, host=host_id())
+    assert "has ended" in describe_holder(store, gone) and "60 s" in describe_holder(store, gone)
+    me = ProcessInfo(pid=os.getpid(), pgid=os.getpgid(0), start_time=0, host=host_id())
+    assert describe_holder(store, me) == f" by process {os.getpid()}"
+    other = ProcessInfo(pid=dead.pid, pgid=dead.pid, start_time=0, host="another-host")
+    assert describe_holder(store, other) == f" by process {dead.pid}"
+    assert describe_holder(store, None) == ""
