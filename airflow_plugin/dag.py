@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -58,14 +57,6 @@ HostRequirementsMapping = (
 ``(step name, the step's hostRequirements as a plain dict) -> those arguments or None``."""
 
 _OPERATOR_ARGS = frozenset({"queue", "pool", "pool_slots", "priority_weight", "executor"})
-
-
-def _number(value: Any) -> Any:
-    if isinstance(value, Decimal):
-        return int(value) if value == value.to_integral_value() else float(value)
-    if isinstance(value, (list, tuple)):
-        return [_number(v) for v in value]
-    return value
 
 
 _LIST_ITEMS: dict[str, dict[str, Any]] = {
@@ -118,10 +109,10 @@ def job_params(template: core.CheckpointJobTemplate) -> dict[str, Param]:
         ):
             value = getattr(definition, ours, None)
             if value is not None:
-                schema[theirs] = _number(value)
+                schema[theirs] = core.plain_value(value)
         allowed = getattr(definition, "allowedValues", None)
         if allowed:
-            schema["enum"] = [_number(v) for v in allowed]
+            schema["enum"] = [core.plain_value(v) for v in allowed]
         ui = getattr(definition, "userInterface", None)
         title = getattr(ui, "label", None) if ui is not None else None
         if title:
@@ -134,7 +125,7 @@ def job_params(template: core.CheckpointJobTemplate) -> dict[str, Param]:
             schema["type"] = [schema["type"], "null"] if "type" in schema else None
             params[name] = Param(None, **{k: v for k, v in schema.items() if v is not None})
         else:
-            params[name] = Param(_number(default), **schema)
+            params[name] = Param(core.plain_value(default), **schema)
     params[RESUME_PARAM] = Param(
         None,
         type=["null", "string"],

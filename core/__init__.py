@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         TaskSpec,
         framework_parameter_values,
         load_path_mapping_rules,
+        plain_value,
         prepare_job,
     )
     from ._messages import (
@@ -140,6 +141,7 @@ _EXPORTS = {
     "parse_template": "._template",
     "prepare_job": "._job",
     "framework_parameter_values": "._job",
+    "plain_value": "._job",
     "group_label": "._groups",
     "group_tasks": "._groups",
 }
@@ -204,6 +206,7 @@ __all__ = (
     "record_task_done",
     "prepare_job",
     "framework_parameter_values",
+    "plain_value",
     "prepare_run_job",
     "request_termination",
     "run_task",

@@ -71,6 +71,7 @@ __all__ = (
     "load_environment_template",
     "framework_parameter_values",
     "load_path_mapping_rules",
+    "plain_value",
     "prepare_job",
 )
 
@@ -535,15 +536,17 @@ def _parameter_text(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (list, tuple)):
-        return json.dumps([_plain_item(v) for v in value])
+        return json.dumps([plain_value(v) for v in value])
     return str(value)
 
 
-def _plain_item(value: Any) -> Any:
+def plain_value(value: Any) -> Any:
+    """A parameter value as plain JSON data: a ``Decimal`` (openjd-model's numbers in
+    templates) as an int when it is whole, else a float; lists element by element."""
     if isinstance(value, Decimal):
         return int(value) if value == value.to_integral_value() else float(value)
     if isinstance(value, (list, tuple)):
-        return [_plain_item(v) for v in value]
+        return [plain_value(v) for v in value]
     return value
 
 
@@ -569,13 +572,13 @@ def framework_parameter_values(
         kind = str(getattr(definition.type, "value", definition.type))
         default = getattr(definition, "default", None)
         if kind in ("PATH", "LIST[PATH]") and default is not None:
-            defaults[definition.name] = _plain_item(default)
+            defaults[definition.name] = plain_value(default)
     out: dict[str, str] = {}
     for name, value in values.items():
         if value is None:
             continue
         if name in defaults:
-            plain = _plain_item(value)
+            plain = plain_value(value)
             if plain == defaults[name] or str(plain) == str(defaults[name]):
                 continue
         out[name] = _parameter_text(value)

@@ -306,20 +306,11 @@ print("openjd_checkpoint_save: " + json.dumps({"state": "s"}), flush=True)
 
 
 def test_shared_mode_refuses_files_in_the_session_folder(tmp_path: Path) -> None:
+    from conftest import one_step_template
+
     store = CheckpointStore(tmp_path / "store", files="shared")
-    doc = {
-        "specificationVersion": "jobtemplate-2023-09",
-        "name": "shared honest",
-        "steps": [
-            {
-                "name": "S",
-                "script": {
-                    "actions": {"onRun": {"command": "python3", "args": ["-c", SHARED_IN_SESSION]}}
-                },
-            }
-        ],
-    }
-    run = Run(prepare_job(parse_template(doc)), store, tmp_path / "work")
+    template = one_step_template(tmp_path / "t.yaml", "shared honest", SHARED_IN_SESSION)
+    run = Run(prepare_job(template), store, tmp_path / "work")
     result = run.join()
     cp = result.record.checkpoint
     assert cp is not None and cp.files == [] and cp.manifest is None
@@ -1012,20 +1003,11 @@ def test_a_save_survives_the_file_being_renamed_over_while_it_is_copied(tmp_path
     """The save-then-rename pattern: the save's file is taken as it was when the save was
     printed, even when the task renames a newer file over it while it is being copied (the
     old inode's ctime changes then, its content does not)."""
+    from conftest import one_step_template
+
     store = CheckpointStore(tmp_path / "store", files="managed")
-    doc = {
-        "specificationVersion": "jobtemplate-2023-09",
-        "name": "save then rename",
-        "steps": [
-            {
-                "name": "S",
-                "script": {
-                    "actions": {"onRun": {"command": "python3", "args": ["-c", SAVE_THEN_RENAME]}}
-                },
-            }
-        ],
-    }
-    run = Run(prepare_job(parse_template(doc)), store, tmp_path / "work")
+    template = one_step_template(tmp_path / "t.yaml", "save then rename", SAVE_THEN_RENAME)
+    run = Run(prepare_job(template), store, tmp_path / "work")
     result = run.join()
     assert result.outcome == TaskOutcome.SUCCEEDED, (result.message, run.ex.warnings)
     assert not [w for w in run.ex.warnings if "changed" in w], run.ex.warnings
