@@ -1109,11 +1109,16 @@ def restore_checkpoint(
                     continue
                 parent_rel, _, name = entry.path.rpartition("/")
                 parent = _safe_dirs(root, parent_rel)
+                target = os.path.join(parent, name)
+                if os.path.isdir(target) and not os.path.islink(target):  # found before any
+                    raise RestoreError(  # file is renamed in: nothing there changes
+                        f"cannot restore {entry.path!r}: a folder is in its place"
+                    )
                 if parent not in swept:
                     _sweep_dead_restores(parent)
                     swept.add(parent)
                 tmp, size = _stage_file(blobs, entry, parent)
-                staged.append((tmp, os.path.join(parent, name), entry))
+                staged.append((tmp, target, entry))
                 result.restored_bytes += size
             except OSError as exc:
                 raise RestoreError(

@@ -64,6 +64,7 @@ from ._store import (
     this_process,
 )
 from ._task import (
+    StopIntent,
     TaskEvent,
     TaskExecution,
     TaskOutcome,
@@ -785,8 +786,24 @@ def run_tasks(
             on_notice(notice)
         apply(state["term"])
 
+    def lease_expired(lease: Lease) -> None:
+        with lock:
+            executions = list(current)
+        if on_note is not None:
+            on_note(f"warning: {lease_expired_note(lease)}; stopping the task")
+        for execution in executions:  # cancel: this process may no longer store its work
+            execution.stop(StopIntent.CANCEL)
+
     session = Session(job, run_id=run_id, store=store, working_root=working_root)
-    watcher = RunWatcher(store, job.job_key, run_id, run.attempt, apply, poll_seconds=poll_seconds)
+    watcher = RunWatcher(
+        store,
+        job.job_key,
+        run_id,
+        run.attempt,
+        apply,
+        poll_seconds=poll_seconds,
+        on_lease_expired=lease_expired,
+    )
     watcher.check()
     watcher.start()
     notice_watcher = NoticeWatcher(
@@ -861,6 +878,16 @@ def run_tasks(
         if notice is not None:
             _after_notice(store, job.job_key, run_id, run.attempt, notice, notice_watcher, on_note)
     return results
+
+
+def lease_expired_note(lease: Lease) -> str:
+    """Why a held lease no longer holds (``Lease.expired``), for a note."""
+    if lease.lost:
+        return "the lease was taken by another process (it expired here)"
+    return (
+        "the lease could not be renewed for its whole ttl (the store cannot be written), so "
+        "another process may take over the work"
+    )
 
 
 def _environment_failed(

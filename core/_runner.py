@@ -39,6 +39,7 @@ from ._run import (
     claim_task,
     enter_finally,
     finish_attempt,
+    lease_expired_note,
     mark_timed_out,
     record_notice,
     request_termination,
@@ -286,6 +287,13 @@ class JobRunner:
             for session in sessions:  # reaches an onExit still running
                 session.stop(force=term.force, deadline=term.deadline)
 
+    def _on_lease_expired(self, lease: Lease) -> None:
+        """The run's lease expired (the store could not be written for its ttl, or another
+        process took it): this process may no longer drive the run; its tasks are canceled and
+        none starts (``Cancelled``, applied here only: the store cannot take a request)."""
+        self.note(f"warning: run {self.run_id}: {lease_expired_note(lease)}; canceling its tasks")
+        self._on_termination(Termination(mode=TerminationMode.CANCELLED))
+
     def _apply_to_task(self, ex: TaskExecution, is_finally: bool) -> None:
         term = self._term
         intent = task_stop_for(
@@ -329,6 +337,7 @@ class JobRunner:
             self._on_termination,
             leases=[lease],
             poll_seconds=self._poll,
+            on_lease_expired=self._on_lease_expired,
         )
         notices = NoticeWatcher(
             self._notice_sources,

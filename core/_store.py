@@ -1566,9 +1566,19 @@ class Lease:
         self._mutex = threading.Lock()
         self._released = False
         self._due = time.monotonic() + ttl / 3
+        self._renewed = time.monotonic()
         self.owner = this_process()
         self.lost = False
         """A renewal found that the lease had expired and another process had taken it."""
+
+    @property
+    def expired(self) -> bool:
+        """True when this holder may no longer count on the lease: it was lost, or it has not
+        been renewed for its whole ttl (the store could not be written), so another process
+        may take it now. Never on a local store (an flock lasts while its process does)."""
+        if self._fd is not None or self._released:
+            return False
+        return self.lost or time.monotonic() - self._renewed > self._ttl
 
     def _content(self) -> dict[str, Any]:
         return {
@@ -1620,6 +1630,7 @@ class Lease:
             if self.lost:
                 raise StoreError(self._lost_message())
             self._due = time.monotonic() + self._ttl / 3
+            self._renewed = time.monotonic()
 
     def _lost_message(self) -> str:
         return (

@@ -249,6 +249,10 @@ class RunWatcher:
         on_change: called with the new ``Termination`` (on the watcher thread).
         leases: leases to renew every ``renew_seconds`` (no-op on local stores).
         poll_seconds: how often the store is read.
+        on_lease_expired: called once (on the watcher thread) for each of ``leases`` that
+            expires (``Lease.expired``: lost to another process, or not renewed for its
+            ttl because the store could not be written). Its holder must stop the work the
+            lease covers: another process may be doing it now.
     """
 
     def __init__(
@@ -262,8 +266,11 @@ class RunWatcher:
         leases: Iterable[Lease] = (),
         poll_seconds: float = 0.5,
         renew_seconds: float = 10.0,
+        on_lease_expired: Callable[[Lease], None] | None = None,
     ) -> None:
         self._store = store
+        self._on_lease_expired = on_lease_expired
+        self._expired: set[int] = set()
         self._key = (job_key, run_id)
         self._attempt = attempt
         self._on_change = on_change
@@ -309,3 +316,8 @@ class RunWatcher:
                         lease.renew()
                     except StoreError as exc:
                         self.errors.append(f"lease not renewed: {exc}")
+            for lease in list(self.leases):
+                if lease.expired and id(lease) not in self._expired:
+                    self._expired.add(id(lease))
+                    if self._on_lease_expired is not None:
+                        self._on_lease_expired(lease)

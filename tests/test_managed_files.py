@@ -970,6 +970,7 @@ def test_a_generation_that_cannot_be_restored_leaves_the_files_there_as_they_wer
     (target / "frames" / "f000.txt").write_text("the user's own")
     last = [e for e in manifest["entries"] if e["kind"] == "file"][-1]
     assert last["path"] != "frames/f000.txt"
+    original = get(store, blob_key(last["sha256"]))
     put(store, blob_key(last["sha256"]), b"9" * last["size"])
     dead = target / "frames" / f"{_restore_prefix()}999999999-left"
     dead.write_text("a killed restore's")
@@ -980,6 +981,15 @@ def test_a_generation_that_cannot_be_restored_leaves_the_files_there_as_they_wer
     assert (target / "frames" / "f000.txt").read_text() == "the user's own"
     left = sorted(p.name for p in (target / "frames").iterdir())
     assert left == sorted(["f000.txt", live.name]), left
+    # A folder where a later file goes is found before any file is renamed in.
+    put(store, blob_key(last["sha256"]), original)
+    restore_checkpoint(store, cp.manifest, str(target), [])  # content mended: restores
+    (target / "frames" / "f000.txt").write_text("the user's own")
+    (target / last["path"]).unlink()
+    (target / last["path"]).mkdir()
+    with pytest.raises(RestoreError, match="a folder is in its place"):
+        restore_checkpoint(store, cp.manifest, str(target), [])
+    assert (target / "frames" / "f000.txt").read_text() == "the user's own"
 
 
 SAVE_THEN_RENAME = """
@@ -1053,17 +1063,26 @@ def test_file_roots_that_overlap_the_store_or_are_no_folders_are_refused(tmp_pat
     assert done.returncode != 0 and "$OPENJD_CHECKPOINT_FILE_ROOTS" in done.stderr, done.stderr
 
 
-def test_an_s3_store_that_goes_away_mid_run_ends_the_run_in_seconds(tmp_path: Path) -> None:
-    """The S3 service dies while a task declares a file a step: the run ends with exit 3 and
-    the store's error, within its timeouts (a call fails in seconds, and files queued after a
-    failure are not tried for a while), instead of waiting out every queued file (it took
-    about 8 minutes). The timeout below is a hang guard, not a speed goal."""
+LONG_TASK = """
+import json, time
+for n in range(150):  # 300 s unless stopped
+    print("openjd_checkpoint_save: " + json.dumps({"state": str(n)}), flush=True)
+    print(f"STEP {n}", flush=True)
+    time.sleep(2)
+print("result: all steps", flush=True)
+"""
+
+
+def _run_while_s3_goes_away(tmp_path: Path, args: list[str], kill_after: str) -> str:
+    """Run the CLI with ``args`` on an S3 store of a moto server of its own; kill the server
+    once the CLI printed ``kill_after``; the CLI's whole output (it must end within 4 minutes:
+    a hang guard, not a speed goal)."""
     import signal
     import subprocess
     import sys
 
     import s3server
-    from conftest import EXAMPLES, ROOT
+    from conftest import ROOT
 
     port = s3server._free_port()
     server = subprocess.Popen(
@@ -1086,16 +1105,14 @@ def test_an_s3_store_that_goes_away_mid_run_ends_the_run_in_seconds(tmp_path: Pa
             AWS_DEFAULT_REGION="us-east-1",
         )
         cli = subprocess.Popen(
-            [sys.executable, "-m", "core.cli", "run",
-             str(EXAMPLES / "managed-files" / "training.yaml"),
-             "-p", "Epochs=40", "-p", "EpochSeconds=0.2", "--store", "s3://going-away/p"],
+            [sys.executable, "-m", "core.cli", "run", *args, "--store", "s3://going-away/p"],
             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
         seen: list[str] = []
         assert cli.stdout is not None
         for line in cli.stdout:
             seen.append(line)
-            if "epoch 3/" in line:
+            if kill_after in line:
                 os.killpg(server.pid, signal.SIGKILL)
                 break
         try:
@@ -1110,8 +1127,36 @@ def test_an_s3_store_that_goes_away_mid_run_ends_the_run_in_seconds(tmp_path: Pa
         server.wait(10)
     out = "".join(seen) + rest
     assert cli.returncode == 3, out
+    return out
+
+
+def test_an_s3_store_that_goes_away_mid_run_ends_the_run_in_seconds(tmp_path: Path) -> None:
+    """The S3 service dies while a task declares a file a step: the run ends with exit 3 and
+    the store's error, within its timeouts (a call fails in seconds, and files queued after a
+    failure are not tried for a while), instead of waiting out every queued file (it took
+    about 8 minutes)."""
+    from conftest import EXAMPLES
+
+    training = str(EXAMPLES / "managed-files" / "training.yaml")
+    out = _run_while_s3_goes_away(
+        tmp_path, [training, "-p", "Epochs=40", "-p", "EpochSeconds=0.2"], "epoch 3/"
+    )
     assert "EndpointConnectionError" in out and "result: " in out, out
     assert "not tried: the store could not be written a moment ago" in out, out
+
+
+def test_a_long_task_stops_once_its_lease_on_an_unreachable_store_expires(
+    tmp_path: Path,
+) -> None:
+    """The S3 service dies under a task of 5 minutes: once the run's lease could not be
+    renewed for its ttl (60 s), another process may take the run over, so this one cancels
+    its task instead of running it to its end (nothing it does can be stored)."""
+    from conftest import one_step_template
+
+    template = one_step_template(tmp_path / "long.yaml", "long task", LONG_TASK)
+    out = _run_while_s3_goes_away(tmp_path, [str(template)], "STEP 2")
+    assert "could not be renewed for its whole ttl" in out, out
+    assert "canceling its tasks" in out and "result: all steps" not in out, out
 
 
 def test_an_unreadable_outputs_index_is_named_and_gc_then_removes_no_content(

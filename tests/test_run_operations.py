@@ -857,3 +857,43 @@ def test_two_quick_ctrl_cs_always_cancel(tmp_path: Path) -> None:
         cli.proc.send_signal(signal.SIGINT)
         assert cli.wait(30) == 130, (gap, cli.stderr)
         assert "stayed locked" not in cli.stderr
+
+
+def test_a_task_whose_lease_expires_is_canceled(tmp_path: Path, monkeypatch) -> None:
+    """The adapters' path (``run_tasks``): a task lease that cannot be renewed for its ttl
+    (here 1.5 s; the store refuses the lease's writes from the moment the task runs) may be
+    taken by another process, so the task is canceled, with a note saying why."""
+    import functools
+
+    from core import run_tasks
+
+    orig = CheckpointStore.acquire_task_lease
+    monkeypatch.setattr(
+        CheckpointStore, "acquire_task_lease", functools.partialmethod(orig, ttl_seconds=1.5)
+    )
+    st = CheckpointStore(f"memory://lease-expiry-{os.getpid()}")
+    template = tmp_path / "long.yaml"
+    from conftest import one_step_template
+
+    one_step_template(template, "long", "import time; print('LONG-START', flush=True); "
+                      "time.sleep(60)")  # fmt: skip
+    job = prepare_job(template)
+    attempt = begin_attempt(st, job, external_key="dag/lease")
+    real_write = st._write
+
+    def refuse_leases(path, *args, **kwargs):
+        if "/tasks/" in path and path.endswith(".lease.json") and started:
+            raise OSError(5, "the store cannot be reached")
+        return real_write(path, *args, **kwargs)
+
+    started: list[bool] = []
+    monkeypatch.setattr(st, "_write", refuse_leases)
+    notes: list[str] = []
+    begun = time.monotonic()
+    [result] = run_tasks(
+        st, job, attempt.run_id, plan_step(st, job, attempt.run_id, "S"),
+        on_note=notes.append, on_start=lambda _ex: started.append(True),
+    )  # fmt: skip
+    assert result.outcome.value == "canceled", (result.message, notes)
+    assert time.monotonic() - begun < 50  # well before the task's own 60 s
+    assert any("could not be renewed for its whole ttl" in n for n in notes), notes
