@@ -650,9 +650,9 @@ def prepare_job(
                 environment_templates=envs or None,
             )
     except (DecodeValidationError, ValueError, KeyError) as exc:
+        lines = _true_missing(tmpl, envs, given, [ln for ln in str(exc).splitlines() if ln.strip()])
         raise TemplateError(
-            [f"job parameters: {line}" for line in str(exc).splitlines() if line.strip()]
-            or [str(exc)],
+            [f"job parameters: {line}" for line in lines] or [str(exc)],
             source=str(tmpl.source) if tmpl.source else None,
         ) from None
     problems: list[str] = []
@@ -835,6 +835,36 @@ def _widening_problems(
 
 
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+_MISSING_LINE = "Values missing for required job parameters: "
+
+
+def _true_missing(
+    tmpl: CheckpointJobTemplate,
+    envs: list[EnvironmentTemplate],
+    given: Mapping[str, str],
+    lines: list[str],
+) -> list[str]:
+    """openjd-model 0.14's refusal lines, with its "Values missing for required job
+    parameters" line keeping only the parameters that are missing: after one bad value it
+    names every parameter, those given and those with a default included."""
+    out: list[str] = []
+    for line in lines:
+        if line.startswith(_MISSING_LINE) and len(lines) > 1:
+            with_default = {
+                d.name
+                for t in [tmpl.template, *envs]
+                for d in (getattr(t, "parameterDefinitions", None) or [])
+                if getattr(d, "default", None) is not None
+            }
+            names = [n.strip() for n in line[len(_MISSING_LINE) :].split(",")]
+            missing = [n for n in names if n and n not in given and n not in with_default]
+            if not missing:
+                continue
+            line = _MISSING_LINE + ", ".join(missing)
+        out.append(line)
+    return out
 
 
 def _list_value_problems(tmpl: CheckpointJobTemplate, raw: Mapping[str, str]) -> list[str]:

@@ -272,9 +272,10 @@ class Session:
                     return problem
         step = ex.spec.step_name
         if self._step != step:
+            left = self._step
             problem = self._exit_step(ex)
-            if problem and ex.stop_intent is None:
-                return problem
+            if problem and ex.stop_intent is None:  # the session cannot go on: as openjd run
+                return f"not run: as the session left step {left!r}, {problem}"
             self._step = step
             for model, path in self._step_environments(step):
                 if ex.stop_intent is not None:

@@ -495,20 +495,28 @@ class CheckpointStore:
         """The fsspec file system (on S3 wrapped so that botocore's own errors are OSErrors)."""
         if self._local and not read_only:
             self._refuse_roots_around_the_store()
-        if create:
+        if self._s3 is not None:
+            # s3fs's makedirs of a bucket path creates the bucket: a typo in its name would
+            # make a new bucket (and reading commands would say the store is empty). The
+            # bucket must exist; a prefix needs no making.
+            bucket = self.root.strip("/").split("/", 1)[0]
+            if not bucket:
+                raise StoreError(
+                    f"checkpoint store {self.location!r}: an s3:// store names its bucket "
+                    "(s3://BUCKET or s3://BUCKET/PREFIX)"
+                )
             try:
-                if self._s3 is not None:
-                    # s3fs's makedirs of a bucket path creates the bucket: a typo in its name
-                    # would make a new bucket. The bucket must exist; a prefix needs no making.
-                    bucket = self.root.split("/", 1)[0]
-                    if not self._s3.bucket_exists(bucket):
-                        raise StoreError(
-                            f"checkpoint store {self.location!r}: the bucket {bucket!r} does "
-                            "not exist (or these credentials cannot see it); create it first: "
-                            "the store makes only its prefix"
-                        )
-                else:
-                    self.fs.makedirs(self.root, exist_ok=True)
+                exists = self._s3.bucket_exists(bucket)
+            except OSError as exc:
+                raise StoreError(f"checkpoint store {self.location!r}: {exc}") from None
+            if not exists:
+                raise StoreError(
+                    f"checkpoint store {self.location!r}: the bucket {bucket!r} does not exist; "
+                    "create it first: the store makes only its prefix"
+                )
+        elif create:
+            try:
+                self.fs.makedirs(self.root, exist_ok=True)
             except OSError as exc:
                 raise StoreError(
                     f"checkpoint store {self.location!r} cannot be created: {exc}"
@@ -1895,7 +1903,9 @@ class _S3Objects:
         return str(getattr(self.fs, "endpoint_url", None) or kwargs.get("endpoint_url") or "")
 
     def bucket_exists(self, bucket: str) -> bool:
-        """True if ``bucket`` exists and these credentials may use it (``HeadBucket``).
+        """False if the server says ``bucket`` does not exist (``HeadBucket``: 404). True
+        otherwise, also when these credentials may not ask (403: a policy may grant objects
+        under a prefix only; the store's own requests then tell).
 
         Raises:
             OSError: the server cannot be reached, or answers otherwise.
@@ -1903,11 +1913,16 @@ class _S3Objects:
         try:
             with _os_errors(self.fs):
                 self.fs.call_s3("head_bucket", Bucket=bucket)
-        except (FileNotFoundError, PermissionError):
+        except FileNotFoundError:
             return False
+        except PermissionError:
+            return True
         except OSError as exc:
-            if _s3_code(exc) in _MISSING | {"NoSuchBucket", "403", "AccessDenied"}:
+            code = _s3_code(exc)
+            if code in _MISSING | {"NoSuchBucket"}:
                 return False
+            if code in ("403", "AccessDenied"):
+                return True
             raise
         return True
 

@@ -68,3 +68,36 @@ def test_a_list_value_that_is_not_json_is_named_with_how_to_write_one(value, kin
     assert f"{name}: {value!r} is not a {kind} value: write a list as JSON" in text
     assert "missing" not in text
     assert prepare_job(sample, {name: "[1, 2]" if name == "Frames" else '["a"]'}).parameters
+
+
+def test_one_bad_value_is_one_problem_and_only_missing_parameters_are_called_missing(
+    tmp_path,
+) -> None:
+    """openjd-model follows a bad value with "Values missing for required job parameters"
+    naming every parameter; only the one really missing (no value, no default) is kept."""
+    from core import TemplateError, prepare_job
+
+    template = tmp_path / "bools.yaml"
+    template.write_text(
+        "specificationVersion: jobtemplate-2023-09\n"
+        "extensions: [EXPR]\n"
+        "name: bools\n"
+        "parameterDefinitions:\n"
+        "- {name: Flag, type: BOOL, default: true}\n"
+        "- {name: Flags, type: 'LIST[BOOL]', default: [true]}\n"
+        "- {name: Needed, type: STRING}\n"
+        "steps:\n"
+        "- name: S\n"
+        "  script:\n"
+        "    actions:\n"
+        "      onRun: {command: python3, args: [-c, 'print(1)']}\n"
+    )
+    with pytest.raises(TemplateError) as info:
+        prepare_job(template, {"Flag": "maybe", "Needed": "x"})
+    [problem] = info.value.problems
+    assert "'maybe' is not a valid boolean" in problem
+    with pytest.raises(TemplateError) as info:
+        prepare_job(template, {"Flag": "maybe"})
+    text = "\n".join(info.value.problems)
+    assert "Values missing for required job parameters: Needed" in text
+    assert "Flag," not in text and "Flags" not in text, text

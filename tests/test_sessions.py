@@ -209,3 +209,35 @@ def test_an_on_exit_that_fails_in_a_schedulers_session_fails_the_attempt(tmp_pat
     outcome = finish_attempt(st, job, attempt.run_id)
     assert outcome.status.value == "failed"
     assert "onExit failed: exited with code 7" in outcome.condition.message
+
+
+def test_a_step_environment_whose_on_exit_fails_is_named_as_such(tmp_path: Path) -> None:
+    """As under openjd run the session cannot go on, so the next step's task does not run; its
+    message says that the step left behind failed to exit, not that the task failed."""
+    template = tmp_path / "stepenv.yaml"
+    template.write_text(
+        "specificationVersion: 'jobtemplate-2023-09'\n"
+        "name: step env exit\n"
+        "steps:\n"
+        "- name: S\n"
+        "  stepEnvironments:\n"
+        "  - name: SE\n"
+        "    script:\n"
+        "      actions:\n"
+        "        onExit: {command: python3, args: [-c, 'import sys; sys.exit(5)']}\n"
+        "  script:\n"
+        "    actions:\n"
+        "      onRun: {command: python3, args: [-c, \"print('S-RAN')\"]}\n"
+        "- name: After\n"
+        "  dependencies: [{dependsOn: S}]\n"
+        "  script:\n"
+        "    actions:\n"
+        "      onRun: {command: python3, args: [-c, \"print('AFTER-RAN')\"]}\n"
+    )
+    done = run_cli("run", str(template), "--store", str(tmp_path / "store"), "--max-parallel", "1")
+    assert done.returncode == 1, done.stderr
+    assert "S-RAN" in done.stdout and "AFTER-RAN" not in done.stdout
+    assert (
+        "not run: as the session left step 'S', steps[0].stepEnvironments[0].script.actions."
+        "onExit failed: exited with code 5" in done.stderr
+    ), done.stderr

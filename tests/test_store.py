@@ -295,6 +295,17 @@ def test_an_s3_store_in_a_bucket_that_does_not_exist_is_refused_not_created(
     )
     assert done.returncode in (2, 3), done.stderr
     assert "openjd-no-such-bucket" in done.stderr and "Traceback" not in done.stderr
+    # A reading command says so too, rather than that the store holds no runs.
+    listed = subprocess.run(
+        [sys.executable, "-m", "core.cli", "runs", "--store", "s3://openjd-no-such-bucket/x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert listed.returncode == 3 and "does not exist" in listed.stderr, listed
+    with pytest.raises(StoreError, match="names its bucket"):
+        CheckpointStore("s3://")
     CheckpointStore(s3_server.new_store())  # the test bucket exists: fine
 
 
