@@ -695,6 +695,11 @@ def _model_problems(text: str) -> list[str]:
             current = line.rstrip()[:-1].replace(" -> ", ".")
             current = re.sub(r"\.notify_then_terminate|\.terminate(?=\.|$)", "", current)
             continue
+        if line.startswith("  ") and out and out[-1].startswith(f"{current}: "):
+            # An EXPR error's own lines (the expression, then a caret under the fault): part
+            # of the message above, kept aligned, not problems of their own.
+            out[-1] += "\n      " + line[2:].rstrip()
+            continue
         msg = line.strip()
         out.append(f"{current}: {msg}" if current else msg)
     return out or [text]

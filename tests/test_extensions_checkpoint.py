@@ -200,6 +200,8 @@ def test_checkpoint_references_are_checked_with_their_types_and_named(
     text = "\n".join(info.value.problems)
     assert "onCheckpointResume" in text and message in text, text
     assert "Job.Name" not in text and "Session." not in text, text
+    # One problem: the expression and the caret under it belong to its message.
+    assert len(info.value.problems) == 1, info.value.problems
 
 
 WRAPPED_WORKER = """
