@@ -15,6 +15,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
+from ._errors import TemplateError
 from ._store import CheckpointStore, RunRecord, TaskRecord
 from ._words import run_status_words
 
@@ -531,7 +532,23 @@ def cmd_check(args: argparse.Namespace) -> int:
     """``check TEMPLATE``: validate a job template and say how each step resumes, or validate an
     environment template (``specificationVersion: environment-2023-09``), as ``openjd check``
     does (``--json``: one document). Raises ``TemplateError`` for an invalid template
-    (exit 2)."""
+    (exit 2); with ``--json`` it prints ``{schema, template, valid: false, problems}`` first."""
+    try:
+        return _check(args)
+    except TemplateError as exc:
+        if getattr(args, "json", False):
+            _dump(
+                {
+                    "schema": JSON_SCHEMA_VERSION,
+                    "template": str(args.template),
+                    "valid": False,
+                    "problems": list(exc.problems),
+                }
+            )
+        raise
+
+
+def _check(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ._inputs import load_document, read_input_file

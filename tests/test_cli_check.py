@@ -48,3 +48,14 @@ def test_check_json(tmp_path) -> None:
     ]  # fmt: skip
     bad = check(str(tmp_path / "missing.yaml"), "--json")
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    # A refused template is one document on stdout too: its problems, each with its field.
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(json.dumps({
+        "specificationVersion": "jobtemplate-2023-09", "name": "b",
+        "steps": [{"name": "A", "script": {"actions": {"onRun": {"command": "{{Param.X}}"}}}}],
+    }))  # fmt: skip
+    refused = check(str(broken), "--json")
+    assert refused.returncode == 2, refused.stderr
+    doc = json.loads(refused.stdout)
+    assert doc["valid"] is False and doc["template"] == str(broken)
+    assert [p.split(":")[0] for p in doc["problems"]] == ["steps[0].script.actions.onRun.command"]
