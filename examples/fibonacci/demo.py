@@ -75,6 +75,10 @@ def main() -> int:
             print("demo: the second run did not resume from the checkpoint", file=sys.stderr)
             return 1
         print(f"\n--> resumed from the checkpoint and finished: {expected}")
+        print(
+            "--> the demo's store was a temporary folder and is removed now; to look around "
+            "(runs, checkpoints list, logs), run the command above with a --store of your own"
+        )
     return 0
 
 
