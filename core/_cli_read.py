@@ -343,7 +343,7 @@ def add_logs_parser(sub: Any) -> None:
 def _wanted(args: argparse.Namespace, log: Any) -> bool:
     return (
         (args.step is None or log.step == args.step)
-        and (args.task is None or log.task == args.task)
+        and (args.task is None or args.task in (log.task, log.of))
         and (args.attempt is None or log.attempt == args.attempt)
     )
 

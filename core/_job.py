@@ -115,6 +115,23 @@ class TaskSpec:
         """A stable, readable name: ``Render[Frame=1-4]`` (the step name for a lone task)."""
         return self.describe()
 
+    @property
+    def whole_label(self) -> str:
+        """The label of the task this spec runs all or part of: for the rest of an interrupted
+        chunk (``Render[Frame=7-10]``, resumed from its checkpoint or run by its unfinished
+        frames, task key ``<key>#<frames>``), the whole chunk's (``Render[Frame=1-10]``)."""
+        values: dict[str, Any] = {k: v.value for k, v in self.record_parameters.items()}
+        key, sep, _frames_part = self.task_key.partition("#")
+        if sep:
+            try:
+                values = dict(json.loads(key))
+            except (ValueError, TypeError):
+                return self.label
+        if not self.parameters:
+            return self.step_name
+        inner = ", ".join(f"{k}={values.get(k, v.value)}" for k, v in self.parameters.items())
+        return f"{self.step_name}[{inner}]"
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serializable description (an XCom value, a Prefect task parameter); the
         reverse of ``from_dict``."""

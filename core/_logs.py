@@ -138,6 +138,9 @@ class LogKeeper:
                 self._names[stem] = n
                 header = {"step": ex.spec.step_name, "task": label, "attempt": int(ex.attempt),
                           "started_at": round(time.time(), 3)}  # fmt: skip
+                original = ex.spec.whole_label
+                if original != label:  # the rest of an interrupted chunk: the task it is of
+                    header["of"] = original
                 w = _Writer(self._store, ex.job.job_key, ex.run_id, f"{stem}.{n}.log.gz",
                             header, self._max)  # fmt: skip
                 self._writers[key] = w
@@ -201,6 +204,8 @@ class LogFile:
     task: str
     attempt: int
     started_at: float
+    of: str | None = None
+    """For the rest of an interrupted chunk, the label of the chunk it is part of."""
     entries: list[LogEntry] = field(default_factory=list)
     cut_bytes: int = 0
     cut_lines: int = 0
@@ -229,7 +234,8 @@ def _parse(name: str, raw: bytes) -> LogFile | None:
     try:
         head = json.loads(lines[0])
         log = LogFile(name, str(head["step"]), str(head["task"]), int(head["attempt"]),
-                      float(head.get("started_at", 0.0)))  # fmt: skip
+                      float(head.get("started_at", 0.0)),
+                      str(head["of"]) if head.get("of") else None)  # fmt: skip
     except (ValueError, KeyError, TypeError):
         raise _DamagedLogError("its first line is not a log header") from None
     for line in lines[1:]:

@@ -177,3 +177,27 @@ def test_logs_on_an_s3_store(s3_store: str, tmp_path: Path) -> None:
     run_id = only_run_id(s3_store)
     lines = texts(cli("logs", run_id, "--task", "First[N=1]", "--store", s3_store).stdout)
     assert lines == [f"first 1 {k} {i}" for i in range(5) for k in ("line", "err")]
+
+
+def test_logs_of_a_chunk_include_the_rest_of_it_run_on_a_resume(
+    store: Path, tmp_path: Path
+) -> None:
+    """The rest of an interrupted chunk runs on the resume under a label of its own
+    (``Render[Frame=4-10]``); ``--task`` with the chunk's label shows both attempts."""
+    chunked = EXAMPLES / "chunked-frames" / "chunked-frames.yaml"
+    args = ("run", str(chunked), "-p", "Frames=1-10", "-p", "FramesPerChunk=10",
+            "-p", "FrameSeconds=0.4", "-p", f"OutputDir={tmp_path / 'out'}",
+            "--store", str(store))  # fmt: skip
+    first = CliProcess(*args)
+    first.wait_for("openjd_task_complete", timeout=60, stream="out")
+    first.proc.send_signal(signal.SIGTERM)
+    assert first.wait(60) == 75, first.stderr
+    second = cli(*args)
+    assert second.returncode == 0, second.stderr
+    run_id = only_run_id(str(store))
+    shown = cli("logs", run_id, "--task", "Render[Frame=1-10]", "--json", "--store", str(store))
+    assert shown.returncode == 0, shown.stderr
+    logs = json.loads(shown.stdout)["logs"]
+    assert sorted(log["attempt"] for log in logs) == [1, 2], logs
+    rest = next(log for log in logs if log["attempt"] == 2)
+    assert rest["task"] != "Render[Frame=1-10]" and rest["task"].startswith("Render[Frame="), rest
