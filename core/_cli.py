@@ -59,7 +59,13 @@ from ._store import (
     default_store_location,
 )
 from ._task import StopIntent
-from ._words import OUTCOME_WORDS, describe_exit, outcome_sentence, run_status_words
+from ._words import (
+    OUTCOME_WORDS,
+    describe_exit,
+    outcome_key,
+    outcome_sentence,
+    run_status_words,
+)
 
 ENV_VERSION = "environment-2023-09"
 """The ``specificationVersion`` that makes ``check`` validate an environment template."""
@@ -379,7 +385,7 @@ def _report(args: argparse.Namespace, result: RunResult, store: CheckpointStore)
 
     counts: dict[str, int] = {}
     for _spec, res in result.results:
-        word = OUTCOME_WORDS.get(res.outcome.value, res.outcome.value)
+        word = OUTCOME_WORDS.get(outcome_key(res), res.outcome.value)
         counts[word] = counts.get(word, 0) + 1
     summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "no task ran"
     cond = result.condition

@@ -25,7 +25,7 @@ import time
 from typing import Any
 
 from ._task import TaskEvent, TaskExecution
-from ._words import OUTCOME_WORDS
+from ._words import OUTCOME_WORDS, outcome_key
 
 __all__ = ("Progress", "make_progress", "write")
 
@@ -238,8 +238,9 @@ class Progress:
                 st.running.pop(key, None)
                 res = event.value
                 outcome = res.outcome.value
-                st.outcomes[outcome] = st.outcomes.get(outcome, 0) + 1
-                words = OUTCOME_WORDS.get(outcome, outcome)
+                key_ = outcome_key(res)
+                st.outcomes[key_] = st.outcomes.get(key_, 0) + 1
+                words = OUTCOME_WORDS.get(key_, outcome)
                 detail = f": {res.message}" if res.message and outcome != "succeeded" else ""
                 text = f"{name} {words}{detail}"
                 if outcome == "failed":

@@ -9,7 +9,13 @@ from __future__ import annotations
 import signal
 from typing import Any
 
-__all__ = ("OUTCOME_WORDS", "describe_exit", "outcome_sentence", "run_status_words")
+__all__ = (
+    "OUTCOME_WORDS",
+    "describe_exit",
+    "outcome_key",
+    "outcome_sentence",
+    "run_status_words",
+)
 
 
 def describe_exit(code: int | None) -> str:
@@ -31,10 +37,28 @@ OUTCOME_WORDS = {
     "succeeded": "succeeded",
     "failed": "failed",
     "interrupted_with_checkpoint": "suspended with a checkpoint",
+    "interrupted_with_frames": "suspended with finished frames kept",
     "interrupted": "suspended",
     "canceled": "canceled",
 }
-"""A task execution's outcome (``TaskOutcome`` value) in the words the CLI uses."""
+"""A task execution's outcome (``TaskOutcome`` value, or ``outcome_key``'s) in the words the
+CLI uses."""
+
+
+def outcome_key(result: Any) -> str:
+    """A ``TaskResult``'s outcome as a key of ``OUTCOME_WORDS``: a task suspended with only
+    the finished frames of its chunk kept (no checkpoint) is ``interrupted_with_frames``."""
+    outcome = str(result.outcome.value)
+    record = getattr(result, "record", None)
+    if (
+        outcome == "interrupted_with_checkpoint"
+        and record is not None
+        and record.checkpoint is None
+        and record.completed_frames
+    ):
+        return "interrupted_with_frames"
+    return outcome
+
 
 _RUN_STATUS = {
     "running": "running",

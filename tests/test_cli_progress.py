@@ -110,6 +110,25 @@ def test_plain_lines_name_an_interrupted_chunk_and_what_it_kept(
     assert "  suspended: 1 task done, 1 task checkpointed; run again to continue" in cli.stderr
 
 
+def test_a_chunk_that_kept_only_finished_frames_is_not_said_to_have_a_checkpoint(
+    tmp_path: Path,
+) -> None:
+    from conftest import EXAMPLES
+
+    cli = CliProcess(
+        "run", str(EXAMPLES / "chunked-frames" / "chunked-frames.yaml"), "-p", "Frames=1-10",
+        "-p", "FrameSeconds=0.4", "-p", f"OutputDir={tmp_path / 'out'}",
+        "--store", str(tmp_path / "store"), "--max-parallel", "1",
+    )  # fmt: skip
+    cli.wait_for("openjd_task_complete", stream="out", timeout=60)
+    cli.proc.send_signal(signal.SIGINT)
+    assert cli.wait(60) == 75, cli.stderr
+    lines = progress_lines(cli.stderr)
+    (ended,) = [ln for ln in lines if ln.startswith("step Render ended:")]
+    assert "1 suspended with finished frames kept" in ended, ended
+    assert "checkpoint" not in ended, ended
+
+
 def test_quiet_and_verbose(template: Path, tmp_path: Path) -> None:
     def run(flag: str, store: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
