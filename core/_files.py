@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+import psutil
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ._errors import StoreError
@@ -635,9 +636,13 @@ class FileCapture:
         self._queue.put(item)
 
     # --- the worker ---------------------------------------------------------------------------
-    def _report_outputs(self) -> None:
+    def _store_down_why(self) -> str | None:
+        """Why the store is taken as down (``STORE_DOWN_SECONDS`` after a failed write)."""
         down = self._store_down
-        if down is not None and time.monotonic() < down[0]:
+        return down[1] if down is not None and time.monotonic() < down[0] else None
+
+    def _report_outputs(self) -> None:
+        if self._store_down_why() is not None:
             return  # the store cannot be written now: the outputs index waits for the next one
         if self._on_uploaded is not None:
             try:
@@ -713,9 +718,9 @@ class FileCapture:
             _CaptureFailedError: the file cannot be taken (it is named).
             StoreError: the store cannot be written.
         """
-        down = self._store_down
-        if down is not None and time.monotonic() < down[0]:
-            raise StoreError(f"not tried: the store could not be written a moment ago ({down[1]})")
+        why = self._store_down_why()
+        if why is not None:
+            raise StoreError(f"not tried: the store could not be written a moment ago ({why})")
         try:
             return self._capture_one(path, output=output, expect=expect, fd=fd, verify=verify)
         except StoreError as exc:
@@ -1169,22 +1174,12 @@ def _sweep_dead_restores(folder: str) -> None:
         return
     for name in names:
         pid_text = name[len(prefix) :].split("-", 1)[0]
-        if not pid_text.isdigit() or _pid_alive(int(pid_text)):
+        if not pid_text.isdigit() or psutil.pid_exists(int(pid_text)):
             continue
         try:
             os.unlink(os.path.join(folder, name))
         except OSError:
             pass
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # another user's process: alive
-    return True
 
 
 def _stage_file(blobs: _Blobs, entry: ManifestEntry, parent: str) -> tuple[str, int]:

@@ -68,6 +68,7 @@ from typing import Any
 
 import fsspec
 import platformdirs
+import psutil
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -198,16 +199,11 @@ def describe_holder(store: CheckpointStore, info: ProcessInfo | None) -> str:
     if info is None:
         return ""
     text = f" by process {info.pid}"
-    if info.host == host_id() and not store._local:
-        try:
-            os.kill(info.pid, 0)
-        except ProcessLookupError:
-            text += (
-                ", which has ended: its lease on this store frees 60 s after its last renewal; "
-                "try again then"
-            )
-        except OSError:
-            pass
+    if info.host == host_id() and not store._local and not psutil.pid_exists(info.pid):
+        text += (
+            ", which has ended: its lease on this store frees 60 s after its last renewal; "
+            "try again then"
+        )
     return text
 
 
