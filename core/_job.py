@@ -104,10 +104,13 @@ class TaskSpec:
             return frozenset()
         return frozenset(IntRangeExpr.from_str(str(self.parameters[self.chunk_parameter].value)))
 
-    def describe(self) -> str:
+    def describe(self, values: Mapping[str, Any] | None = None) -> str:
+        """``Step[Name=value, ...]`` with the task's parameters in order, each value from
+        ``values`` where it holds one (default: the values it runs with)."""
         if not self.parameters:
             return self.step_name
-        inner = ", ".join(f"{k}={v.value}" for k, v in self.parameters.items())
+        given = values or {}
+        inner = ", ".join(f"{k}={given.get(k, v.value)}" for k, v in self.parameters.items())
         return f"{self.step_name}[{inner}]"
 
     @property
@@ -127,10 +130,7 @@ class TaskSpec:
                 values = dict(json.loads(key))
             except (ValueError, TypeError):
                 return self.label
-        if not self.parameters:
-            return self.step_name
-        inner = ", ".join(f"{k}={values.get(k, v.value)}" for k, v in self.parameters.items())
-        return f"{self.step_name}[{inner}]"
+        return self.describe(values)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serializable description (an XCom value, a Prefect task parameter); the
