@@ -79,6 +79,7 @@ from ._template import (
     CancelMethod,
     _relabel,
 )
+from ._words import describe_exit
 from ._wrap import inject_wrapped
 
 __all__ = (
@@ -839,7 +840,7 @@ class TaskExecution:
         if timed_out:
             return (code if code != 0 else 1), f"{path}: timed out after {timeout:g} s"
         if env_action and code and not self._fail_message:  # no task exit code is shown for it
-            return code, f"{path} failed: exited with code {code}"
+            return code, f"{path} failed: {describe_exit(code)}"
         return code, (self._fail_message or (f"{path} failed" if code else ""))
 
     def _method(self, spec: Any, intent: StopIntent) -> CancelMethod:

@@ -21,7 +21,10 @@ __all__ = (
 def describe_exit(code: int | None) -> str:
     """How a task's process ended, for a person: ``"exited with code: 3"``, ``"killed by SIGKILL
     (exit code -9)"`` (a negative code is the signal that ended it), or ``""`` when it never
-    ran. The code keeps the form other OpenJD CLIs print, which scripts and tests look for."""
+    ran. The code keeps the form other OpenJD CLIs print (``exited with code: N``, the line the
+    conformance data reads for ``taskFailure.exitCode``), which scripts and tests look for.
+    Every action's exit is worded here: a task action's in the CLI's report, an environment
+    action's (``onEnter``, ``onWrapEnvEnter``, ``onExit``...) in its failure message."""
     if code is None:
         return ""
     if code < 0:

@@ -114,9 +114,9 @@ reason (docs/decisions.md, "Extensions")."""
 _TASK_PREFIX = re.compile(r"^\[([^\[\]\n]+?)(\[[^\n]*?\])?\] ", re.MULTILINE)
 # The run summary on stderr: "openjd-checkpoint: run <id> <status> (2 succeeded, 1 failed)".
 _RUN_SUMMARY = re.compile(r"^openjd-checkpoint: run \S+ \w+ \(([^)\n]*)\)$", re.MULTILINE)
-# A process exit code as conforming CLIs print it ("exited with code: 42"), and as ours prints
-# it ("steps[0].script.actions.onRun: exited with code 42"), or "exit code 42".
-_EXIT_CODE = re.compile(r"(?:exited with code|exit code):? ?(-?\d+)")
+# A process exit code as conforming CLIs print it ("Process exited with code: 42"), the only
+# form the data's README reads ("the first non-zero `exited with code: <N>` line").
+_EXIT_CODE = re.compile(r"exited with code: (-?\d+)")
 # An uncaught exception in the CLI itself (task output is prefixed, so cannot match this).
 _CRASH = re.compile(r"^Traceback \(most recent call last\):$", re.MULTILINE)
 

@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.conformance import (  # noqa: E402
     build_command,
     discover,
+    first_nonzero_exit_code,
     fixture_dirs,
     fixture_kind,
     spelling,
@@ -99,3 +100,11 @@ def test_environments_are_repeated_in_order_with_both_spellings(tmp_path: Path) 
         ("--env", "env-1.yaml"),
         ("--environment", "env-2.yaml"),
     ]
+
+
+def test_the_exit_code_is_read_only_from_the_line_the_data_names() -> None:
+    """The data's README: "the first non-zero `exited with code: <N>` line"; a line in another
+    wording (no colon) is not read, so an action reported in it cannot pass a taskFailure."""
+    assert first_nonzero_exit_code("a: exited with code: 0\nb failed: exited with code: 7\n") == 7
+    assert first_nonzero_exit_code("onEnter failed: exited with code 7\n") is None
+    assert first_nonzero_exit_code("killed by SIGKILL (exit code -9)\n") is None

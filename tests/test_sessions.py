@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import re
 import signal
 import subprocess
@@ -178,11 +179,56 @@ def test_an_on_exit_that_fails_fails_the_run_and_a_retry_runs_no_task_again(
     first = run_cli("run", str(template), "--store", store)
     assert first.returncode == 1, first.stderr
     assert "TASK-RAN" in first.stdout and "EXIT-RAN" in first.stdout
-    assert "jobEnvironments[0].script.actions.onExit failed: exited with code 7" in first.stderr
+    assert "jobEnvironments[0].script.actions.onExit failed: exited with code: 7" in first.stderr
     assert re.search(r"run \S+ failed", first.stderr), first.stderr
     again = run_cli("run", str(template), "--store", store)
     assert again.returncode == 0, again.stderr
     assert "TASK-RAN" not in again.stdout, again.stdout
+
+
+@pytest.mark.parametrize(
+    "hook",
+    [
+        "jobEnvironments[0].script.actions.onEnter",
+        "environments[0].environment.script.actions.onWrapEnvEnter",
+    ],
+)
+def test_an_environment_action_that_fails_is_reported_as_a_task_action_is(
+    tmp_path: Path, hook: str
+) -> None:
+    """One wording for every action's exit (issue 22, item 7): a failing onEnter or
+    onWrapEnvEnter prints ``exited with code: 7``, the line a task action's failure prints and
+    the conformance data reads for ``taskFailure.exitCode``."""
+    fail = {"command": "python3", "args": ["-c", "import sys; sys.exit(7)"]}
+    ok = {"command": "python3", "args": ["-c", "print('RAN')"]}
+    wrap = hook.startswith("environments")
+    template = {
+        "specificationVersion": "jobtemplate-2023-09",
+        "name": "failing enter",
+        "jobEnvironments": [
+            {"name": "E", "script": {"actions": {"onEnter": ok if wrap else fail}}}
+        ],
+        "steps": [{"name": "S", "script": {"actions": {"onRun": ok}}}],
+    }
+    (tmp_path / "t.json").write_text(json.dumps(template))
+    args = ["run", str(tmp_path / "t.json"), "--store", str(tmp_path / "store")]
+    if wrap:
+        env = {
+            "specificationVersion": "environment-2023-09",
+            "extensions": ["WRAP_ACTIONS", "EXPR"],
+            "environment": {
+                "name": "W",
+                "script": {
+                    "actions": {"onWrapEnvEnter": fail, "onWrapTaskRun": ok, "onWrapEnvExit": ok}
+                },
+            },
+        }
+        (tmp_path / "env.json").write_text(json.dumps(env))
+        args += ["--environment", str(tmp_path / "env.json")]
+    done = run_cli(*args)
+    assert done.returncode == 1, done.stderr
+    assert f"{hook} failed: exited with code: 7" in done.stderr, done.stderr
+    assert "exited with code 7" not in done.stderr + done.stdout
 
 
 def test_an_on_exit_that_fails_in_a_schedulers_session_fails_the_attempt(tmp_path: Path) -> None:
@@ -205,10 +251,10 @@ def test_an_on_exit_that_fails_in_a_schedulers_session_fails_the_attempt(tmp_pat
     [result] = run_tasks(st, job, attempt.run_id, plan_step(st, job, attempt.run_id, "S"),
                          on_note=notes.append)  # fmt: skip
     assert result.outcome.value == "succeeded"
-    assert any("onExit failed: exited with code 7" in n for n in notes), notes
+    assert any("onExit failed: exited with code: 7" in n for n in notes), notes
     outcome = finish_attempt(st, job, attempt.run_id)
     assert outcome.status.value == "failed"
-    assert "onExit failed: exited with code 7" in outcome.condition.message
+    assert "onExit failed: exited with code: 7" in outcome.condition.message
 
 
 def test_a_step_environment_whose_on_exit_fails_is_named_as_such(tmp_path: Path) -> None:
@@ -239,5 +285,5 @@ def test_a_step_environment_whose_on_exit_fails_is_named_as_such(tmp_path: Path)
     assert "S-RAN" in done.stdout and "AFTER-RAN" not in done.stdout
     assert (
         "not run: as the session left step 'S', steps[0].stepEnvironments[0].script.actions."
-        "onExit failed: exited with code 5" in done.stderr
+        "onExit failed: exited with code: 5" in done.stderr
     ), done.stderr

@@ -159,7 +159,7 @@ def test_a_failing_on_exit_fails_the_dag_run(dag_tester: ah.DagTester, tmp_path:
     assert states[("openjd_finish", -1)] == "failed"
     [run] = core_runs(store)
     assert run["status"] == "failed"
-    assert "onExit failed: exited with code 7" in run["condition"]["message"]
+    assert "onExit failed: exited with code: 7" in run["condition"]["message"]
     printed = capfd.readouterr().out
     assert "TASK-RAN" in printed and "EXIT-RAN" in printed
 

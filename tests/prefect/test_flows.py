@@ -122,7 +122,7 @@ def test_a_failing_on_exit_fails_the_flow_run(tmp_path: Path) -> None:
     flow = flow_from_template(FAILING_EXIT, store=store.location)
     state = flow(return_state=True)
     assert state.is_failed(), state
-    assert "onExit failed: exited with code 7" in (state.message or "")
+    assert "onExit failed: exited with code: 7" in (state.message or "")
     runs = {r.name: r for r in ph.task_runs(state.state_details.flow_run_id)}
     assert runs["S"].state_type == StateType.COMPLETED
     [run] = store.list_runs()[0]
