@@ -47,6 +47,11 @@ from typing import Any
 
 import yaml
 
+try:
+    from tests.forked_cli import popen_cli
+except ImportError:  # run as a script from the tests folder
+    from forked_cli import popen_cli  # type: ignore[no-redef]
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # shared/ lies beside the repository's folder (in CI too).
 DEFAULT_ROOT = Path(
@@ -391,16 +396,9 @@ def build_command(
 
 
 def _run_cli(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[int | None, str]:
-    """Run the CLI; (exit code or None on timeout, combined output in order)."""
-    proc = subprocess.Popen(
-        cmd,
-        cwd=cwd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    """Run the CLI (``tests/forked_cli.py``: forked from a server that imported it once, when it
+    is ours); (exit code or None on timeout, combined output in order)."""
+    proc = popen_cli(cmd, cwd=cwd, env=env)
     try:
         out, _ = proc.communicate(timeout=CASE_TIMEOUT_SECONDS)
         return proc.returncode, out.decode("utf-8", errors="replace")

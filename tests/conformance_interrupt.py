@@ -77,6 +77,7 @@ from tests.conformance import (  # noqa: E402
     run_template_test,
     summary_lines,
 )
+from tests.forked_cli import popen_cli  # noqa: E402
 
 OURS_DIRS = [
     "CHECKPOINT/job_templates",
@@ -123,15 +124,7 @@ class _Attempt:
     """One CLI process, its combined output collected line by line on a thread."""
 
     def __init__(self, cmd: list[str], cwd: Path, env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen(
-            cmd,
-            cwd=cwd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        self.proc = popen_cli(cmd, cwd=cwd, env=env)
         self.lines: list[str] = []
         self._cond = threading.Condition()
         self._reader = threading.Thread(target=self._pump, daemon=True)

@@ -15,7 +15,8 @@ from conftest import EXAMPLES, ROOT, CliProcess, cli_cmd
 
 from core import CheckpointStore
 
-pytestmark = pytest.mark.slow
+# one xdist worker runs the module (--dist loadgroup): its module-scoped fixture is made once
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cli_logs")]
 
 TWO_STEPS = {
     "specificationVersion": "jobtemplate-2023-09",

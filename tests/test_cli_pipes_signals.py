@@ -14,7 +14,8 @@ from conftest import EXAMPLES, ROOT, CliProcess, cli_cmd, one_step_template
 
 from core import CheckpointStore, TaskStatus
 
-pytestmark = pytest.mark.slow
+# one xdist worker runs the module (--dist loadgroup): its module-scoped fixture is made once
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cli_pipes_signals")]
 
 
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from conftest import EXAMPLES, ROOT, CliProcess, cli_cmd, one_step_template
 
-pytestmark = pytest.mark.slow
+# one xdist worker runs the module (--dist loadgroup): its module-scoped fixture is made once
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cli_read")]
 
 RUN_FIELDS = {
     "run_id", "job", "parameters", "status", "stored_status", "reason", "message", "attempts",

@@ -37,6 +37,9 @@ MIN_MAIN_PASS_RATE = 1.0
 
 pytestmark = [
     pytest.mark.slow,
+    # one worker runs the module, so the suite runs once (pytest-xdist, --dist loadgroup)
+    pytest.mark.xdist_group("conformance"),
+    pytest.mark.timeout(1800),  # the first test's set-up runs every case
     pytest.mark.skipif(not DEFAULT_ROOT.is_dir(), reason=f"no conformance data at {DEFAULT_ROOT}"),
 ]
 

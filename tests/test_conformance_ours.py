@@ -18,7 +18,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.conformance import OURS_ROOT, PASS, CaseResult, format_case, summary_lines  # noqa: E402
 from tests.conformance_interrupt import OURS_DIRS, run_ours  # noqa: E402
 
-pytestmark = pytest.mark.slow
+# one xdist worker runs the module (--dist loadgroup): its module-scoped fixture is made once
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.xdist_group("conformance_ours"),
+    pytest.mark.timeout(1800),  # the first test's set-up runs every case
+]
 
 
 def _report(res: list[CaseResult]) -> None:
