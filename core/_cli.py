@@ -30,7 +30,7 @@ from ._completion import add_completion_parser, complete
 from ._early import EARLY_SIGNALS
 from ._errors import OpenJDCheckpointError, RunError, StoreError, TemplateError
 from ._files import DEFAULT_GC_GRACE_SECONDS, collect_file_garbage
-from ._inputs import load_document, read_input_file
+from ._inputs import decode_json, load_document, read_input_file
 from ._job import load_environment_template, load_path_mapping_rules, prepare_job
 from ._logs import LogKeeper
 from ._notices import (
@@ -178,10 +178,11 @@ def _inline_json(text: str) -> Any:
     """An option's inline JSON value.
 
     Raises:
-        TemplateError: "not valid inline JSON: <what> at column <n>" (the caller adds where).
+        TemplateError: "not valid inline JSON: <what> at column <n>", or the field of an
+            integer too long to read (the caller adds where).
     """
     try:
-        return json.loads(text)
+        return decode_json(text)
     except (json.JSONDecodeError, RecursionError) as exc:
         msg = (
             f"{exc.msg} at column {exc.colno}"

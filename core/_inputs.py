@@ -9,14 +9,19 @@ memory or time (docs/decisions.md, "Inputs"):
   wait for a writer), and only up to ``MAX_INPUT_BYTES``;
 - YAML is composed first and its aliases' expansion is counted before anything is built, so a
   "billion laughs" document is refused in milliseconds (PyYAML shares an alias's object, but every
-  later walk of the document, validation and hashing included, visits it once per reference).
+  later walk of the document, validation and hashing included, visits it once per reference);
+- an integer of more digits than Python converts (``sys.get_int_max_str_digits()``, 4,300 by
+  default), in JSON or YAML, is refused naming its field, instead of the ``ValueError`` that
+  the conversion (or any later ``str()`` of it) raises.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import stat
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +32,8 @@ from ._errors import TemplateError
 __all__ = (
     "MAX_INPUT_BYTES",
     "MAX_YAML_ALIAS_NODES",
+    "decode_json",
+    "integer_digits_limit",
     "load_document",
     "read_input_file",
     "safe_yaml_load",
@@ -113,15 +120,115 @@ def _too_large(size: int, limit: int, *, more: bool = False) -> str:
     return f"it is {amount} bytes; the limit is {limit:,} bytes ({limit // (1024 * 1024)} MiB)"
 
 
+def integer_digits_limit() -> int:
+    """The most decimal digits Python converts between an int and a string (CPython's
+    ``sys.get_int_max_str_digits()``: 4,300 unless ``PYTHONINTMAXSTRDIGITS`` changes it); 0
+    where there is no limit."""
+    get = getattr(sys, "get_int_max_str_digits", None)
+    return int(get()) if get is not None else 0
+
+
+class _LongInteger:
+    """Stands for an integer of a decoded document that Python cannot convert (more digits than
+    ``integer_digits_limit()``), until ``_long_integer_problems`` names its field."""
+
+    __slots__ = ("digits", "line")
+
+    def __init__(self, digits: int | None, line: int | None = None) -> None:
+        self.digits = digits  # None: written in another base, its digits not counted
+        self.line = line
+
+
+def _long_integer_problems(document: Any, limit: int) -> list[str]:
+    """One problem per ``_LongInteger`` in ``document``, named by its field path
+    (``parameterDefinitions[0].default``; ``<root>`` for the document itself)."""
+    problems: list[str] = []
+    stack: list[tuple[str, Any]] = [("", document)]
+    while stack and len(problems) < 20:
+        path, value = stack.pop()
+        if isinstance(value, _LongInteger):
+            digits = f"{value.digits:,} digits" if value.digits else f"more than {limit:,} digits"
+            at = f" (line {value.line})" if value.line else ""
+            problems.append(
+                f"{path or '<root>'}: an integer of {digits}{at} is too long to read (at most "
+                f"{limit:,} digits; an INT value is a signed 64-bit integer)"
+            )
+        elif isinstance(value, dict):
+            for key, item in reversed(list(value.items())):
+                where = f"{path}.{key}" if path else str(key)
+                if isinstance(key, _LongInteger):
+                    stack.append((f"{path or '<root>'} (a key)", key))
+                else:
+                    stack.append((where, item))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", item) for i, item in reversed(list(enumerate(value))))
+    return problems
+
+
+def decode_json(text: str, source: str | Path | None = None) -> Any:
+    """``json.loads(text)``, refusing an integer of more than ``integer_digits_limit()`` digits
+    by its field path instead of raising Python's conversion ``ValueError``.
+
+    Raises:
+        json.JSONDecodeError: not JSON; RecursionError: nested too deeply (the callers word
+            both).
+        TemplateError: with ``source``, one problem per integer too long to read.
+    """
+    found: list[bool] = []
+
+    def parse_int(digits: str) -> Any:
+        try:
+            return int(digits)
+        except ValueError:
+            found.append(True)
+            return _LongInteger(len(digits.lstrip("-")))
+
+    document = json.loads(text, parse_int=parse_int)
+    if found:
+        problems = _long_integer_problems(document, integer_digits_limit())
+        raise TemplateError(problems, source=str(source) if source is not None else None)
+    return document
+
+
 try:  # libyaml's parser when it is there: much faster on large documents
-    _Base: Any = yaml.CSafeLoader
+    _Parser: Any = yaml.CSafeLoader
 except AttributeError:  # pragma: no cover - PyYAML without libyaml
-    _Base = yaml.SafeLoader
+    _Parser = yaml.SafeLoader
+
+
+@functools.lru_cache(maxsize=4)
+def _power_of_ten(exponent: int) -> int:
+    return 10**exponent
+
+
+class _Base(_Parser):
+    """The safe loader, building an integer Python cannot convert as a ``_LongInteger``."""
+
+    long_integers = False
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> Any:
+        limit = integer_digits_limit()
+        line = node.start_mark.line + 1 if node.start_mark is not None else None
+        try:
+            value = super().construct_yaml_int(node)
+        except ValueError:  # a decimal (or sexagesimal) integer of too many digits
+            self.long_integers = True
+            text = str(node.value)
+            return _LongInteger(sum(c.isdigit() for c in text) or None, line)
+        if limit and isinstance(value, int) and abs(value) >= _power_of_ten(limit):
+            # Written in base 2, 8 or 16 it converts, but no str() of it would.
+            self.long_integers = True
+            return _LongInteger(None, line)
+        return value
+
+
+_Base.add_constructor("tag:yaml.org,2002:int", _Base.construct_yaml_int)
 
 
 def safe_yaml_load(text: str, source: str | Path | None = None) -> Any:
     """``yaml.safe_load(text)``, refusing documents whose aliases expand past
-    ``MAX_YAML_ALIAS_NODES`` nodes, or that refer to themselves.
+    ``MAX_YAML_ALIAS_NODES`` nodes, or that refer to themselves, and integers of more than
+    ``integer_digits_limit()`` digits (named by their field path and line).
 
     Raises:
         TemplateError: with ``source``; a syntax error gives its line and column.
@@ -141,11 +248,15 @@ def safe_yaml_load(text: str, source: str | Path | None = None) -> Any:
         if problem:
             raise TemplateError([f"not accepted as YAML: {problem}"], source=where)
         try:
-            return loader.construct_document(node)
+            document = loader.construct_document(node)
         except yaml.YAMLError as exc:
             raise TemplateError(
                 [f"not a valid YAML document: {_yaml_problem(exc)}"], source=where
             ) from None
+        if loader.long_integers:
+            problems = _long_integer_problems(document, integer_digits_limit())
+            raise TemplateError(problems, source=where)
+        return document
     except RecursionError:
         raise TemplateError(["the document is nested too deeply"], source=where) from None
     finally:
@@ -201,16 +312,18 @@ def _children(node: yaml.Node) -> list[yaml.Node]:
 
 
 def load_document(text: str, *, json_format: bool, source: str | Path | None = None) -> Any:
-    """A JSON or YAML document decoded (YAML through ``safe_yaml_load``).
+    """A JSON or YAML document decoded (YAML through ``safe_yaml_load``, JSON through
+    ``decode_json``).
 
     Raises:
-        TemplateError: with ``source``, and where the syntax error is.
+        TemplateError: with ``source``, and where the syntax error is, or which field holds an
+            integer too long to read.
     """
     if not json_format:
         return safe_yaml_load(text, source)
     where = str(source) if source is not None else None
     try:
-        return json.loads(text)
+        return decode_json(text, source)
     except json.JSONDecodeError as exc:
         raise TemplateError(
             [f"not a valid JSON document: {exc.msg} at line {exc.lineno}, column {exc.colno}"],

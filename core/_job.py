@@ -40,7 +40,7 @@ from openjd.model import (
 from openjd.sessions import PathMappingRule
 
 from ._errors import TemplateError
-from ._inputs import load_document, read_input_file
+from ._inputs import decode_json, load_document, read_input_file
 from ._store import CheckpointData, TaskRecord
 from ._template import (
     JOB_STATUS_PARAMETER,
@@ -636,7 +636,7 @@ def prepare_job(
     uses_expr = "EXPR" in tmpl.extensions or any(
         "EXPR" in (getattr(e, "extensions", None) or []) for e in envs
     )
-    not_lists = _list_value_problems(tmpl, raw)
+    not_lists = _list_value_problems(tmpl, raw) + _long_int_problems(tmpl, envs, raw)
     if not_lists:
         raise TemplateError(not_lists, source=str(tmpl.source) if tmpl.source else None)
     given = _normalize_given_paths(tmpl, envs, raw, cwd, keep_uris=uses_expr)
@@ -884,6 +884,31 @@ def _true_missing(
     return out
 
 
+def _long_int_problems(
+    tmpl: CheckpointJobTemplate, envs: list[Any], raw: Mapping[str, str]
+) -> list[str]:
+    """A given INT value of more digits than Python converts, named (openjd-model 0.14 says it
+    "must an integer", echoing every digit)."""
+    int_names = {
+        str(d.name)
+        for source in (tmpl.template, *envs)
+        for d in (getattr(source, "parameterDefinitions", None) or [])
+        if str(getattr(d.type, "value", d.type)) == "INT"
+    }
+    problems: list[str] = []
+    for name in sorted(int_names & set(raw)):
+        text = raw[name].strip()
+        if _INT_TEXT.fullmatch(text) and len(text) > 19:
+            try:
+                int(text)
+            except ValueError:
+                problems.append(
+                    f"job parameters: {name}: an integer of {len(text.lstrip('+-')):,} digits "
+                    "is outside the 64-bit integer range"
+                )
+    return problems
+
+
 def _list_value_problems(tmpl: CheckpointJobTemplate, raw: Mapping[str, str]) -> list[str]:
     """A given value of a list parameter (EXPR's ``LIST[...]`` types) that is not a JSON list,
     named with how to write one. openjd-model 0.14 says only that it "is not valid JSON", and
@@ -895,7 +920,10 @@ def _list_value_problems(tmpl: CheckpointJobTemplate, raw: Mapping[str, str]) ->
         if not kind.startswith("LIST[") or value is None:
             continue
         try:
-            parsed = json.loads(value)
+            parsed = decode_json(value)
+        except TemplateError as exc:  # an element too long to read, named by its index
+            problems += [f"job parameters: {definition.name}{p}" for p in exc.problems]
+            continue
         except ValueError:
             parsed = None
         if not isinstance(parsed, list):

@@ -229,6 +229,7 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 """The range of an INT value (Expression Language 1.2.1: a 64-bit signed integer; both reference
 implementations store INT as int64)."""
 
+_INT64_RANGE = f"the signed 64-bit integer range of an INT value ({INT64_MIN} to {INT64_MAX})"
 _INT_TEXT = re.compile(r"[+-]?[0-9]+")
 _RANGE_PART = re.compile(r"^\s*([+-]?\d+)\s*(?:-\s*([+-]?\d+)\s*(?::\s*([+-]?\d+)\s*)?)?$")
 
@@ -241,6 +242,9 @@ def _int64_problem(where: str, value: Any) -> str | None:
         try:
             number = int(value)
         except ValueError:
+            if _INT_TEXT.fullmatch(value):  # more digits than Python converts
+                digits = sum(c.isdigit() for c in value)
+                return f"{where}: an integer of {digits:,} digits is outside {_INT64_RANGE}"
             return None  # a format string, or not an integer (openjd-model judges those)
         if not _INT_TEXT.fullmatch(value):
             # openjd-model 0.14 (Python's int()) takes ' 12', '1_000' and non-ASCII digits,
@@ -255,10 +259,7 @@ def _int64_problem(where: str, value: Any) -> str | None:
         return None
     if INT64_MIN <= number <= INT64_MAX:
         return None
-    return (
-        f"{where}: {number} is outside the signed 64-bit integer range of an INT value "
-        f"({INT64_MIN} to {INT64_MAX})"
-    )
+    return f"{where}: {number} is outside {_INT64_RANGE}"
 
 
 def int64_problems(document: Any) -> list[str]:

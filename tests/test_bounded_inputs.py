@@ -268,6 +268,108 @@ def test_a_value_too_long_for_one_argument_is_refused(tmp_path: Path, template: 
     assert "steps[0].script.actions.onRun.args" in out
 
 
+# --- integers longer than Python converts (sys.get_int_max_str_digits: 4,300 digits) ----------
+
+HUGE = "9" * 5000
+
+
+def _refused_naming(code: int, out: str, *fields: str) -> None:
+    assert code == 2, out[-2000:]
+    assert "Traceback" not in out and "internal error" not in out, out[-2000:]
+    assert HUGE not in out  # the message says how long, it does not echo 5,000 digits
+    for field in fields:
+        assert field in out, out[-2000:]
+    assert "5,000 digits" in out, out[-2000:]
+    assert "ran" not in out.split()
+
+
+@pytest.mark.parametrize(
+    ("where", "replaced", "field"),
+    [
+        (
+            "- {name: N, type: INT, default: 2}",
+            "- {name: N, type: INT, default: %s}",
+            "parameterDefinitions[0].default",
+        ),
+        (
+            "- {name: N, type: INT, default: 2}",
+            "- {name: N, type: INT, default: 2, minValue: %s}",
+            "parameterDefinitions[0].minValue",
+        ),
+        (
+            'range: "1-{{Param.N}}"',
+            "range: [1, %s]",
+            "steps[0].parameterSpace.taskParameterDefinitions[0].range[1]",
+        ),
+        (
+            "- {name: S, type: STRING, default: x}",
+            "- {name: S, type: STRING, default: %s}",
+            "parameterDefinitions[2].default",
+        ),
+    ],
+    ids=["default", "minValue", "range", "not-an-INT-field"],
+)
+@pytest.mark.parametrize("suffix", [".yaml", ".json"])
+@pytest.mark.parametrize("command", ["check", "run"])
+def test_an_integer_too_long_to_convert_in_a_template_is_refused_naming_the_field(
+    tmp_path: Path, where: str, replaced: str, field: str, suffix: str, command: str
+) -> None:
+    """Issue 22, item 5: exit 2 naming the field, not an internal error (exit 70)."""
+    import yaml
+
+    assert where in TEMPLATE
+    path = tmp_path / f"job{suffix}"
+    if suffix == ".json":  # the same document, the integer written as JSON writes it
+        doc = yaml.safe_load(TEMPLATE.replace(where, replaced % "123456789"))
+        path.write_text(json.dumps(doc).replace("123456789", HUGE))
+    else:
+        path.write_text(TEMPLATE.replace(where, replaced % HUGE))
+    args: list[str | Path] = [command, path]
+    if command == "run":
+        args += ["--store", tmp_path / "store"]
+    code, out, _ = cli(*args)
+    _refused_naming(code, out, field, str(path))
+
+
+@pytest.mark.parametrize("form", ["NAME=VALUE", "inline-json", "yaml-file", "json-file"])
+def test_an_integer_too_long_to_convert_in_a_job_parameter_is_refused_naming_it(
+    tmp_path: Path, template: Path, form: str
+) -> None:
+    if form == "NAME=VALUE":
+        arg = f"N={HUGE}"
+    elif form == "inline-json":
+        arg = '{"N": ' + HUGE + "}"
+    else:
+        params = tmp_path / ("params.yaml" if form == "yaml-file" else "params.json")
+        params.write_text(f"N: {HUGE}\n" if form == "yaml-file" else '{"N": ' + HUGE + "}")
+        arg = f"file://{params}"
+    code, out, _ = cli("run", template, "--store", tmp_path / "store", "-p", arg)
+    _refused_naming(code, out, "N")
+    if form != "NAME=VALUE":
+        assert "-p/--job-param" in out
+
+
+def test_an_integer_too_long_to_convert_in_an_environment_is_refused(
+    tmp_path: Path, template: Path
+) -> None:
+    env = tmp_path / "env.yaml"
+    env.write_text(
+        ENVIRONMENT.replace("environment:\n", f"parameterDefinitions:\n- {{name: E, type: INT, "
+                            f"default: {HUGE}}}\nenvironment:\n", 1)
+    )  # fmt: skip
+    code, out, _ = cli("run", template, "--store", tmp_path / "store", "--environment", env)
+    _refused_naming(code, out, "--environment", "parameterDefinitions[0].default")
+
+
+def test_prepare_job_refuses_an_integer_too_long_to_convert(template: Path) -> None:
+    """The adapters' path: a value given to prepare_job, as a DAG run's conf or a flow's
+    parameters pass it."""
+    with pytest.raises(TemplateError) as caught:
+        prepare_job(template, {"N": HUGE})
+    assert "job parameters: N:" in str(caught.value) and "5,000 digits" in str(caught.value)
+    assert HUGE not in str(caught.value)
+
+
 # --- absurd option values ---------------------------------------------------------------------
 
 
