@@ -1102,7 +1102,9 @@ def enter_finally(store: CheckpointStore, job: PreparedJob, run_id: str) -> Fina
         term = resolve_termination(store.read_stop_requests(job.job_key, run_id), run.attempt)
         records = attempt_records(store, job, run)
         _, incomplete = _incomplete_roots(job, job.template.regular_steps, records)
-        status = _job_status(term.mode, bool(incomplete) or run.timed_out is not None)
+        regular = [r for r in records if not job.template.is_finally(r.step)]
+        told = None if _moot(term.mode, regular, bool(incomplete)) else term.mode
+        status = _job_status(told, bool(incomplete) or run.timed_out is not None)
         run_finally = bool(job.template.finally_steps) and term.mode not in (
             TerminationMode.CANCELLED,
             TerminationMode.SUSPENDED,
@@ -1183,12 +1185,20 @@ def finish_attempt(
             for f in run.environment_failures
             if f.get("attempt") == run.attempt
         ]
+def _moot(mode: TerminationMode | None, records: list[TaskRecord], left: bool) -> bool:
+    """True if a termination in force stopped nothing and kept nothing from starting: it was
+    asked once every task it could reach had ended (``left``: some task is still to run) and
+    no task of the attempt ended stopped. It then changes nothing that already happened: the
+    outcome (and ``{{Job.Status}}``) is the tasks' own (docs/decisions.md, "Termination
+    modes": a request after every task ended)."""
+    stopped = (TaskStatus.CANCELED, TaskStatus.INTERRUPTED)
+    return mode is not None and not left and not any(r.status in stopped for r in records)
+
+
         if skipped is None:
-            skipped = [
-                spec.label
-                for name in job.step_order()
-                for spec in job.plan_step(name, [r for r in records if r.step == name])
-            ]
+            skipped = left
+        if _moot(mode, records, bool(left)) and run.job_status not in ("Cancelled", "Stopped"):
+            mode = None  # asked after every task had ended: the run ends as its tasks did
         if mode == TerminationMode.SUSPENDED:
             status = RunStatus.INTERRUPTED
             cond = RunCondition(status="False", reason="Suspended", message="suspended; resumable")
@@ -1238,3 +1248,8 @@ def finish_attempt(
             # looks unfinished with its checkpoints gone.
             store.delete_checkpoints(run)
     return RunOutcome(status, cond, code, mode, list(skipped), failed_steps, finally_failed)
+        left = [
+            spec.label
+            for name in job.step_order()
+            for spec in job.plan_step(name, [r for r in records if r.step == name])
+        ]

@@ -7,6 +7,7 @@ sent by a second ``openjd-checkpoint stop`` process, through the store.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -227,3 +228,73 @@ def test_cancelled_during_finally_is_not_reported_as_a_finally_failure(store: Pa
     assert cli.wait(60) == 130
     rec = record(store, run_id)
     assert rec.condition.reason == "Cancelled" and "finally failed" not in rec.condition.message
+
+
+@pytest.mark.parametrize("mode", ["Cancelled", "Suspended"])
+def test_a_stop_that_lands_after_every_task_ended_changes_nothing(store: Path, mode: str) -> None:
+    """Issue 22, item 4: the request is accepted (the run is live: its session is closing),
+    but every task, the finally step included, has ended; the run ends as its tasks did,
+    succeeded, and does not tell the user to run it again."""
+    import sys
+
+    done = subprocess.run(
+        cli_cmd(
+            "run", str(DATA / "late_stop.yaml"), "--store", str(store),
+            "-p", f"Store={store}", "-p", f"Python={sys.executable}", "-p", f"Mode={mode}",
+        ),
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert "STOP-ASKED 0 asked run" in done.stdout, done.stdout + done.stderr
+    assert "WORK-RAN" in done.stdout and "CLEANUP-RAN" in done.stdout
+    assert done.returncode == 0, done.stderr
+    assert "run again" not in done.stderr and "to resume" not in done.stderr, done.stderr
+    assert re.search(r"run \S+ finished \(2 succeeded\)", done.stderr), done.stderr
+    [run] = CheckpointStore(store).list_runs()[0]
+    assert run.status.value == "succeeded" and run.condition.reason == "Succeeded"
+    assert run.termination is None and run.skipped_tasks == []
+
+
+@pytest.mark.parametrize(
+    ("mode", "finally_runs", "status"),
+    [
+        ("CancelledRunFinally", True, "succeeded"),
+        ("StoppedRunFinally", True, "succeeded"),
+        ("Cancelled", False, "canceled"),
+    ],
+)
+def test_a_stop_after_the_last_regular_task_changes_only_what_is_left(
+    tmp_path: Path, mode: str, finally_runs: bool, status: str
+) -> None:
+    """The adapters' path (one task instance per step, the request in between): a request made
+    once every regular task has ended tells the finally steps nothing (Job.Status is the
+    regular steps' own); a mode that skips the finally steps still skips them, and the run
+    ends canceled, with the finally step left to run."""
+    from core import (
+        begin_attempt,
+        enter_finally,
+        finish_attempt,
+        plan_step,
+        prepare_job,
+        request_termination,
+        run_tasks,
+    )
+
+    st = CheckpointStore(tmp_path / "store")
+    job = prepare_job(DATA / "finally.yaml", {"LongSeconds": "0"})
+    attempt = begin_attempt(st, job, external_key="dag/run-1")
+    for step_name in ("Long", "Later"):
+        [result] = run_tasks(st, job, attempt.run_id, plan_step(st, job, attempt.run_id, step_name))
+        assert result.outcome.value == "succeeded"
+    request_termination(st, job.job_key, attempt.run_id, mode)
+    decision = enter_finally(st, job, attempt.run_id)
+    assert decision.run_finally is finally_runs
+    if finally_runs:
+        assert decision.job_status == "Succeeded"
+        [result] = run_tasks(st, job, attempt.run_id, plan_step(st, job, attempt.run_id, "Cleanup"))
+        assert result.outcome.value == "succeeded"
+    outcome = finish_attempt(st, job, attempt.run_id)
+    assert outcome.status.value == status
+    if status == "succeeded":
+        assert outcome.mode is None and outcome.exit_code == 0 and outcome.skipped == []
+    else:
+        assert outcome.skipped == ["Cleanup"]
