@@ -1064,6 +1064,16 @@ def _incomplete_roots(
     return roots, [n for n in names if n in incomplete]
 
 
+def _moot(mode: TerminationMode | None, records: list[TaskRecord], left: bool) -> bool:
+    """True if a termination in force stopped nothing and kept nothing from starting: it was
+    asked once every task it could reach had ended (``left``: some task is still to run) and
+    no task of the attempt ended stopped. It then changes nothing that already happened: the
+    outcome (and ``{{Job.Status}}``) is the tasks' own (docs/decisions.md, "Termination
+    modes": a request after every task ended)."""
+    stopped = (TaskStatus.CANCELED, TaskStatus.INTERRUPTED)
+    return mode is not None and not left and not any(r.status in stopped for r in records)
+
+
 def _job_status(mode: TerminationMode | None, failed: bool) -> str:
     if mode in (TerminationMode.CANCELLED, TerminationMode.CANCELLED_RUN_FINALLY):
         return "Cancelled"
@@ -1185,16 +1195,11 @@ def finish_attempt(
             for f in run.environment_failures
             if f.get("attempt") == run.attempt
         ]
-def _moot(mode: TerminationMode | None, records: list[TaskRecord], left: bool) -> bool:
-    """True if a termination in force stopped nothing and kept nothing from starting: it was
-    asked once every task it could reach had ended (``left``: some task is still to run) and
-    no task of the attempt ended stopped. It then changes nothing that already happened: the
-    outcome (and ``{{Job.Status}}``) is the tasks' own (docs/decisions.md, "Termination
-    modes": a request after every task ended)."""
-    stopped = (TaskStatus.CANCELED, TaskStatus.INTERRUPTED)
-    return mode is not None and not left and not any(r.status in stopped for r in records)
-
-
+        left = [
+            spec.label
+            for name in job.step_order()
+            for spec in job.plan_step(name, [r for r in records if r.step == name])
+        ]
         if skipped is None:
             skipped = left
         if _moot(mode, records, bool(left)) and run.job_status not in ("Cancelled", "Stopped"):
@@ -1248,8 +1253,3 @@ def _moot(mode: TerminationMode | None, records: list[TaskRecord], left: bool) -
             # looks unfinished with its checkpoints gone.
             store.delete_checkpoints(run)
     return RunOutcome(status, cond, code, mode, list(skipped), failed_steps, finally_failed)
-        left = [
-            spec.label
-            for name in job.step_order()
-            for spec in job.plan_step(name, [r for r in records if r.step == name])
-        ]
