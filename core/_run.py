@@ -270,18 +270,24 @@ def _refuse_if_scheduled_elsewhere(
     store: CheckpointStore, job: PreparedJob, run_id: str, external_key: str | None
 ) -> None:
     """An operator resume may not take over a live run that a scheduler (another external
-    key) is running: its tasks may be running now, with no run lease to show it."""
+    key) is running: its tasks may be running now, with no run lease to show it. The refusal
+    names the scheduler run that began the latest attempt (which may have taken the run over
+    from the one that made it)."""
     run = store.find_run(run_id)
+    if run is None:
+        return
+    holder = run.attempt_key
+    if holder is None and run.runner is None:  # a record made before attempt_key
+        holder = run.external_key
     if (
-        run is not None
-        and run.external_key is not None
-        and run.external_key != external_key
+        holder is not None
+        and holder != external_key
         and run.status == RunStatus.RUNNING
         and run.phase != "ended"
     ):
         raise ResumeRefusedError(
             RefusalCode.ALREADY_RESUMED,
-            f"run {run_id} belongs to {run.external_key!r} and has not ended; stop it there "
+            f"run {run_id} belongs to {holder!r} and has not ended; stop it there "
             "(or with 'openjd-checkpoint stop') first",
         )
 
@@ -434,6 +440,7 @@ def begin_attempt(
                 rec.status = RunStatus.RUNNING
                 rec.phase = "regular"
                 rec.runner = this_process() if hold_lease else None
+                rec.attempt_key = external_key
                 rec.message = None
                 rec.skipped_tasks = []
                 rec.termination = None

@@ -351,6 +351,10 @@ class RunRecord(_Model):
     external_key: str | None = None
     """A scheduler's own identity for this run (an Airflow ``dag_id/run_id``, a Prefect flow
     run id): the framework's retry or clear of that run finds this core run again."""
+    attempt_key: str | None = None
+    """The external key of the scheduler run that began the latest attempt (an operator resume
+    from another DAG run or flow run takes the run over); None: a process without one (the
+    CLI), or a record made before this field (then ``external_key``)."""
     phase: str = "regular"
     """``regular`` (regular steps), ``finally`` (finally steps) or ``ended``."""
     job_status: str | None = None

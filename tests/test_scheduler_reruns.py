@@ -1,0 +1,69 @@
+"""A scheduler's re-run of part of a run it already ran (issue 22, items 1, 2 and 6), driven
+through the core's run-level operations as the Airflow adapter drives them: ``begin_attempt``
+with the DAG run's key, ``plan_group`` per mapped task instance, ``run_tasks``,
+``enter_finally``, ``finish_attempt``.
+
+- Clearing a task instance whose OpenJD tasks finished runs them again from their start; one
+  that did not finish resumes; the other tasks keep their outcome; the finally steps run again
+  with the new outcome. On a run that succeeded (its task records deleted) as on one that failed.
+- A template changed since the run began is refused (``chain-changed``) before any task of the
+  old plan runs.
+- A refusal names the scheduler run that began the latest attempt, not the first one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import DATA
+
+from core import CheckpointStore, ResumeHow, ResumeRefusedError, plan_group, prepare_job, run_tasks
+from core._run import begin_attempt, enter_finally, finish_attempt
+
+THREE = DATA / "three_steps.yaml"
+
+
+def _run_group(st: CheckpointStore, job, run_id: str, originals, *, rerun: bool = False) -> list:
+    extra = {"rerun": True} if rerun else {}  # what the Airflow operator passes
+    specs = plan_group(st, job, run_id, originals, **extra)
+    return [r.outcome.value for r in run_tasks(st, job, run_id, specs)]
+
+
+def _drive(st: CheckpointStore, job, run_id: str, groups: dict[str, list]) -> str:
+    """Run the given groups (step -> list of original-task lists), then the finally phase and
+    the end, as the DAG's task instances would; return the run's status."""
+    for step in job.template.regular_steps:
+        for group in groups.get(step, []):
+            _run_group(st, job, run_id, group)
+    decision = enter_finally(st, job, run_id)
+    if decision.run_finally:
+        for step in job.template.finally_steps:
+            _run_group(st, job, run_id, job.plan_step(step))
+    return finish_attempt(st, job, run_id).status.value
+
+
+def _all_groups(job) -> dict[str, list]:
+    return {s: [[t] for t in job.plan_step(s)] for s in job.template.regular_steps}
+
+
+def test_a_refusal_names_the_scheduler_run_that_resumed_the_run(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "fail-now").touch()
+    job = prepare_job(THREE, {"Out": str(out), "FrameSeconds": 0.01, "FailFrame": 3})
+    st = CheckpointStore(tmp_path / "store")
+    first = begin_attempt(st, job, external_key="dag/first")
+    assert _drive(st, job, first.run_id, _all_groups(job)) == "failed"
+
+    # Two new DAG runs with resume=latest at once: the second resumes the job run ...
+    second = begin_attempt(
+        st, job, how=ResumeHow.OPERATOR, run_id="latest", external_key="dag/second"
+    )
+    assert second.run_id == first.run_id and second.attempt == 2
+    # ... and the third is refused, naming the second as the one running it.
+    with pytest.raises(ResumeRefusedError) as refused:
+        begin_attempt(st, job, how=ResumeHow.OPERATOR, run_id="latest", external_key="dag/third")
+    assert refused.value.code.value == "already-resumed"
+    assert "'dag/second'" in str(refused.value), refused.value
+    assert "dag/first" not in str(refused.value)
