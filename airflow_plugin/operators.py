@@ -200,7 +200,19 @@ class OpenJDBeginOperator(BaseOperator):
                 attempt = core.begin_attempt(store, job, external_key=key)
         except core.ResumeRefusedError as exc:
             self.log.error("%s (refusal code %s)", exc, exc.code.value)
-            raise AirflowFailException(f"{exc.code.value}: {exc}") from None
+            advice = ""
+            if not resume and exc.code in (
+                core.RefusalCode.CHAIN_CHANGED,
+                core.RefusalCode.DIFFERENT_INPUT,
+            ):
+                # This DAG run's mapped task instances map the tasks it was planned with.
+                advice = (
+                    "; this DAG run keeps the template and job parameters it began with: to run "
+                    "the changed job, trigger a new DAG run (once the DAG file has been parsed "
+                    "again)"
+                )
+                self.log.error("%s", advice[2:])
+            raise AirflowFailException(f"{exc.code.value}: {exc}{advice}") from None
         for note in attempt.notes:
             self.log.info("%s", note)
         self.log.info(

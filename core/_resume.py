@@ -31,7 +31,15 @@ from ._store import (
     host_id,
 )
 
-__all__ = ("RefusalCode", "ResumeHow", "ResumePlan", "ResumeRefusedError", "plan_resume")
+__all__ = (
+    "RefusalCode",
+    "ResumeHow",
+    "ResumePlan",
+    "ResumeRefusedError",
+    "check_chain",
+    "check_input",
+    "plan_resume",
+)
 
 
 class ResumeHow(str, Enum):
@@ -96,6 +104,44 @@ def _owner_alive(run: RunRecord) -> bool:
     return ident.is_alive()
 
 
+def check_input(job: PreparedJob, run: RunRecord) -> None:
+    """Refuse ``different-input`` when ``job``'s environment templates, path mapping rules or
+    job parameter values are not ``run``'s (docs/decisions.md, "Resuming")."""
+    rules = [r.to_dict() for r in job.path_mapping_rules]
+    if run.environments != job.environment_paths or run.path_mapping_rules != rules:
+        raise ResumeRefusedError(
+            RefusalCode.DIFFERENT_INPUT,
+            f"the environment templates or path mapping rules differ from run {run.run_id}'s "
+            f"(it ran with environments {run.environments or 'none'} and "
+            f"{len(run.path_mapping_rules)} path mapping rule(s))",
+        )
+    if run.parameters != job.parameters:
+        diff = sorted(
+            k
+            for k in set(run.parameters) | set(job.parameters)
+            if run.parameters.get(k) != job.parameters.get(k)
+        )
+        raise ResumeRefusedError(
+            RefusalCode.DIFFERENT_INPUT,
+            f"job parameter(s) {', '.join(diff)} differ from run {run.run_id}'s",
+        )
+
+
+def check_chain(job: PreparedJob, run: RunRecord) -> None:
+    """Refuse ``chain-changed`` when ``job``'s template is not the one ``run`` began with; the
+    message names the steps whose hash changed."""
+    if run.template_hash != job.template.template_hash:
+        changed = sorted(
+            name
+            for name in set(run.step_hashes) | set(job.template.step_hashes)
+            if run.step_hashes.get(name) != job.template.step_hashes.get(name)
+        )
+        what = f"step(s) {', '.join(changed)} changed" if changed else "the template changed"
+        raise ResumeRefusedError(
+            RefusalCode.CHAIN_CHANGED, f"{what} since run {run.run_id}'s checkpoints"
+        )
+
+
 def check_run(
     store: CheckpointStore,
     job: PreparedJob,
@@ -119,39 +165,13 @@ def check_run(
         raise ResumeRefusedError(
             RefusalCode.NOT_FAILED, f"run {run.run_id} succeeded; there is nothing to resume"
         )
-    rules = [r.to_dict() for r in job.path_mapping_rules]
-    if run.environments != job.environment_paths or run.path_mapping_rules != rules:
-        raise ResumeRefusedError(
-            RefusalCode.DIFFERENT_INPUT,
-            f"the environment templates or path mapping rules differ from run {run.run_id}'s "
-            f"(it ran with environments {run.environments or 'none'} and "
-            f"{len(run.path_mapping_rules)} path mapping rule(s))",
-        )
-    if run.parameters != job.parameters:
-        diff = sorted(
-            k
-            for k in set(run.parameters) | set(job.parameters)
-            if run.parameters.get(k) != job.parameters.get(k)
-        )
-        raise ResumeRefusedError(
-            RefusalCode.DIFFERENT_INPUT,
-            f"job parameter(s) {', '.join(diff)} differ from run {run.run_id}'s",
-        )
+    check_input(job, run)
     if store.lease_held(run) or (run.status == RunStatus.RUNNING and _owner_alive(run)):
         owner = describe_holder(store, run.runner)
         raise ResumeRefusedError(
             RefusalCode.ALREADY_RESUMED, f"run {run.run_id} is being run now{owner}"
         )
-    if run.template_hash != job.template.template_hash:
-        changed = sorted(
-            name
-            for name in set(run.step_hashes) | set(job.template.step_hashes)
-            if run.step_hashes.get(name) != job.template.step_hashes.get(name)
-        )
-        what = f"step(s) {', '.join(changed)} changed" if changed else "the template changed"
-        raise ResumeRefusedError(
-            RefusalCode.CHAIN_CHANGED, f"{what} since run {run.run_id}'s checkpoints"
-        )
+    check_chain(job, run)
     try:
         records, warnings = store.read_tasks(run.job_key, run.run_id)
     except StoreError as exc:

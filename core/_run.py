@@ -45,6 +45,8 @@ from ._resume import (
     RefusalCode,
     ResumeHow,
     ResumeRefusedError,
+    check_chain,
+    check_input,
     check_run,
     plan_resume,
 )
@@ -319,7 +321,8 @@ def begin_attempt(
 
     - with ``external_key`` and ``RETRY``: the run made for that key, whatever its checkpoints
       (the framework's own retry, or a clear, of the same run), unless it succeeded (then a new
-      run) or its template or input changed (then a new run from the top, with a note);
+      run); a template or input changed since that run began is refused (``chain-changed``,
+      ``different-input``): the framework planned the run with the old ones;
     - ``RETRY`` without a key: the newest unfinished run of the job, when allowed;
     - ``REQUEUE``: a new run from the top;
     - ``OPERATOR``: ``run_id`` exactly (or ``"latest"``), from ``from_step`` and ``generation``,
@@ -337,7 +340,8 @@ def begin_attempt(
         The ``Attempt``; ``attempt.lease`` holds the run's lease when ``hold_lease``.
 
     Raises:
-        ResumeRefusedError: an operator resume was refused, or another process runs the job.
+        ResumeRefusedError: an operator resume was refused, another process runs the job, or
+            the template or input of the key's run changed.
         StoreError: the store cannot be read or written.
     """
     notes: list[str] = []
@@ -351,6 +355,12 @@ def begin_attempt(
             runs, _ = store.list_runs(job.job_key)
             mine = [r for r in runs if r.external_key == external_key and not r.superseded_by]
             existing = mine[-1] if mine else None
+            if existing is not None:
+                # The scheduler runs part of its run again (a retry, or a clear of task
+                # instances): that run goes on, with the template and inputs it began with,
+                # which its scheduler planned with.
+                check_input(job, existing)
+                check_chain(job, existing)
             if existing is not None and existing.status == RunStatus.SUCCEEDED:
                 notes.append(
                     f"run {existing.run_id} of {external_key} succeeded; running from the top"

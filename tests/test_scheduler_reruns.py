@@ -47,6 +47,33 @@ def _all_groups(job) -> dict[str, list]:
     return {s: [[t] for t in job.plan_step(s)] for s in job.template.regular_steps}
 
 
+def test_a_template_changed_since_the_run_began_is_refused_before_any_task_runs(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "fail-now").touch()
+    template = tmp_path / "three.yaml"
+    template.write_text(THREE.read_text())
+    job = prepare_job(template, {"Out": str(out), "FrameSeconds": 0.01, "FailFrame": 3})
+    st = CheckpointStore(tmp_path / "store")
+    first = begin_attempt(st, job, external_key="dag/run-4")
+    assert _drive(st, job, first.run_id, _all_groups(job)) == "failed"
+
+    template.write_text(THREE.read_text().replace('range: "1-6"', 'range: "2-7"'))
+    edited = prepare_job(template, {"Out": str(out), "FrameSeconds": 0.01, "FailFrame": 3})
+    with pytest.raises(ResumeRefusedError) as refused:
+        begin_attempt(st, edited, external_key="dag/run-4")
+    assert refused.value.code.value == "chain-changed"
+    assert "Render" in str(refused.value)
+    runs, _ = st.list_runs(job.job_key)
+    assert [r.run_id for r in runs] == [first.run_id]  # no new run from the top
+    assert runs[0].superseded_by is None
+    # a new scheduler run (a new DAG run) runs the changed template
+    fresh = begin_attempt(st, edited, external_key="dag/run-5")
+    assert fresh.run_id != first.run_id and fresh.attempt == 1
+
+
 def test_a_refusal_names_the_scheduler_run_that_resumed_the_run(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
