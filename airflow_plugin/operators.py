@@ -546,7 +546,19 @@ class OpenJDTaskOperator(BaseOperator):
                 if decision.mode
                 else "",
             )
-        specs = core.plan_group(store, job, run_id, originals)
+        # A later try of this task instance in this DAG run: Airflow runs it again only after
+        # a try that did not succeed, or when it was cleared; a cleared one whose tasks
+        # finished (in an earlier attempt) runs them again from their start. A first try (a
+        # new DAG run, an operator resume included) leaves finished tasks out.
+        rerun_notes: list[str] = []
+        try:
+            specs = core.plan_group(
+                store, job, run_id, originals, rerun=self._try_number() > 1, notes=rerun_notes
+            )
+        except core.ResumeRefusedError as exc:
+            raise AirflowException(str(exc)) from None  # another process still runs it
+        for note in rerun_notes:
+            self.log.info("%s (the task instance was cleared)", note)
         self._log_plan(store, attempt, originals, specs)
         writer = _StateStoreWriter(context.get("task_state_store"), self.log)
         labels = [s.label for s in originals]

@@ -33,7 +33,7 @@ from typing import Any
 
 from ._errors import RunError, StoreError
 from ._files import FileDataFlow
-from ._job import PreparedJob, TaskSpec, load_path_mapping_rules, prepare_job
+from ._job import PreparedJob, TaskSpec, load_path_mapping_rules, params_to_record, prepare_job
 from ._notices import (
     DEFAULT_POLL_SECONDS,
     Notice,
@@ -56,6 +56,7 @@ from ._store import (
     Lease,
     RunCondition,
     RunRecord,
+    RunSetAside,
     RunStatus,
     StopRequest,
     TaskRecord,
@@ -242,9 +243,12 @@ def delete_run(store: CheckpointStore, run: RunRecord) -> list[str]:
 
 
 def reap_orphans(store: CheckpointStore, job_key: str) -> list[str]:
-    """``reap_run`` for every unfinished run of the job. Returns the notes."""
-    notes: list[str] = []
-    runs, _ = store.list_runs(job_key)
+    """``reap_run`` for every unfinished run of the job. Returns the notes, with a warning
+    for each run record found unreadable and set aside (``RunSetAside``: this first look at
+    the job's runs is the one that sets it aside, so the attempt says why it does not resume
+    that run)."""
+    runs, warnings = store.list_runs(job_key)
+    notes = [f"warning: {w}" for w in warnings if isinstance(w, RunSetAside)]
     for run in runs:
         if run.status == RunStatus.RUNNING:
             notes.extend(reap_run(store, run))
@@ -320,8 +324,9 @@ def begin_attempt(
     Which run it continues (Trax, seed 001; docs/decisions.md "Resuming"):
 
     - with ``external_key`` and ``RETRY``: the run made for that key, whatever its checkpoints
-      (the framework's own retry, or a clear, of the same run), unless it succeeded (then a new
-      run); a template or input changed since that run began is refused (``chain-changed``,
+      and whether it is running, failed or succeeded (the framework's own retry, or a clear,
+      of part of the same run; ``plan_group(..., rerun=True)`` says what a cleared unit runs);
+      a template or input changed since that run began is refused (``chain-changed``,
       ``different-input``): the framework planned the run with the old ones;
     - ``RETRY`` without a key: the newest unfinished run of the job, when allowed;
     - ``REQUEUE``: a new run from the top;
@@ -351,19 +356,24 @@ def begin_attempt(
         notes.extend(reap_orphans(store, job.job_key))
         run: RunRecord | None = None
         resumed = False
+        completed: int | None = None
         if external_key is not None and how == ResumeHow.RETRY:
             runs, _ = store.list_runs(job.job_key)
             mine = [r for r in runs if r.external_key == external_key and not r.superseded_by]
             existing = mine[-1] if mine else None
             if existing is not None:
                 # The scheduler runs part of its run again (a retry, or a clear of task
-                # instances): that run goes on, with the template and inputs it began with,
-                # which its scheduler planned with.
+                # instances, of a running, failed or succeeded run): that run goes on, with the
+                # template and inputs it began with, which its scheduler planned with.
                 check_input(job, existing)
                 check_chain(job, existing)
             if existing is not None and existing.status == RunStatus.SUCCEEDED:
+                run = existing
+                completed = existing.attempt
                 notes.append(
-                    f"run {existing.run_id} of {external_key} succeeded; running from the top"
+                    f"continuing run {existing.run_id} of {external_key}, which succeeded in "
+                    f"attempt {existing.attempt}: the tasks run again now run from their start, "
+                    "the others keep their outcome"
                 )
             elif existing is not None:
                 carried = _unfinished_termination(store, existing)
@@ -451,6 +461,8 @@ def begin_attempt(
                 rec.phase = "regular"
                 rec.runner = this_process() if hold_lease else None
                 rec.attempt_key = external_key
+                if completed is not None:
+                    rec.completed_attempt = completed
                 rec.message = None
                 rec.skipped_tasks = []
                 rec.termination = None
@@ -523,8 +535,16 @@ def attempt_records(store: CheckpointStore, job: PreparedJob, run: RunRecord) ->
     return _for_attempt(job, run, records)
 
 
-def _for_attempt(job: PreparedJob, run: RunRecord, records: list[TaskRecord]) -> list[TaskRecord]:
-    return [
+def _for_attempt(
+    job: PreparedJob,
+    run: RunRecord,
+    records: list[TaskRecord],
+    originals: Sequence[TaskSpec] | None = None,
+) -> list[TaskRecord]:
+    """``records`` as this attempt plans with them. For a run continued after it succeeded
+    (``RunRecord.completed_attempt``), a regular task among ``originals`` (default: every
+    regular step's) that has no record succeeded in that attempt: its record is made here."""
+    kept = [
         r
         for r in records
         if not (
@@ -533,6 +553,28 @@ def _for_attempt(job: PreparedJob, run: RunRecord, records: list[TaskRecord]) ->
             and r.run_attempt < run.attempt
         )
     ]
+    if run.completed_attempt is None:
+        return kept
+    if originals is None:
+        originals = [t for step in job.template.regular_steps for t in job.plan_step(step)]
+    have = {(r.step, r.task_key) for r in records}
+    for spec in originals:
+        if job.template.is_finally(spec.step_name) or (spec.step_name, spec.task_key) in have:
+            continue
+        done = TaskRecord(
+            job_key=run.job_key,
+            run_id=run.run_id,
+            step=spec.step_name,
+            task_key=spec.task_key,
+            parameters=params_to_record(spec.record_parameters),
+            chunk_parameter=spec.chunk_parameter,
+            status=TaskStatus.SUCCEEDED,
+            run_attempt=run.completed_attempt,
+            completed_frames=sorted(spec.chunk_frames),
+            step_hash=job.template.step_hashes.get(spec.step_name, ""),
+        )
+        kept.append(done)
+    return kept
 
 
 def prepare_run_job(store: CheckpointStore, job_key: str, run_id: str) -> PreparedJob:
@@ -956,23 +998,89 @@ def _after_notice(
 
 
 def plan_group(
-    store: CheckpointStore, job: PreparedJob, run_id: str, originals: list[TaskSpec]
+    store: CheckpointStore,
+    job: PreparedJob,
+    run_id: str,
+    originals: list[TaskSpec],
+    *,
+    rerun: bool = False,
+    notes: list[str] | None = None,
 ) -> list[TaskSpec]:
     """What to run now for some of a step's *original* tasks (``PreparedJob.plan_step`` with no
     records: the stable list an adapter maps over): each finished task drops out, a
     checkpointed task resumes, an interrupted chunk keeps only its unfinished frames (possibly
     as several pieces). So a ``map_index`` keeps naming the same OpenJD tasks on every try.
 
+    ``rerun``: the scheduler runs this group again in the same run of its own (Airflow: a try
+    after the first of a task instance, which Airflow runs only after a try that did not
+    succeed, or when it was cleared); not for a first run of it, such as a new DAG run that
+    resumes the run (an operator resume), where finished tasks stay finished. When
+    every task of the group finished in an earlier attempt of the run (succeeded, or was
+    declared done), they run again from their start: their records are reset (their stored
+    checkpoint generations stay until the run's records go) and ``notes`` says so. A group with
+    a task that did not finish resumes as without ``rerun``, its finished tasks left out.
+    Finally steps run again on every attempt anyway (docs/decisions.md, "External run keys").
+
     Raises:
-        RunError: no such run. StoreError: the store cannot be read.
+        RunError: no such run. StoreError: the store cannot be read or written.
+        ResumeRefusedError: ``already-resumed``: with ``rerun``, another live process holds one
+            of the group's tasks.
     """
     if not originals:
         return []
     step = originals[0].step_name
     run = _read_run(store, job, run_id)
     records, _ = store.read_task_family(job.job_key, run_id, step, [s.task_key for s in originals])
-    records = _for_attempt(job, run, records)
-    return job.plan_step(step, records, tasks=[s.parameters for s in originals])
+    records = _for_attempt(job, run, records, originals)
+    tasks = [s.parameters for s in originals]
+    if rerun and not job.template.is_finally(step):
+        by_key = {r.task_key: r for r in records}
+        earlier = [by_key.get(s.task_key) for s in originals]
+        if all(
+            r is not None and r.status == TaskStatus.SUCCEEDED and r.run_attempt < run.attempt
+            for r in earlier
+        ):
+            records = [_reset_record(store, job, run, s) for s in originals]
+            if notes is not None:
+                notes.extend(
+                    f"{s.label}: finished in attempt {r.run_attempt}; runs again from its start"
+                    for s, r in zip(originals, earlier, strict=True)
+                    if r is not None
+                )
+    return job.plan_step(step, records, tasks=tasks)
+
+
+def _reset_record(
+    store: CheckpointStore, job: PreparedJob, run: RunRecord, spec: TaskSpec
+) -> TaskRecord:
+    """Write a fresh record for a finished task that runs again from its start (``plan_group``
+    with ``rerun``), under its lease; the task's attempt count goes on."""
+    lease = store.acquire_task_lease(
+        job.job_key, run.run_id, spec.step_name, spec.task_key, wait_seconds=0.5
+    )
+    if lease is None:
+        raise ResumeRefusedError(
+            RefusalCode.ALREADY_RESUMED,
+            f"task {spec.label} of run {run.run_id} is being run by another process",
+        )
+    try:
+        old = store.read_task(job.job_key, run.run_id, spec.step_name, spec.task_key)
+        record = TaskRecord(
+            job_key=run.job_key,
+            run_id=run.run_id,
+            step=spec.step_name,
+            task_key=spec.task_key,
+            parameters=params_to_record(spec.record_parameters),
+            chunk_parameter=spec.chunk_parameter,
+            attempt=old.attempt if old is not None else 0,
+            run_attempt=run.attempt,
+            step_hash=job.template.step_hashes.get(spec.step_name, ""),
+            message=f"run again from its start in attempt {run.attempt}",
+        )
+        store.write_task(record)
+        return record
+    finally:
+        lease.release()
 
 
 def record_task_done(

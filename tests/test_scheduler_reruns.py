@@ -47,6 +47,92 @@ def _all_groups(job) -> dict[str, list]:
     return {s: [[t] for t in job.plan_step(s)] for s in job.template.regular_steps}
 
 
+def test_clearing_a_finished_task_of_a_succeeded_run_runs_it_again_and_the_run_succeeds(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    job = prepare_job(THREE, {"Out": str(out), "FrameSeconds": 0.01})
+    st = CheckpointStore(tmp_path / "store")
+    first = begin_attempt(st, job, external_key="dag/run-1")
+    assert _drive(st, job, first.run_id, _all_groups(job)) == "succeeded"
+    assert st.read_tasks(first.job_key, first.run_id)[0] == []  # a success deletes them
+
+    # The user clears the second Render task instance (frames 3-4) of the succeeded DAG run:
+    # Airflow runs openjd_begin, that instance, the finally step and openjd_finish again.
+    again = begin_attempt(st, job, external_key="dag/run-1")
+    assert again.run_id == first.run_id, again.notes
+    assert again.attempt == 2
+    cleared = job.plan_step("Render")[1:2]
+    specs = plan_group(st, job, again.run_id, cleared, rerun=True)
+    assert [s.label for s in specs] == ["Render[Frame=3-4]"]
+    assert specs[0].resume is None and specs[0].chunk_frames == {3, 4}  # from its start
+    # the others keep their outcome: nothing to run for them
+    assert plan_group(st, job, again.run_id, job.plan_step("Render")[:1]) == []
+    assert plan_group(st, job, again.run_id, job.plan_step("Assemble")) == []
+    assert [r.outcome.value for r in run_tasks(st, job, again.run_id, specs)] == ["succeeded"]
+    assert (out / "frame-3").read_text() == "xx" and (out / "frame-1").read_text() == "x"
+    decision = enter_finally(st, job, again.run_id)
+    assert decision.run_finally and decision.job_status == "Succeeded"
+    _run_group(st, job, again.run_id, job.plan_step("Cleanup"))
+    assert (out / "cleanup-status").read_text().splitlines() == ["Succeeded", "Succeeded"]
+    outcome = finish_attempt(st, job, again.run_id)
+    assert outcome.status.value == "succeeded", outcome.condition
+    assert outcome.skipped == []
+
+
+def test_a_cleared_rerun_that_fails_fails_the_run_and_clearing_it_again_resumes(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    job = prepare_job(THREE, {"Out": str(out), "FrameSeconds": 0.01, "FailFrame": 4})
+    st = CheckpointStore(tmp_path / "store")
+    first = begin_attempt(st, job, external_key="dag/run-2")
+    assert _drive(st, job, first.run_id, _all_groups(job)) == "succeeded"
+
+    (out / "fail-now").touch()
+    again = begin_attempt(st, job, external_key="dag/run-2")
+    cleared = job.plan_step("Render")[1:2]
+    assert _run_group(st, job, again.run_id, cleared, rerun=True) == ["failed"]
+    assert _drive(st, job, again.run_id, {}) == "failed"  # ends as its tasks did
+    assert (out / "cleanup-status").read_text().splitlines() == ["Succeeded", "Failed"]
+
+    # Cleared again: frame 3 finished in the try that failed, so only frame 4 runs (it resumes).
+    (out / "fail-now").unlink()
+    third = begin_attempt(st, job, external_key="dag/run-2")
+    assert third.run_id == first.run_id and third.attempt == 3
+    specs = plan_group(st, job, third.run_id, cleared, rerun=True)
+    assert [s.chunk_frames for s in specs] == [{4}]
+    assert [r.outcome.value for r in run_tasks(st, job, third.run_id, specs)] == ["succeeded"]
+    assert _drive(st, job, third.run_id, {}) == "succeeded"
+
+
+def test_clearing_a_finished_task_of_a_failed_run_runs_it_again_from_its_start(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "fail-now").touch()
+    job = prepare_job(THREE, {"Out": str(out), "FrameSeconds": 0.01, "FailFrame": 5})
+    st = CheckpointStore(tmp_path / "store")
+    first = begin_attempt(st, job, external_key="dag/run-3")
+    assert _drive(st, job, first.run_id, _all_groups(job)) == "failed"
+    (out / "fail-now").unlink()
+
+    again = begin_attempt(st, job, external_key="dag/run-3")
+    assert again.run_id == first.run_id
+    render = job.plan_step("Render")
+    # the finished first instance, cleared, runs again from its start ...
+    assert [s.chunk_frames for s in plan_group(st, job, again.run_id, render[:1], rerun=True)] == [
+        {1, 2}
+    ]
+    # ... and the failed one resumes (its finished frames are not run again)
+    assert [s.chunk_frames for s in plan_group(st, job, again.run_id, render[2:], rerun=True)] == [
+        {5, 6}
+    ]
+
+
 def test_a_template_changed_since_the_run_began_is_refused_before_any_task_runs(
     tmp_path: Path,
 ) -> None:

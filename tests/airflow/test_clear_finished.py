@@ -92,6 +92,30 @@ def _states(client: ah.AirflowClient, dag_id: str, run_id: str) -> dict:
     }
 
 
+def test_clearing_a_finished_task_of_a_succeeded_dag_run_runs_it_again(
+    airflow_live: ah.AirflowStack, tmp_path: Path
+) -> None:
+    client = airflow_live.client
+    dag_id = "clear_succeeded"
+    out, _ = _setup(airflow_live, tmp_path, dag_id, "1-2")
+    run_id = client.trigger(dag_id, conf={"Out": str(out)})
+    assert client.wait_dag_run(dag_id, run_id, timeout=120)["state"] == "success"
+    assert sorted(_lines(out)) == ["prepare", "render 1", "render 2", "report Succeeded"]
+
+    # A downstream step's task instance (map index 1: Render[Frame=2]) is cleared to run again.
+    client.clear_task_instances(dag_id, run_id, [("Render", 1)])
+    run = client.wait_dag_run(dag_id, run_id, timeout=120)
+    assert run["state"] == "success", _states(client, dag_id, run_id)
+    again = _lines(out)[4:]
+    assert again == ["render 2", "report Succeeded"], _lines(out)  # the others keep their outcome
+    ti = client.task_instance(dag_id, run_id, "Render", 1)
+    log = client.task_log(dag_id, run_id, "Render", ti["try_number"], map_index=1)
+    assert "runs again from its start" in log, log[-3000:]
+    begin = client.task_instance(dag_id, run_id, "openjd_begin")
+    begin_log = client.task_log(dag_id, run_id, "openjd_begin", begin["try_number"])
+    assert "attempt 2" in begin_log and "running from the top" not in begin_log
+
+
 def test_a_template_edited_before_a_clear_is_refused_and_a_new_dag_run_runs_it(
     airflow_live: ah.AirflowStack, tmp_path: Path
 ) -> None:
