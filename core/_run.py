@@ -56,6 +56,7 @@ from ._store import (
     Lease,
     RunCondition,
     RunRecord,
+    RunSetAside,
     RunStatus,
     StopRequest,
     TaskRecord,
@@ -242,9 +243,12 @@ def delete_run(store: CheckpointStore, run: RunRecord) -> list[str]:
 
 
 def reap_orphans(store: CheckpointStore, job_key: str) -> list[str]:
-    """``reap_run`` for every unfinished run of the job. Returns the notes."""
-    notes: list[str] = []
-    runs, _ = store.list_runs(job_key)
+    """``reap_run`` for every unfinished run of the job. Returns the notes, with a warning
+    for each run record found unreadable and set aside (``RunSetAside``: this first look at
+    the job's runs is the one that sets it aside, so the attempt says why it does not resume
+    that run)."""
+    runs, warnings = store.list_runs(job_key)
+    notes = [f"warning: {w}" for w in warnings if isinstance(w, RunSetAside)]
     for run in runs:
         if run.status == RunStatus.RUNNING:
             notes.extend(reap_run(store, run))

@@ -84,6 +84,7 @@ __all__ = (
     "ProcessInfo",
     "RunCondition",
     "RunRecord",
+    "RunSetAside",
     "RunStatus",
     "SessionRecord",
     "TaskRecord",
@@ -123,6 +124,14 @@ class _NotARecordError(Exception):
 
 class _SetAsideError(StoreError):
     """A record was unreadable and has been moved aside (kept): its place is free again."""
+
+
+class RunSetAside(str):
+    """A warning of ``list_runs``: a run's record (``run.json``) was unreadable and has been
+    set aside (kept). The run is not resumed: only that record holds the template hash and the
+    job parameter values a resume must match, so its task records and checkpoint generations
+    (kept in the run's folder) cannot be verified (docs/decisions.md, "A damaged run
+    record")."""
 
 
 class TaskRebuilt(str):
@@ -869,6 +878,17 @@ class CheckpointStore:
                     continue
                 try:
                     rec = self.read_run(key, run_id)
+                except _SetAsideError as exc:
+                    warnings.append(
+                        RunSetAside(
+                            f"{exc}; run {run_id} is not resumed: the template and job "
+                            "parameter values it ran with were recorded there only, and "
+                            "cannot be verified from its task records and checkpoint "
+                            "generations (kept in "
+                            f"{self._run_dir(key, run_id)}); a retry runs from the top"
+                        )
+                    )
+                    continue
                 except StoreError as exc:
                     warnings.append(str(exc))
                     continue

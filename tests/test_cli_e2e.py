@@ -228,6 +228,43 @@ def test_fresh_runs_from_the_top(store: Path) -> None:
     assert "RESUMED" not in third.stdout and "Fibonacci number 0 is 0" in third.stdout
 
 
+@pytest.mark.parametrize("damage", ["emptied", "truncated"])
+def test_a_damaged_run_record_makes_the_retry_say_why_it_starts_over(
+    store: Path, damage: str
+) -> None:
+    """Issue 22, item 3: the run record holds the template hash and the job parameter values,
+    which the task records and generations do not (docs/decisions.md, "A damaged run
+    record"): the retry cannot verify them, so it does not resume; it says so on stderr,
+    naming the damaged file, runs from the top, and keeps the old run's generations."""
+    template = EXAMPLES / "fibonacci" / "fibonacci-fast.yaml"
+    args = ("run", str(template), "--store", str(store), "-p", "N=60",
+            "-p", "StepSeconds=0.05", "-p", "CheckpointSeconds=0.1")  # fmt: skip
+    first = CliProcess(*args)
+    first.wait_for("checkpoint generation 3 stored")
+    first.proc.send_signal(signal.SIGINT)
+    assert first.wait(60) == 75, first.stderr
+    run, (task,) = only_run(store)
+    run_dir = store / "jobs" / run.job_key / "runs" / run.run_id
+    generations = sorted(p.name for p in (run_dir / "tasks").glob("*.gen-*.json"))
+    assert len(generations) >= 2, generations
+    record = run_dir / "run.json"
+    body = record.read_bytes()
+    record.write_bytes(b"" if damage == "emptied" else body[: len(body) // 2])
+
+    second = subprocess.run(cli_cmd(*args), capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert second.returncode == 0, second.stderr
+    assert '"RESUMED"' not in second.stdout  # from the top
+    assert str(record) in second.stderr, second.stderr
+    assert f"run {run.run_id} is not resumed" in second.stderr, second.stderr
+    assert "a retry runs from the top" in second.stderr
+    assert "cannot be verified" in second.stderr, second.stderr
+    # the old run's generations and task record are kept, and so is the damaged record
+    assert sorted(p.name for p in (run_dir / "tasks").glob("*.gen-*.json")) == generations
+    assert [p.read_bytes() for p in run_dir.glob("run.json.unreadable-*")] == [
+        b"" if damage == "emptied" else body[: len(body) // 2]
+    ]
+
+
 def test_bad_template_and_parameters_exit_2(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("specificationVersion: jobtemplate-2023-09\nname: x\nsteps: []\n")
