@@ -16,6 +16,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # ``tests.forked_cli``: one module (one fork server) for every user
+    sys.path.insert(0, str(ROOT))
+from tests import forked_cli  # noqa: E402
+
 EXAMPLES = ROOT / "examples"
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -24,18 +28,39 @@ def cli_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "core.cli", *args]
 
 
+def run_cli(
+    *args: str | Path,
+    cwd: Path | str = ROOT,
+    env: dict[str, str] | None = None,
+    timeout: float | None = 120,
+    input: str | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(cli_cmd(*args), capture_output=True, text=True, ...)``: the CLI in a
+    process of its own, forked from a server that imported it once (``forked_cli.py``)."""
+    return forked_cli.run_cli(
+        [str(a) for a in args], cwd=cwd, env=env, timeout=timeout, input=input
+    )
+
+
 class CliProcess:
-    """A running ``openjd-checkpoint`` whose stdout and stderr are collected on threads."""
+    """A running ``openjd-checkpoint`` (forked from the server of ``forked_cli.py``: a process
+    of its own, in a session of its own) whose stdout and stderr are collected on threads."""
 
     def __init__(self, *args: str, cwd: Path | None = None) -> None:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen(
-            cli_cmd(*args),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=str(cwd or ROOT),
-            env=env,
-        )
+        if os.environ.get("OPENJD_TEST_NO_FORK_SERVER"):
+            self.proc: subprocess.Popen[bytes] | forked_cli.ForkedProcess = subprocess.Popen(
+                cli_cmd(*args),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=str(cwd or ROOT),
+                env=env,
+                start_new_session=True,
+            )
+        else:
+            self.proc = forked_cli.shared_server().popen(
+                list(args), cwd=cwd or ROOT, env=env, stderr=subprocess.PIPE
+            )
         self.out: list[str] = []
         self.err: list[str] = []
         self._threads = [

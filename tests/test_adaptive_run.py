@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import re
 import signal
-import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import DATA, ROOT, CliProcess, cli_cmd
+from conftest import DATA, ROOT, CliProcess, run_cli
 
 from core import CheckpointStore
 
@@ -23,10 +22,17 @@ def chunks(output: str) -> list[tuple[int, int]]:
 
 
 def test_chunk_sizes_follow_the_time_per_frame(tmp_path: Path) -> None:
-    done = subprocess.run(
-        cli_cmd("run", TEMPLATE, "--store", str(tmp_path / "s"), "--max-parallel", "1", "-q"),
-        capture_output=True, text=True, cwd=ROOT, timeout=120,
-    )  # fmt: skip
+    done = run_cli(
+        "run",
+        TEMPLATE,
+        "--store",
+        str(tmp_path / "s"),
+        "--max-parallel",
+        "1",
+        "-q",
+        cwd=ROOT,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     got = chunks(done.stdout)
     sizes = [b - a + 1 for a, b in got]
@@ -49,10 +55,7 @@ def test_an_interrupted_adaptive_step_runs_exactly_the_unreported_frames(tmp_pat
     [run] = st.list_runs()[0]
     reported = {f for t in st.read_tasks(run.job_key, run.run_id)[0] for f in t.completed_frames}
     assert reported and len(reported) < 60
-    again = subprocess.run(
-        cli_cmd(*args, "-p", "FrameSeconds=0.1"),
-        capture_output=True, text=True, cwd=ROOT, timeout=120,
-    )  # fmt: skip
+    again = run_cli(*args, "-p", "FrameSeconds=0.1", cwd=ROOT, timeout=120)
     assert again.returncode == 0, again.stderr
     second = sorted(f for a, b in chunks(again.stdout) for f in range(a, b + 1))
     assert second == sorted(set(range(1, 61)) - reported)

@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import subprocess
 
-from conftest import EXAMPLES, ROOT, cli_cmd
+from conftest import EXAMPLES, ROOT, run_cli
 
 
 def check(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cli_cmd("check", *args), capture_output=True, text=True, timeout=60,
-                          cwd=ROOT)  # fmt: skip
+    return run_cli("check", *args, cwd=ROOT, timeout=60)
 
 
 def test_check_tells_how_each_example_step_resumes() -> None:

@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import re
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import psutil
 import pytest
-from conftest import DATA, EXAMPLES, ROOT, CliProcess, cli_cmd
+from conftest import DATA, EXAMPLES, ROOT, CliProcess, run_cli
 
 from core import CheckpointStore, TaskStatus
 
@@ -56,7 +55,7 @@ def test_seed_fibonacci_interrupted_by_sigterm_then_resumed(store: Path) -> None
     assert (v0, v1) == (fib(saved_n), fib(saved_n + 1))
     assert "to resume: openjd-checkpoint resume " in first.stderr
 
-    second = subprocess.run(cli_cmd(*args), capture_output=True, text=True, timeout=120, cwd=ROOT)
+    second = run_cli(*args, cwd=ROOT, timeout=120)
     assert second.returncode == 0, second.stderr
     assert '"RESUMED"' in second.stdout
     assert f"Final answer: Fibonacci number {n} is {fib(n)}" in second.stdout
@@ -89,7 +88,7 @@ def test_chunked_step_interrupted_mid_chunk_runs_only_unfinished_frames(
     _run, (task,) = only_run(store)
     assert set(task.completed_frames) == done
 
-    second = subprocess.run(cli_cmd(*args), capture_output=True, text=True, timeout=120, cwd=ROOT)
+    second = run_cli(*args, cwd=ROOT, timeout=120)
     assert second.returncode == 0, second.stderr
     chunks = re.findall(r"CHUNK (\S+)", second.stdout)
     remaining = sorted(set(range(1, 9)) - done)
@@ -122,7 +121,7 @@ def test_fibonacci_on_an_s3_store_interrupted_then_resumed(store_url: str) -> No
     saved_n, v0, v1 = (int(x) for x in task.checkpoint.state.split(","))
     assert (v0, v1) == (fib(saved_n), fib(saved_n + 1)) and saved_n < n
 
-    second = subprocess.run(cli_cmd(*args), capture_output=True, text=True, timeout=120, cwd=ROOT)
+    second = run_cli(*args, cwd=ROOT, timeout=120)
     assert second.returncode == 0, second.stderr
     assert '"RESUMED"' in second.stdout
     assert f"Fibonacci number {n} is {fib(n)}" in second.stdout
@@ -156,7 +155,7 @@ def test_cli_killed_with_sigkill_resumes_from_last_periodic_checkpoint(
     last_state = int(task.checkpoint.state)
     assert last_state >= 3
 
-    second = subprocess.run(cli_cmd(*args), capture_output=True, text=True, timeout=120, cwd=ROOT)
+    second = run_cli(*args, cwd=ROOT, timeout=120)
     assert second.returncode == 0, second.stderr
     assert "PREVIOUS_ALIVE 0" in second.stdout  # never two copies of one task
     assert f"RESUMED FROM {last_state}" in second.stdout
@@ -172,35 +171,21 @@ def test_checkpoints_list_show_delete(store: Path) -> None:
     first.proc.send_signal(signal.SIGINT)
     assert first.wait(60) == 75
     run, _ = only_run(store)
-    listing = subprocess.run(
-        cli_cmd("checkpoints", "--store", str(store), "list"), capture_output=True, text=True
-    )
+    listing = run_cli("checkpoints", "--store", str(store), "list")
     assert run.run_id in listing.stdout and "ResumableFibonacci" in listing.stdout
-    runs = subprocess.run(cli_cmd("runs", "--store", str(store)), capture_output=True, text=True)
+    runs = run_cli("runs", "--store", str(store))
     assert run.run_id in runs.stdout and "suspended" in runs.stdout
     for where in (("--store", str(store), "runs"), ("--store", str(store), "checkpoints", "list")):
-        before = subprocess.run(cli_cmd(*where), capture_output=True, text=True)
+        before = run_cli(*where)
         assert before.returncode == 0 and run.run_id in before.stdout, before.stderr
-    shown = subprocess.run(
-        cli_cmd("checkpoints", "--store", str(store), "show", run.run_id, "--json"),
-        capture_output=True,
-        text=True,
-    )
+    shown = run_cli("checkpoints", "--store", str(store), "show", run.run_id, "--json")
     data = json.loads(shown.stdout)
     assert data["tasks"][0]["checkpoint"]["state"].count(",") == 2
     assert data["tasks"][0]["generations"]
-    gone = subprocess.run(
-        cli_cmd("checkpoints", "--store", str(store), "delete", run.run_id),
-        capture_output=True,
-        text=True,
-    )
+    gone = run_cli("checkpoints", "--store", str(store), "delete", run.run_id)
     assert gone.returncode == 0
     assert CheckpointStore(store).list_runs()[0] == []
-    missing = subprocess.run(
-        cli_cmd("checkpoints", "--store", str(store), "show", "nope"),
-        capture_output=True,
-        text=True,
-    )
+    missing = run_cli("checkpoints", "--store", str(store), "show", "nope")
     assert missing.returncode == 2 and "no run 'nope'" in missing.stderr
 
 
@@ -211,19 +196,19 @@ def test_fresh_runs_from_the_top(store: Path) -> None:
     first.wait_for("checkpoint generation 1 stored", stream="err")
     first.proc.send_signal(signal.SIGINT)
     assert first.wait(60) == 75
-    second = subprocess.run(
-        cli_cmd("run", str(template), "-p", "N=3", "-p", "StepSeconds=0.01", "--store", str(store)),
-        capture_output=True,
-        text=True,
+    second = run_cli(
+        "run",
+        str(template),
+        "-p",
+        "N=3",
+        "-p",
+        "StepSeconds=0.01",
+        "--store",
+        str(store),
         timeout=60,
     )
     assert second.returncode == 0 and "RESUMED" not in second.stdout  # other parameters
-    third = subprocess.run(
-        cli_cmd(*args, "--fresh", "-p", "StepSeconds=0.001"),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    third = run_cli(*args, "--fresh", "-p", "StepSeconds=0.001", timeout=60)
     assert third.returncode == 0, third.stderr
     assert "RESUMED" not in third.stdout and "Fibonacci number 0 is 0" in third.stdout
 
@@ -251,7 +236,7 @@ def test_a_damaged_run_record_makes_the_retry_say_why_it_starts_over(
     body = record.read_bytes()
     record.write_bytes(b"" if damage == "emptied" else body[: len(body) // 2])
 
-    second = subprocess.run(cli_cmd(*args), capture_output=True, text=True, timeout=120, cwd=ROOT)
+    second = run_cli(*args, cwd=ROOT, timeout=120)
     assert second.returncode == 0, second.stderr
     assert '"RESUMED"' not in second.stdout  # from the top
     assert str(record) in second.stderr, second.stderr
@@ -268,21 +253,11 @@ def test_a_damaged_run_record_makes_the_retry_say_why_it_starts_over(
 def test_bad_template_and_parameters_exit_2(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("specificationVersion: jobtemplate-2023-09\nname: x\nsteps: []\n")
-    r = subprocess.run(cli_cmd("run", str(bad)), capture_output=True, text=True, cwd=ROOT)
+    r = run_cli("run", str(bad), cwd=ROOT)
     assert r.returncode == 2 and "bad.yaml" in r.stderr and "steps" in r.stderr
-    r = subprocess.run(
-        cli_cmd("run", str(EXAMPLES / "fibonacci" / "fibonacci.yaml"), "-p", "N=abc"),
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    )
+    r = run_cli("run", str(EXAMPLES / "fibonacci" / "fibonacci.yaml"), "-p", "N=abc", cwd=ROOT)
     assert r.returncode == 2 and "N" in r.stderr
-    r = subprocess.run(
-        cli_cmd("run", str(EXAMPLES / "fibonacci" / "fibonacci.yaml"), "-p", "Nope=1"),
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    )
+    r = run_cli("run", str(EXAMPLES / "fibonacci" / "fibonacci.yaml"), "-p", "Nope=1", cwd=ROOT)
     assert r.returncode == 2 and "Nope" in r.stderr
 
 
@@ -312,10 +287,7 @@ def test_a_damaged_task_record_resumes_from_its_checkpoint_generation(
     body = path.read_bytes()
     path.write_bytes(body[: len(body) // 2] if damage == "truncated" else b"")
 
-    second = subprocess.run(
-        cli_cmd("resume", run.run_id, "--store", str(store)),
-        capture_output=True, text=True, timeout=120, cwd=ROOT,
-    )  # fmt: skip
+    second = run_cli("resume", run.run_id, "--store", str(store), cwd=ROOT, timeout=120)
     assert second.returncode == 0, second.stderr
     assert "unreadable" in second.stderr and str(path) in second.stderr
     assert f"rebuilt from its checkpoint generation {saved.generation}" in second.stderr

@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, ROOT, CliProcess, cli_cmd
+from conftest import EXAMPLES, CliProcess, run_cli
 
 from core import CheckpointStore
 
@@ -44,10 +44,7 @@ TWO_STEPS = {
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        cli_cmd(*args), capture_output=True, text=True, timeout=120, cwd=ROOT,
-        env=dict(os.environ, **(env or {})),
-    )  # fmt: skip
+    return run_cli(*args, env=dict(os.environ, **(env or {})))
 
 
 def only_run_id(store: str) -> str:

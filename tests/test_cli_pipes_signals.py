@@ -10,16 +10,12 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import EXAMPLES, ROOT, CliProcess, cli_cmd, one_step_template
+from conftest import EXAMPLES, ROOT, CliProcess, cli_cmd, one_step_template, run_cli
 
 from core import CheckpointStore, TaskStatus
 
 # one xdist worker runs the module (--dist loadgroup): its module-scoped fixture is made once
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cli_pipes_signals")]
-
-
-def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cli_cmd(*args), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
 def with_closed_stdout(*args: str) -> tuple[int, str]:

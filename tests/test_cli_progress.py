@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, CliProcess, cli_cmd
+from conftest import ROOT, CliProcess, cli_cmd, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -66,10 +66,7 @@ def progress_lines(stderr: str) -> list[str]:
 
 
 def test_plain_lines_when_not_a_terminal(template: Path, tmp_path: Path) -> None:
-    proc = subprocess.run(
-        cli_cmd("run", str(template), "--store", str(tmp_path / "store")),
-        capture_output=True, text=True, timeout=120, cwd=ROOT,
-    )  # fmt: skip
+    proc = run_cli("run", str(template), "--store", str(tmp_path / "store"), cwd=ROOT, timeout=120)
     assert proc.returncode == 0, proc.stderr
     lines = progress_lines(proc.stderr)
     assert "\x1b[" not in proc.stderr  # no terminal control codes in a log file
@@ -131,10 +128,9 @@ def test_a_chunk_that_kept_only_finished_frames_is_not_said_to_have_a_checkpoint
 
 def test_quiet_and_verbose(template: Path, tmp_path: Path) -> None:
     def run(flag: str, store: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            cli_cmd("run", str(template), flag, "--store", str(tmp_path / store)),
-            capture_output=True, text=True, timeout=120, cwd=ROOT,
-        )  # fmt: skip
+        return run_cli(
+            "run", str(template), flag, "--store", str(tmp_path / store), cwd=ROOT, timeout=120
+        )
 
     quiet = run("-q", "q")
     assert quiet.returncode == 0

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import EXAMPLES, ROOT, CliProcess, cli_cmd, one_step_template
+from conftest import EXAMPLES, CliProcess, one_step_template, run_cli
 
 # one xdist worker runs the module (--dist loadgroup): its module-scoped fixture is made once
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cli_read")]
@@ -28,7 +28,7 @@ CHECKPOINT_FIELDS = {
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cli_cmd(*args), capture_output=True, text=True, timeout=120, cwd=ROOT)
+    return run_cli(*args)
 
 
 def as_json(*args: str) -> Any:

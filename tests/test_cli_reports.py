@@ -4,19 +4,14 @@ steps named ``finally[j]``, no task record left ``running``. Real subprocesses, 
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, cli_cmd
+from conftest import run_cli
 
 from core import CheckpointStore
 
 pytestmark = pytest.mark.slow
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cli_cmd(*args), capture_output=True, text=True, timeout=120, cwd=ROOT)
 
 
 def write(path: Path, doc: dict) -> Path:

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, cli_cmd
+from conftest import ROOT, run_cli
 
 TEMPLATE = """\
 specificationVersion: jobtemplate-2023-09
@@ -45,14 +44,7 @@ def cli(*args: str | Path, cwd: Path) -> tuple[int, str, str]:
     """The CLI in ``cwd``; ``python`` in its templates is this interpreter."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    r = subprocess.run(
-        cli_cmd(*(str(a) for a in args)),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=cwd,
-        env=env,
-    )
+    r = run_cli(*args, cwd=cwd, env=env)
     return r.returncode, r.stdout, r.stderr
 
 

@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import DATA, ROOT, cli_cmd
+from conftest import DATA, ROOT, cli_cmd, run_cli
 
 pytestmark = pytest.mark.slow
 SAMPLE = DATA / "expr-test-job.yaml"
@@ -44,9 +44,7 @@ def ours(tmp_path: Path) -> list[str]:
 
 
 def test_sample_checks_and_runs(tmp_path: Path) -> None:
-    check = subprocess.run(
-        cli_cmd("check", str(SAMPLE)), capture_output=True, text=True, cwd=ROOT, timeout=60
-    )
+    check = run_cli("check", str(SAMPLE), cwd=ROOT, timeout=60)
     assert check.returncode == 0, check.stdout + check.stderr
     lines = ours(tmp_path)
     assert lines[: len(EXPECTED)] == EXPECTED

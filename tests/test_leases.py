@@ -7,12 +7,11 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
-import subprocess
 import threading
 import time
 
 import pytest
-from conftest import ROOT, cli_cmd
+from conftest import ROOT, run_cli
 
 import core._store as store_module
 from core import CheckpointStore, RunRecord, StoreError, TaskRecord
@@ -276,14 +275,7 @@ def test_an_unreachable_s3_store_is_a_store_error_that_shows_no_secret(s3_server
         AWS_SECRET_ACCESS_KEY=secret,
         AWS_MAX_ATTEMPTS="1",
     )
-    done = subprocess.run(
-        cli_cmd("runs", "--store", s3_server.new_store()),
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env,
-        timeout=120,
-    )
+    done = run_cli("runs", "--store", s3_server.new_store(), cwd=ROOT, env=env, timeout=120)
     assert done.returncode == 3, done.stderr
     assert "checkpoint store 's3://openjd-test/" in done.stderr
     assert "Could not connect" in done.stderr and "Traceback" not in done.stderr

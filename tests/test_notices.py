@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import DATA, EXAMPLES, ROOT, CliProcess, cli_cmd
+from conftest import DATA, EXAMPLES, ROOT, CliProcess, run_cli
 from metadata_server import MetadataServer, closed_port_url
 
 from core import CheckpointStore, TaskStatus
@@ -90,9 +90,7 @@ def assert_suspended_then_resumed(store: Path, first: CliProcess, source: str) -
     assert re.search(
         rf"interruption notice \({source}\): tasks asked to checkpoint and stopped in", first.stderr
     )
-    second = subprocess.run(
-        cli_cmd(*fib_args(store)), capture_output=True, text=True, timeout=120, cwd=ROOT
-    )
+    second = run_cli(*fib_args(store), cwd=ROOT, timeout=120)
     assert second.returncode == 0, second.stderr
     assert '"RESUMED"' in second.stdout
     assert f"Final answer: Fibonacci number {N} is {fib(N)}" in second.stdout
@@ -217,14 +215,23 @@ def test_no_metadata_service_logs_nothing_per_poll(store: Path) -> None:
     # Without back-off, 2 s at 0.05 s would be ~40 polls per source; with it, about 5.
     assert watcher.polls <= 3 * 7, watcher.polls
 
-    proc = subprocess.run(
-        cli_cmd(
-            "run", str(FIB), "--store", str(store), "-q", "-p", "N=5", "-p", "StepSeconds=0.1",
-            "--interruption-notices", f"aws:{closed},gcp:{closed},azure:{closed}",
-            "--notice-poll-seconds", "0.05",
-        ),
-        capture_output=True, text=True, timeout=60, cwd=ROOT,
-    )  # fmt: skip
+    proc = run_cli(
+        "run",
+        str(FIB),
+        "--store",
+        str(store),
+        "-q",
+        "-p",
+        "N=5",
+        "-p",
+        "StepSeconds=0.1",
+        "--interruption-notices",
+        f"aws:{closed},gcp:{closed},azure:{closed}",
+        "--notice-poll-seconds",
+        "0.05",
+        cwd=ROOT,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.count("not reachable") == 3, proc.stderr
 
@@ -275,10 +282,7 @@ def test_bad_settings_are_refused_naming_where() -> None:
     assert kinds == [AwsSource, GcpSource, AzureSource, FileSource, SignalSource]
     assert parse_notice_sources("", where="x") == [] and parse_notice_sources(None, where="x") == []
     assert AwsSource().base_url == "http://169.254.169.254"  # the real address is the default
-    proc = subprocess.run(
-        cli_cmd("run", str(FIB), "--interruption-notices", "aws,bogus"),
-        capture_output=True, text=True, timeout=60, cwd=ROOT,
-    )  # fmt: skip
+    proc = run_cli("run", str(FIB), "--interruption-notices", "aws,bogus", cwd=ROOT, timeout=60)
     assert proc.returncode == 2 and "--interruption-notices: unknown" in proc.stderr, proc.stderr
 
 

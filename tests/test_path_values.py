@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, cli_cmd
+from conftest import ROOT, run_cli
 
 from core import TemplateError, prepare_job
 
@@ -119,13 +118,17 @@ def test_the_cli_joins_with_its_current_directory(tmp_path: Path) -> None:
     path = template(tmp_path / "tmpl")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    r = subprocess.run(
-        cli_cmd("run", str(path), "--store", str(tmp_path / "store"), "-q", "-p", "P=a/../b/"),
-        capture_output=True,
-        text=True,
-        timeout=120,
+    r = run_cli(
+        "run",
+        str(path),
+        "--store",
+        str(tmp_path / "store"),
+        "-q",
+        "-p",
+        "P=a/../b/",
         cwd=tmp_path,
         env=env,
+        timeout=120,
     )
     assert r.returncode == 0, r.stderr
     assert f"VAL[{tmp_path / 'b'}] RAW[{tmp_path / 'b'}]" in r.stdout

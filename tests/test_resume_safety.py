@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import DATA, ROOT, CliProcess, cli_cmd, one_step_template
+from conftest import DATA, CliProcess, one_step_template, run_cli
 
 from core import CheckpointStore
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 
 def cli(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cli_cmd(*args), capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+    return run_cli(*args, timeout=timeout)
 
 
 def suspended_run(store: Path, template: Path, *params: str, after: str = "LONG-START") -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import DATA, ROOT, cli_cmd
+from conftest import DATA, ROOT, cli_cmd, run_cli
 
 from core import CheckpointStore, JobRunner, ResumeRefusedError, TaskSpec, prepare_job
 from core._run import (
@@ -216,14 +216,13 @@ def test_a_request_from_a_third_process_reaches_tasks_in_two_others(
     specs = plan_step(st, job, attempt.run_id, "Render")[:2]
     workers = [Worker(store, attempt.job_key, attempt.run_id, s) for s in specs]
     end = time.monotonic() + 30
-    while "RENDER-START 3-4" not in _started(store) and time.monotonic() < end:
+    # both chunks running (a stop that lands before one starts skips it: the CLI's 1.8 s start-up
+    # used to give it that time)
+    while not all(f"RENDER-START {c}" in _started(store) for c in ("1-2", "3-4")):
+        assert time.monotonic() < end, _started(store)
         time.sleep(0.05)
-    sent = subprocess.run(
-        cli_cmd("stop", attempt.run_id, "--mode", mode, "--store", str(store)),
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=30,
+    sent = run_cli(
+        "stop", attempt.run_id, "--mode", mode, "--store", str(store), cwd=ROOT, timeout=30
     )
     assert sent.returncode == 0, sent.stderr
     results = [w.wait() for w in workers]
@@ -316,13 +315,7 @@ def test_runner_killed_before_first_checkpoint_leaves_nothing_for_the_next_run(
         first.send_signal(signal.SIGKILL)
         first.wait(10)
         assert psutil.pid_exists(pid)
-        second = subprocess.run(
-            cli_cmd(*args, *(["--fresh"] if fresh else [])),
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        second = run_cli(*args, *(["--fresh"] if fresh else []), cwd=ROOT, timeout=60)
         assert second.returncode == 0, second.stderr
         assert "COUNTER-CONCURRENT" not in second.stdout
         assert f"COUNTER-DONE n=40 sum={sum(range(1, 41))}" in second.stdout
@@ -712,15 +705,20 @@ def test_the_cli_does_not_take_over_or_supersede_a_scheduled_run(tmp_path: Path)
     job = prepare_job(COUNTER, {"N": 30, "StepSeconds": 0.1})
     st = CheckpointStore(store)
     attempt = begin_attempt(st, job, external_key="dag/live")
-    resumed = subprocess.run(
-        cli_cmd("resume", attempt.run_id, "--store", str(store)),
-        capture_output=True, text=True, cwd=ROOT, timeout=60,
-    )  # fmt: skip
+    resumed = run_cli("resume", attempt.run_id, "--store", str(store), cwd=ROOT, timeout=60)
     assert resumed.returncode == 4 and "belongs to 'dag/live'" in resumed.stderr
-    fresh = subprocess.run(
-        cli_cmd("run", str(COUNTER), "-p", "N=1", "--store", str(store), "-q", "--fresh"),
-        capture_output=True, text=True, cwd=ROOT, timeout=60,
-    )  # fmt: skip
+    fresh = run_cli(
+        "run",
+        str(COUNTER),
+        "-p",
+        "N=1",
+        "--store",
+        str(store),
+        "-q",
+        "--fresh",
+        cwd=ROOT,
+        timeout=60,
+    )
     assert fresh.returncode == 0, fresh.stderr
     rec = st.read_run(attempt.job_key, attempt.run_id)
     assert rec is not None and rec.superseded_by is None and rec.status.value == "running"
@@ -753,10 +751,9 @@ def test_delete_kills_what_a_dead_runner_left(tmp_path: Path) -> None:
     first.send_signal(signal.SIGKILL)
     first.wait(10)
     [run] = CheckpointStore(store).list_runs()[0]
-    deleted = subprocess.run(
-        cli_cmd("checkpoints", "delete", run.run_id, "--store", str(store)),
-        capture_output=True, text=True, cwd=ROOT, timeout=60,
-    )  # fmt: skip
+    deleted = run_cli(
+        "checkpoints", "delete", run.run_id, "--store", str(store), cwd=ROOT, timeout=60
+    )
     assert deleted.returncode == 0, deleted.stderr
     assert "left running by a dead runner" in deleted.stderr
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
@@ -829,10 +826,17 @@ def test_a_session_secret_is_redacted_in_every_later_task(tmp_path: Path) -> Non
         "    actions:\n"
         "      onRun: {command: bash, args: [-c, 'echo token is $TOKEN']}\n"
     )
-    done = subprocess.run(
-        cli_cmd("run", str(template), "--store", str(tmp_path / "s"), "--max-parallel", "1", "-q"),
-        capture_output=True, text=True, cwd=ROOT, timeout=60,
-    )  # fmt: skip
+    done = run_cli(
+        "run",
+        str(template),
+        "--store",
+        str(tmp_path / "s"),
+        "--max-parallel",
+        "1",
+        "-q",
+        cwd=ROOT,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("token is ********") == 3, done.stdout
     assert "hunter2" not in done.stdout + done.stderr

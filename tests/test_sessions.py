@@ -9,20 +9,15 @@ import hashlib
 import json
 import re
 import signal
-import subprocess
 import time
 import zipfile
 from pathlib import Path
 
 import psutil
 import pytest
-from conftest import DATA, ROOT, CliProcess, cli_cmd
+from conftest import DATA, CliProcess, run_cli
 
 pytestmark = pytest.mark.slow
-
-
-def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cli_cmd(*args), capture_output=True, text=True, cwd=ROOT, timeout=timeout)
 
 
 def running(pid: int) -> bool:

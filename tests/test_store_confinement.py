@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, CliProcess, cli_cmd
+from conftest import EXAMPLES, CliProcess, cli_cmd, run_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -192,12 +192,7 @@ def test_cli_run_with_a_store_folder_linked_outside(tmp_path: Path, linked: str)
         folder.symlink_to(outside)
         params = FAST
     before = snapshot(outside)
-    res = subprocess.run(
-        cli_cmd("run", str(FIB), "--store", str(store), *params),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    res = run_cli("run", str(FIB), "--store", str(store), *params, timeout=120)
     assert res.returncode == (0 if linked == "tasks" else 3), res.stderr
     assert "symbolic link" in res.stderr and str(folder) in res.stderr
     assert "Traceback" not in res.stderr

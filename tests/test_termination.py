@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import DATA, ROOT, CliProcess, cli_cmd
+from conftest import DATA, ROOT, CliProcess, run_cli
 
 from core import CheckpointStore
 
@@ -39,13 +39,7 @@ def run_id_of(store: Path) -> str:
 
 
 def stop(store: Path, run_id: str, mode: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        cli_cmd("stop", run_id, "--mode", mode, "--store", str(store)),
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=30,
-    )
+    return run_cli("stop", run_id, "--mode", mode, "--store", str(store), cwd=ROOT, timeout=30)
 
 
 def record(store: Path, run_id: str):
@@ -147,10 +141,14 @@ def test_failed_regular_step_runs_finally_with_failed_status(store: Path, tmp_pa
     template.write_text(
         (DATA / "finally.yaml").read_text().replace("print('LATER-RAN')", "raise SystemExit(9)")
     )
-    r = subprocess.run(
-        cli_cmd("run", str(template), "-p", "LongSeconds=0.1", "--store", str(store), "-q"),
-        capture_output=True,
-        text=True,
+    r = run_cli(
+        "run",
+        str(template),
+        "-p",
+        "LongSeconds=0.1",
+        "--store",
+        str(store),
+        "-q",
         cwd=ROOT,
         timeout=60,
     )
@@ -169,12 +167,8 @@ def test_suspended_then_run_again_completes_with_no_task_run_twice(store: Path) 
     first = cli.stdout
     assert "LONG-CKPT" in first and "LONG-DONE" not in first
 
-    again = subprocess.run(
-        cli_cmd("run", TEMPLATE, "--store", str(store), "-q", "-p", "LongSeconds=10"),
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
+    again = run_cli(
+        "run", TEMPLATE, "--store", str(store), "-q", "-p", "LongSeconds=10", cwd=ROOT, timeout=60
     )
     assert again.returncode == 0, again.stderr
     second = again.stdout
@@ -194,13 +188,7 @@ def test_resumed_stopped_run_runs_its_finally_step_again(store: Path) -> None:
     assert stop(store, run_id, "StoppedRunFinally").returncode == 0
     assert cli.wait(60) == 130
     assert "CLEANUP-START status=Stopped" in cli.stdout
-    resumed = subprocess.run(
-        cli_cmd("resume", run_id, "--store", str(store), "-q"),
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
-    )
+    resumed = run_cli("resume", run_id, "--store", str(store), "-q", cwd=ROOT, timeout=60)
     assert resumed.returncode == 0, resumed.stderr
     assert "LATER-RAN" in resumed.stdout and "LONG-START" not in resumed.stdout
     assert "CLEANUP-START status=Succeeded" in resumed.stdout
@@ -237,13 +225,20 @@ def test_a_stop_that_lands_after_every_task_ended_changes_nothing(store: Path, m
     succeeded, and does not tell the user to run it again."""
     import sys
 
-    done = subprocess.run(
-        cli_cmd(
-            "run", str(DATA / "late_stop.yaml"), "--store", str(store),
-            "-p", f"Store={store}", "-p", f"Python={sys.executable}", "-p", f"Mode={mode}",
-        ),
-        capture_output=True, text=True, cwd=ROOT, timeout=120,
-    )  # fmt: skip
+    done = run_cli(
+        "run",
+        str(DATA / "late_stop.yaml"),
+        "--store",
+        str(store),
+        "-p",
+        f"Store={store}",
+        "-p",
+        f"Python={sys.executable}",
+        "-p",
+        f"Mode={mode}",
+        cwd=ROOT,
+        timeout=120,
+    )
     assert "STOP-ASKED 0 asked run" in done.stdout, done.stdout + done.stderr
     assert "WORK-RAN" in done.stdout and "CLEANUP-RAN" in done.stdout
     assert done.returncode == 0, done.stderr
