@@ -18,7 +18,10 @@ REFERENCE_CLI := openjd-cli==0.8.*
 STAMP_REFERENCE := $(VENV_REFERENCE)/.installed-$(shell echo '$(REFERENCE_CLI)' | cksum | cut -d' ' -f1)
 EXTRAS_AIRFLOW := airflow,test
 EXTRAS_PREFECT := prefect,test
-PYTEST_CORE := -q --durations=20 tests --ignore=tests/airflow --ignore=tests/prefect
+# The core suite runs in pytest-xdist workers (most of its tests wait on subprocesses, so more
+# workers than cores pay off); modules with a module-scoped fixture stay in one worker each.
+CORE_WORKERS ?= 3
+PYTEST_CORE := -q --durations=20 -n $(CORE_WORKERS) --dist loadgroup tests --ignore=tests/airflow --ignore=tests/prefect
 # uv makes the virtualenvs (much faster than pip, with a shared cache); it is pip-installed into a
 # bootstrap virtualenv of its own, so a fresh machine needs only Python and make.
 UV_VERSION := 0.13.*
@@ -31,8 +34,10 @@ UV := $(VENV_TOOLS)/bin/uv
 demo: $(STAMP_BASE)
 	$(VENV)/bin/python examples/fibonacci/demo.py
 
-## test: every test (lint, type check, core tests, Airflow tests, Prefect tests)
-test: lint test-core test-airflow test-prefect
+## test: every test (lint, type check, then the core, Airflow and Prefect suites side by side:
+## each has its own servers on free loopback ports; each suite's output is printed as it ends)
+test: lint
+	@$(MAKE) --no-print-directory -k -j3 --output-sync=target test-core test-airflow test-prefect
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
