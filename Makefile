@@ -18,14 +18,14 @@ REFERENCE_CLI := openjd-cli==0.8.*
 STAMP_REFERENCE := $(VENV_REFERENCE)/.installed-$(shell echo '$(REFERENCE_CLI)' | cksum | cut -d' ' -f1)
 EXTRAS_AIRFLOW := airflow,test
 EXTRAS_PREFECT := prefect,test
-# CORE_WORKERS > 0 runs the core suite in that many pytest-xdist workers (modules with a
-# module-scoped fixture stay in one worker each), TEST_JOBS > 1 runs the three suites side by
-# side. Both default off: on a 2-core machine, measured, they cut make test from about 33 to 16
-# minutes but several tests that assert a bound in seconds (a kill within the runner's grace, a
-# refusal "at once") then fail under the load; until those bounds are measured against the load,
-# CI runs one test at a time. Try: make test CORE_WORKERS=3 TEST_JOBS=3
-CORE_WORKERS ?= 0
-TEST_JOBS ?= 1
+# CORE_WORKERS > 0 runs the core suite in that many pytest-xdist workers (tests that share a
+# module-scoped server or a fixed folder stay in one worker each: xdist_group), TEST_JOBS > 1 runs
+# the three suites side by side, each with its own servers on free loopback ports. On 2 cores
+# most of the suite waits (subprocesses, servers, sleeps), so 3 and 3 are the measured best:
+# about 16 minutes for make test against 38 one test at a time. For one test at a time:
+# make test CORE_WORKERS=0 TEST_JOBS=1
+CORE_WORKERS ?= 3
+TEST_JOBS ?= 3
 PYTEST_CORE := -q --durations=20 -n $(CORE_WORKERS) --dist loadgroup tests --ignore=tests/airflow --ignore=tests/prefect
 # uv makes the virtualenvs (much faster than pip, with a shared cache); it is pip-installed into a
 # bootstrap virtualenv of its own, so a fresh machine needs only Python and make.

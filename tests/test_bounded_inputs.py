@@ -3,7 +3,10 @@ bombs, parameter spaces too large to build, parameter values no task could be gi
 option values are refused at once with exit 2 and a message naming what was refused.
 
 Every CLI call runs as a subprocess with a time limit (a hang fails the test instead of
-blocking it) and an address-space limit (a runaway read fails instead of filling the host)."""
+blocking it) and an address-space limit (a runaway read fails instead of filling the host).
+"At once" is judged by the CPU seconds the process used, not by the wall clock: on a loaded
+machine the CLI's start-up alone can take many wall seconds, while a YAML bomb expanded or a
+trillion tasks built would take minutes of CPU."""
 
 from __future__ import annotations
 
@@ -19,7 +22,8 @@ from conftest import ROOT, cli_cmd
 
 from core import TemplateError, prepare_job
 
-TIMEOUT = 30
+TIMEOUT = 120  # wall seconds: only a hang (a FIFO opened and waited on) comes near it
+CPU_AT_ONCE = 10  # CPU seconds: start-up, parsing and the refusal take about 1.5
 MAX_TASKS_PER_STEP = 1_000_000  # core._job.MAX_TASKS_PER_STEP (docs/decisions.md)
 MEMORY = 3 * 1024**3
 
@@ -76,8 +80,9 @@ def _limit_memory() -> None:
 
 
 def cli(*args: str | Path) -> tuple[int, str, float]:
-    """Run the CLI; (exit code, stdout and stderr, seconds taken). A hang fails the test."""
-    start = time.monotonic()
+    """Run the CLI; (exit code, stdout and stderr, CPU seconds it used, user and system). A
+    hang fails the test."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
         proc = subprocess.run(
             cli_cmd(*map(str, args)),
@@ -91,7 +96,9 @@ def cli(*args: str | Path) -> tuple[int, str, float]:
         )
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"openjd-checkpoint {' '.join(map(str, args))} hung for {exc.timeout} s")
-    return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return proc.returncode, proc.stdout + proc.stderr, cpu
 
 
 @pytest.fixture
@@ -140,7 +147,7 @@ def test_a_file_that_is_not_a_regular_file_is_refused_at_once(
     assert ("character device" if kind == "dev-zero" else "FIFO") in out
     assert "Traceback" not in out
     assert "ran" not in out.split()  # no task ran
-    assert seconds < 15
+    assert seconds < CPU_AT_ONCE
 
 
 @pytest.mark.parametrize("suffix", [".yaml", ".json"])
@@ -184,7 +191,7 @@ def test_a_yaml_bomb_is_refused_at_once(tmp_path: Path, template: Path, role: st
     assert code == 2, out
     assert str(bomb) in out
     assert "aliases expand to" in out and "the limit is 100,000" in out
-    assert seconds < 15
+    assert seconds < CPU_AT_ONCE
 
 
 def test_a_recursive_yaml_alias_is_refused(tmp_path: Path) -> None:
@@ -216,7 +223,7 @@ def test_a_step_of_a_trillion_tasks_is_refused_at_once(tmp_path: Path, template:
     assert "Work" in out
     assert "1,000,000,000,000 tasks" in out
     assert f"the limit is {MAX_TASKS_PER_STEP:,} tasks per step" in out
-    assert seconds < 15
+    assert seconds < CPU_AT_ONCE
 
 
 def test_a_chunked_step_of_a_trillion_frames_is_refused_at_once(tmp_path: Path) -> None:
@@ -226,15 +233,15 @@ def test_a_chunked_step_of_a_trillion_frames_is_refused_at_once(tmp_path: Path) 
     assert code == 2, out
     assert "Frame" in out and "1,000,000,000,000 frames" in out
     assert f"the limit is {MAX_TASKS_PER_STEP:,}" in out
-    assert seconds < 15
+    assert seconds < CPU_AT_ONCE
 
 
 def test_prepare_job_refuses_a_step_over_the_limit_for_every_adapter(template: Path) -> None:
     """The check is in prepare_job, so the CLI, Airflow and Prefect all get it."""
-    start = time.monotonic()
+    start = time.process_time()
     with pytest.raises(TemplateError) as info:
         prepare_job(template, {"N": MAX_TASKS_PER_STEP + 1})
-    assert time.monotonic() - start < 10
+    assert time.process_time() - start < CPU_AT_ONCE
     assert f"{MAX_TASKS_PER_STEP + 1:,} tasks" in str(info.value)
     job = prepare_job(template, {"N": MAX_TASKS_PER_STEP})
     assert job.task_count("Work") == MAX_TASKS_PER_STEP

@@ -180,7 +180,7 @@ def test_a_killed_worker_is_replaced_and_the_task_resumes(tmp_path: Path) -> Non
     [again] = plan_step(CheckpointStore(store), job, attempt.run_id, "Count")
     assert again.resume is not None and again.resume.generation >= 3
     second = Worker(store, attempt.job_key, attempt.run_id, again)
-    result = second.wait()
+    result = second.wait(timeout=180)  # a hang bound; the orphan runs to its end first
     assert result.get("outcome") == "succeeded", second.output
     assert "left running by an earlier attempt" in second.output
     assert "COUNTER-CONCURRENT" not in second.output  # never two copies at once

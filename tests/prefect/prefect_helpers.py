@@ -509,6 +509,16 @@ def wait_for_flow_run(
             time.sleep(interval)
 
 
+def seconds_between_states(flow_run_id: uuid.UUID, first: str, last: StateType) -> float:
+    """Seconds from the flow run's first state named ``first`` to its first state of type
+    ``last``, by the server's own timestamps (so a slow client process is not counted)."""
+    with get_client(sync_client=True) as client:
+        states = client.read_flow_run_states(flow_run_id)
+    start = next(s.timestamp for s in states if s.name == first)
+    end = next(s.timestamp for s in states if s.type == last and s.timestamp >= start)
+    return (end - start).total_seconds()
+
+
 def flow_run_states(flow_run_id: uuid.UUID) -> list[tuple[str, str]]:
     """The flow run's state history as (type, name), oldest first."""
     with get_client(sync_client=True) as client:
