@@ -7,14 +7,18 @@ imported, so a Ctrl-C during start-up ends the program quietly (exit 130, nothin
 import signal
 import sys
 
-from ._early import EARLY_SIGNALS
-
 
 def _early(signum: int, _frame: object) -> None:
-    EARLY_SIGNALS.append(signum)  # kept even if the exit below is swallowed by library code
+    from . import _early as early  # a module of one list: nothing to wait for
+
+    if hasattr(early, "EARLY_SIGNALS"):  # not when the signal came while it was imported
+        early.EARLY_SIGNALS.append(signum)  # kept even if library code swallows the exit
     sys.exit(130)
 
 
+# First of all: a Ctrl-C from here on ends the start-up quietly. (Before this line the
+# interpreter itself and the package's lazy ``__init__`` are starting: no Python program can
+# handle a signal there.)
 signal.signal(signal.SIGINT, _early)
 
 

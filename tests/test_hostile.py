@@ -208,7 +208,14 @@ def test_ctrl_c_before_the_run_starts_is_not_a_traceback(tmp_path: Path) -> None
         text=True,
         cwd=ROOT,
     )
-    time.sleep(0.15)
+    # Once the CLI's own imports are under way (pydantic's compiled core mapped into the
+    # process), its Ctrl-C handler is in place; before that the interpreter itself is starting,
+    # where no Python program handles a signal. A fixed sleep sent it there on a loaded machine.
+    maps = Path(f"/proc/{proc.pid}/maps")
+    end = time.monotonic() + 60
+    while "_pydantic_core" not in maps.read_text():
+        assert proc.poll() is None and time.monotonic() < end, "the CLI never loaded pydantic"
+        time.sleep(0.005)
     proc.send_signal(signal.SIGINT)
     try:
         out, err = proc.communicate(timeout=60)

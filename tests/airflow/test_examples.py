@@ -38,22 +38,23 @@ def test_fibonacci_example_runs_with_the_configured_store(
 
 
 def test_example_dag_files_parse_fast(dag_tester: ah.DagTester) -> None:
-    """A DAG file imports in well under a second once Airflow is imported (no job creation,
-    no expansion, no database)."""
+    """A DAG file imports in well under a second of CPU once Airflow is imported (no job
+    creation, no expansion, no database). CPU seconds, not wall: on a loaded machine the wall
+    clock measures the other processes."""
     folder = install_examples(dag_tester)
     code = (
         "import time, runpy, airflow.sdk, core._template, openjd.model\n"
-        "t = time.perf_counter()\n"
+        "t = time.process_time()\n"
         f"for name in ('openjd_fibonacci.py', 'openjd_chunked_frames.py'):\n"
         f"    runpy.run_path({str(folder)!r} + '/' + name)\n"
-        "print(time.perf_counter() - t)\n"
+        "print(time.process_time() - t)\n"
     )
     started = time.monotonic()
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
     seconds = float(out.stdout.strip().splitlines()[-1])
-    ah.TIMINGS["two example DAG files parsed (after imports)"] = seconds
+    ah.TIMINGS["two example DAG files parsed (after imports), CPU"] = seconds
     ah.TIMINGS["example parse subprocess, imports included"] = time.monotonic() - started
     assert seconds < 1.0
     dags = dag_tester.load(folder / "openjd_chunked_frames.py")
