@@ -134,7 +134,7 @@ def notice_settings(
     from airflow.sdk import conf
 
     import core
-    from core._notices import NOTICE_POLL_ENV, NOTICES_ENV
+    from core import NOTICE_POLL_ENV, NOTICES_ENV
 
     if explicit is not None:
         text, where = explicit, "interruption_notices="

@@ -77,7 +77,7 @@ def job_params(template: core.CheckpointJobTemplate) -> dict[str, Param]:
     Raises:
         ValueError: a job parameter is named ``resume``.
     """
-    from core._template import JOB_STATUS_PARAMETER
+    from core import JOB_STATUS_PARAMETER
 
     params: dict[str, Param] = {}
     for definition in template.template.parameterDefinitions or []:

@@ -82,7 +82,7 @@ RELEASE_TIMEOUT_SECONDS = 30.0
 def _wait_released(
     log: Any, store: core.CheckpointStore, job: core.PreparedJob, run_id: str, steps: Any
 ) -> None:
-    from core._run import wait_tasks_released
+    from core import wait_tasks_released
 
     held = wait_tasks_released(store, job, run_id, steps, timeout=RELEASE_TIMEOUT_SECONDS)
     if held:
@@ -360,20 +360,19 @@ def checkpoint_summary(
     values."""
     tasks = []
     for rec, label in zip(records, labels, strict=False):
-        ckpt = rec.checkpoint
+        task = core.summarize_task(rec)
+        ckpt = task.checkpoint
         tasks.append(
             {
                 "label": label,
-                "status": rec.status.value,
+                "status": task.status,
                 "generation": ckpt.generation if ckpt else None,
                 "saved_at": ckpt.saved_at if ckpt else None,
-                "state_bytes": len((ckpt.state or "").encode()) if ckpt else 0,
-                "files": (list(ckpt.files) + ([ckpt.file] if ckpt.file else []))[:20]
-                if ckpt
-                else [],
-                "files_mode": ("managed" if ckpt.manifest else "shared") if ckpt else None,
-                "frames_done": len(rec.completed_frames),
-                "resume_status": rec.resume_status,
+                "state_bytes": ckpt.state_bytes if ckpt else 0,
+                "files": list(ckpt.files[:20]) if ckpt else [],
+                "files_mode": ckpt.files_mode if ckpt else None,
+                "frames_done": len(task.frames_done),
+                "resume_status": task.resume_status,
             }
         )
     return {
@@ -653,7 +652,7 @@ class OpenJDTaskOperator(BaseOperator):
         run_id: str,
         originals: list[core.TaskSpec],
     ) -> None:
-        from core._run import record_task_done
+        from core import record_task_done
 
         for spec in originals:
             try:

@@ -74,13 +74,6 @@ def _store(attempt: dict[str, Any]) -> core.CheckpointStore:
     )
 
 
-def _label(step: str, parameters: dict[str, dict[str, str]]) -> str:
-    if not parameters:
-        return step
-    inner = ", ".join(f"{k}={v.get('value')}" for k, v in parameters.items())
-    return f"{step}[{inner}]"
-
-
 @app.post(
     "/dags/{dag_id}/dagRuns/{dag_run_id}/termination",
     dependencies=[Depends(requires_access_dag(method="PUT", access_entity=DagAccessEntity.RUN))],
@@ -123,26 +116,27 @@ def checkpoints(dag_id: str, dag_run_id: str, session: SessionDep) -> dict[str, 
     records, warnings = store.read_tasks(attempt["job_key"], attempt["run_id"])
     tasks = []
     for rec in sorted(records, key=lambda r: (run.finally_steps.count(r.step), r.step, r.task_key)):
-        generations = [
-            {
-                "generation": g.generation,
-                "saved_at": g.saved_at,
-                "state_bytes": len((g.state or "").encode()),
-                "files": list(g.files) + ([g.file] if g.file else []),
-                "files_mode": "managed" if g.manifest else "shared",
-                "attempt": g.attempt,
-            }
-            for g in store.list_generations(rec)
-        ]
+        generations = [core.summarize_checkpoint(g) for g in store.list_generations(rec)]
+        task = core.summarize_task(rec)
         tasks.append(
             {
-                "step": rec.step,
-                "label": _label(rec.step, rec.parameters),
-                "status": rec.status.value,
-                "frames_done": list(rec.completed_frames),
-                "resume_status": rec.resume_status,
-                "checkpoints": generations,
-                "updated_at": rec.updated_at,
+                "step": task.step,
+                "label": task.label,
+                "status": task.status,
+                "frames_done": list(task.frames_done),
+                "resume_status": task.resume_status,
+                "checkpoints": [
+                    {
+                        "generation": g.generation,
+                        "saved_at": g.saved_at,
+                        "state_bytes": g.state_bytes,
+                        "files": list(g.files),
+                        "files_mode": g.files_mode,
+                        "attempt": g.attempt,
+                    }
+                    for g in generations
+                ],
+                "updated_at": task.updated_at,
             }
         )
     return {

@@ -465,9 +465,8 @@ def _cp(src: Path, dst: Path) -> float:
 def commit_latency(report: Report, quick: bool) -> None:
     from _templates import python_step_document
 
-    from core import CheckpointStore, TaskExecution, parse_template, prepare_job
+    from core import CheckpointData, CheckpointStore, TaskExecution, parse_template, prepare_job
     from core._files import FileCapture
-    from core._store import CheckpointData
 
     print("4. checkpoint commit latency", flush=True)
     count = 20 if quick else 50
@@ -596,8 +595,7 @@ def _child(*args: str) -> list[float]:
 def _build_runs(root: Path, count: int) -> None:
     """A store of ``count`` runs: one written through the core API, the rest copies of its
     record under other run ids (plain writes: building the store is not what is measured)."""
-    from core import CheckpointStore, parse_template, prepare_job
-    from core._store import RunRecord, RunStatus
+    from core import CheckpointStore, RunRecord, RunStatus, parse_template, prepare_job
 
     store = CheckpointStore(str(root))
     job = prepare_job(parse_template(__import__("yaml").safe_load(TRIVIAL)))

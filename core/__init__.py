@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from ._chunks import AdaptiveChunker
     from ._errors import OpenJDCheckpointError, RunError, StoreError, TemplateError
     from ._groups import group_label, group_tasks
+    from ._host import host_id
     from ._job import (
         PreparedJob,
         TaskSpec,
@@ -37,7 +38,15 @@ if TYPE_CHECKING:
         MessageWarning,
         parse_line,
     )
-    from ._notices import Notice, NoticeSource, parse_notice_sources, parse_poll_seconds
+    from ._notices import (
+        NOTICE_POLL_ENV,
+        NOTICES_ENV,
+        Notice,
+        NoticeSource,
+        SignalSource,
+        parse_notice_sources,
+        parse_poll_seconds,
+    )
     from ._resume import RefusalCode, ResumeHow, ResumeRefusedError
     from ._run import (
         EXIT_CODES,
@@ -72,10 +81,22 @@ if TYPE_CHECKING:
         TaskRecord,
         TaskStatus,
         default_store_location,
-        host_id,
+    )
+    from ._summary import (
+        CheckpointSummary,
+        TaskSummary,
+        summarize_checkpoint,
+        summarize_task,
+        task_label,
     )
     from ._task import StopIntent, TaskEvent, TaskExecution, TaskOutcome, TaskResult
-    from ._template import CancelMethod, CheckpointJobTemplate, load_template, parse_template
+    from ._template import (
+        JOB_STATUS_PARAMETER,
+        CancelMethod,
+        CheckpointJobTemplate,
+        load_template,
+        parse_template,
+    )
 
 _EXPORTS = {
     "Notice": "._notices",
@@ -84,6 +105,15 @@ _EXPORTS = {
     "parse_poll_seconds": "._notices",
     "CancelMethod": "._template",
     "CheckpointData": "._store",
+    "CheckpointSummary": "._summary",
+    "TaskSummary": "._summary",
+    "summarize_checkpoint": "._summary",
+    "summarize_task": "._summary",
+    "task_label": "._summary",
+    "JOB_STATUS_PARAMETER": "._template",
+    "NOTICE_POLL_ENV": "._notices",
+    "NOTICES_ENV": "._notices",
+    "SignalSource": "._notices",
     "CheckpointJobTemplate": "._template",
     "CheckpointStore": "._store",
     "DEFAULT_MAX_LINE_BYTES": "._messages",
@@ -109,7 +139,7 @@ _EXPORTS = {
     "request_termination": "._termination",
     "run_task": "._run",
     "task_stop_for": "._termination",
-    "host_id": "._store",
+    "host_id": "._host",
     "JobRunner": "._runner",
     "MessageContext": "._messages",
     "MessageWarning": "._messages",
@@ -153,15 +183,20 @@ __all__ = (
     "CheckpointData",
     "CheckpointJobTemplate",
     "CheckpointStore",
+    "CheckpointSummary",
     "DEFAULT_MAX_LINE_BYTES",
     "DEFAULT_MAX_STATE_BYTES",
     "EXIT_CODES",
+    "JOB_STATUS_PARAMETER",
+    "NOTICE_POLL_ENV",
+    "NOTICES_ENV",
     "FinallyDecision",
     "JobRunner",
     "MessageContext",
     "MessageWarning",
     "Notice",
     "NoticeSource",
+    "SignalSource",
     "OpenJDCheckpointError",
     "PreparedJob",
     "RefusalCode",
@@ -183,6 +218,7 @@ __all__ = (
     "TaskResult",
     "TaskSpec",
     "TaskStatus",
+    "TaskSummary",
     "TemplateError",
     "Termination",
     "TerminationMode",
@@ -211,6 +247,9 @@ __all__ = (
     "request_termination",
     "run_task",
     "run_tasks",
+    "summarize_checkpoint",
+    "summarize_task",
+    "task_label",
     "task_stop_for",
     "wait_tasks_released",
 )

@@ -17,6 +17,7 @@ from typing import Any
 
 from ._errors import TemplateError
 from ._store import CheckpointStore, RunRecord, TaskRecord
+from ._summary import summarize_task, task_label
 from ._words import run_status_words
 
 __all__ = (
@@ -26,7 +27,6 @@ __all__ = (
     "cmd_checkpoints_list",
     "cmd_runs",
     "cmd_show",
-    "task_label",
 )
 
 JSON_SCHEMA_VERSION = 1
@@ -52,15 +52,6 @@ def reading(fn: Any) -> Any:
         return code
 
     return run
-
-
-def task_label(rec: TaskRecord) -> str:
-    """A task's readable name, as the run printed it: ``Render[Frame=1-4]``, or the step name
-    for a step's lone task."""
-    if not rec.parameters:
-        return rec.step
-    inner = ", ".join(f"{k}={v.get('value', '')}" for k, v in rec.parameters.items())
-    return f"{rec.step}[{inner}]"
 
 
 # Times come from stored records, which a person or a bug may have damaged: a time that is no
@@ -117,26 +108,6 @@ def _run_status(store: CheckpointStore, run: RunRecord) -> str:
     return run_status_words(run.status.value, runner_alive=alive)
 
 
-def _state_bytes(rec: TaskRecord) -> int:
-    ck = rec.checkpoint
-    return len((ck.state or "").encode()) if ck is not None else 0
-
-
-def _files(rec: TaskRecord) -> int:
-    ck = rec.checkpoint
-    if ck is None:
-        return 0
-    return len(ck.files) + len(ck.dirs) + (1 if ck.file else 0)
-
-
-def _resumable(task: TaskRecord) -> bool:
-    """The task holds something a resume uses: a checkpoint, or finished frames of an
-    unfinished chunk (what ``checkpoints list`` lists, and ``runs`` counts as resumable)."""
-    return task.checkpoint is not None or (
-        bool(task.completed_frames) and task.status.value != "succeeded"
-    )
-
-
 def run_summary(store: CheckpointStore, run: RunRecord, tasks: list[TaskRecord]) -> dict[str, Any]:
     """One run as ``runs --json`` gives it (see the README for each field)."""
     return {
@@ -154,7 +125,7 @@ def run_summary(store: CheckpointStore, run: RunRecord, tasks: list[TaskRecord])
         "duration_seconds": round(max(0.0, run.updated_at - run.created_at), 3),
         "tasks": len(tasks),
         "tasks_with_checkpoints": sum(1 for t in tasks if t.checkpoint is not None),
-        "tasks_resumable": sum(1 for t in tasks if _resumable(t)),
+        "tasks_resumable": sum(1 for t in tasks if summarize_task(t).resumable),
         "template": run.template_path,
     }
 
@@ -205,22 +176,21 @@ def cmd_runs(args: argparse.Namespace, store: CheckpointStore) -> int:
 def checkpoint_row(run: RunRecord, rec: TaskRecord) -> dict[str, Any]:
     """One task that holds a checkpoint (or finished frames), as ``checkpoints list --json``
     gives it (see the README for each field)."""
-    ck = rec.checkpoint
+    task = summarize_task(rec)
+    ck = task.checkpoint
     return {
         "run_id": run.run_id,
         "job": run.job_name,
-        "step": rec.step,
-        "task": task_label(rec),
-        "task_status": rec.status.value,
+        "step": task.step,
+        "task": task.label,
+        "task_status": task.status,
         "generation": ck.generation if ck is not None else None,
         "saved_at": ck.saved_at if ck is not None else None,
         "saved_time": _iso(ck.saved_at) if ck is not None else None,
-        "state_bytes": _state_bytes(rec),
-        "files": _files(rec),
-        "files_mode": ("managed" if ck is not None and ck.manifest else "shared")
-        if ck is not None
-        else None,
-        "frames_done": len(rec.completed_frames),
+        "state_bytes": ck.state_bytes if ck is not None else 0,
+        "files": ck.named if ck is not None else 0,
+        "files_mode": ck.files_mode if ck is not None else None,
+        "frames_done": len(task.frames_done),
     }
 
 
@@ -231,7 +201,7 @@ def cmd_checkpoints_list(args: argparse.Namespace, store: CheckpointStore) -> in
     rows = []
     for r, tasks in runs:
         for t in tasks:
-            if _resumable(t):
+            if summarize_task(t).resumable:
                 rows.append(checkpoint_row(r, t))
     if as_json:
         _dump({"schema": JSON_SCHEMA_VERSION, "store": store.location, "checkpoints": rows,

@@ -52,39 +52,27 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 import psutil
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ._errors import StoreError
+from ._host import FILE_ROOTS_VARIABLE, host_id
 
 __all__ = (
     "DEFAULT_GC_GRACE_SECONDS",
-    "FILE_ROOTS_VARIABLE",
-    "FILES_MODE_VARIABLE",
     "CaptureStats",
     "FileCapture",
-    "FileDataFlow",
     "GcReport",
     "Manifest",
     "ManifestEntry",
     "RestoreError",
     "RestoreResult",
     "collect_file_garbage",
-    "file_flow_from_env",
-    "file_roots_from_env",
     "locate",
     "restore_checkpoint",
 )
-
-FILES_MODE_VARIABLE = "OPENJD_CHECKPOINT_FILES"
-"""Environment variable choosing the file data flow: ``shared`` (default) or ``managed``."""
-
-FILE_ROOTS_VARIABLE = "OPENJD_CHECKPOINT_FILE_ROOTS"
-"""Environment variable: absolute folders (separated by ``os.pathsep``) whose files a managed
-store may capture and restore, besides the session working directory."""
 
 CHUNK_BYTES = 4 * 1024 * 1024
 """Read and write size when hashing, uploading and restoring, in bytes: memory stays flat
@@ -100,52 +88,6 @@ SESSION_ROOT = "session"
 """The root token of paths under the session working directory."""
 
 _HEX64 = frozenset("0123456789abcdef")
-
-
-class FileDataFlow(str, Enum):
-    """How a store treats checkpoint files (seed 000, "Shared file systems vs managed file data
-    flow")."""
-
-    SHARED = "shared"
-    """Paths only: the files live on a file system every host sees."""
-    MANAGED = "managed"
-    """The store keeps the files and restores them on resume."""
-
-
-def file_flow_from_env(value: str | None = None) -> FileDataFlow:
-    """``value``, else ``$OPENJD_CHECKPOINT_FILES``, else ``shared``.
-
-    Raises:
-        StoreError: not ``shared`` or ``managed``.
-    """
-    text = value if value is not None else os.environ.get(FILES_MODE_VARIABLE, "")
-    text = text.strip().lower() or FileDataFlow.SHARED.value
-    try:
-        return FileDataFlow(text)
-    except ValueError:
-        origin = "the option" if value is not None else "$" + FILES_MODE_VARIABLE
-        raise StoreError(
-            f"file data flow {text!r} (from {origin}) is not 'shared' or 'managed'"
-        ) from None
-
-
-def file_roots_from_env(extra: Iterable[str] = ()) -> list[str]:
-    """The allowed roots: ``extra`` then ``$OPENJD_CHECKPOINT_FILE_ROOTS``, normalized.
-
-    Raises:
-        StoreError: a root that is not an absolute path.
-    """
-    roots: list[str] = []
-    env = os.environ.get(FILE_ROOTS_VARIABLE, "")
-    given = [(r, "file root") for r in extra]
-    given += [(r, f"${FILE_ROOTS_VARIABLE}") for r in env.split(os.pathsep) if r.strip()]
-    for root, where in given:
-        if not os.path.isabs(root):
-            raise StoreError(f"{where} {root!r} is not an absolute path")
-        norm = os.path.normpath(root)
-        if norm not in roots:
-            roots.append(norm)
-    return roots
 
 
 class RestoreError(Exception):
@@ -1159,8 +1101,6 @@ be shared by several hosts)."""
 
 
 def _restore_prefix() -> str:
-    from ._store import host_id
-
     return f"{_RESTORE_TMP}{hashlib.sha256(host_id().encode()).hexdigest()[:12]}-"
 
 

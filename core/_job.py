@@ -39,6 +39,7 @@ from openjd.model import (
 )
 from openjd.sessions import PathMappingRule
 
+from ._chunks import AdaptiveChunker, group_key, is_adaptive
 from ._errors import TemplateError
 from ._inputs import decode_json, load_document, read_input_file
 from ._store import CheckpointData, TaskRecord
@@ -259,6 +260,21 @@ class PreparedJob:
             return
         yield from StepParameterSpaceIterator(space=space)
 
+    def new_task_record(self, spec: TaskSpec, run_id: str, **fields: Any) -> TaskRecord:
+        """A fresh record of task ``spec`` in run ``run_id``: its identity (job key, step, task
+        key, parameters, chunk parameter, the step's hash) from the job, the rest from
+        ``fields`` (any ``TaskRecord`` field: status, attempts, frames, message)."""
+        return TaskRecord(
+            job_key=self.job_key,
+            run_id=run_id,
+            step=spec.step_name,
+            task_key=spec.task_key,
+            parameters=params_to_record(spec.record_parameters),
+            chunk_parameter=spec.chunk_parameter,
+            step_hash=self.template.step_hashes.get(spec.step_name, ""),
+            **fields,
+        )
+
     def plan_step(
         self,
         step_name: str,
@@ -371,8 +387,6 @@ class PreparedJob:
         Frames are counted per frame, so a resume runs exactly the frames not yet reported,
         whatever the chunk boundaries of earlier attempts were.
         """
-        from ._chunks import AdaptiveChunker, group_key, is_adaptive
-
         chunk_param, _contiguous = self.chunk_parameter(step_name)
         if chunk_param is None or not is_adaptive(self.step(step_name).parameterSpace):
             return None

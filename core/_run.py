@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._errors import RunError, StoreError
-from ._files import FileDataFlow
-from ._job import PreparedJob, TaskSpec, load_path_mapping_rules, params_to_record, prepare_job
+from ._host import FileDataFlow
+from ._job import PreparedJob, TaskSpec, load_path_mapping_rules, prepare_job
 from ._notices import (
     DEFAULT_POLL_SECONDS,
     Notice,
@@ -561,17 +561,12 @@ def _for_attempt(
     for spec in originals:
         if job.template.is_finally(spec.step_name) or (spec.step_name, spec.task_key) in have:
             continue
-        done = TaskRecord(
-            job_key=run.job_key,
-            run_id=run.run_id,
-            step=spec.step_name,
-            task_key=spec.task_key,
-            parameters=params_to_record(spec.record_parameters),
-            chunk_parameter=spec.chunk_parameter,
+        done = job.new_task_record(
+            spec,
+            run.run_id,
             status=TaskStatus.SUCCEEDED,
             run_attempt=run.completed_attempt,
             completed_frames=sorted(spec.chunk_frames),
-            step_hash=job.template.step_hashes.get(spec.step_name, ""),
         )
         kept.append(done)
     return kept
@@ -1065,16 +1060,11 @@ def _reset_record(
         )
     try:
         old = store.read_task(job.job_key, run.run_id, spec.step_name, spec.task_key)
-        record = TaskRecord(
-            job_key=run.job_key,
-            run_id=run.run_id,
-            step=spec.step_name,
-            task_key=spec.task_key,
-            parameters=params_to_record(spec.record_parameters),
-            chunk_parameter=spec.chunk_parameter,
+        record = job.new_task_record(
+            spec,
+            run.run_id,
             attempt=old.attempt if old is not None else 0,
             run_attempt=run.attempt,
-            step_hash=job.template.step_hashes.get(spec.step_name, ""),
             message=f"run again from its start in attempt {run.attempt}",
         )
         store.write_task(record)

@@ -34,9 +34,10 @@ from typing import TYPE_CHECKING, Any
 from openjd.model import ParameterValueType, SymbolTable, evaluate_let_bindings
 
 from ._errors import StoreError
+from ._host import host_id
 from ._job import PreparedJob
 from ._process import new_marker, processes_with_marker
-from ._store import CheckpointStore, Lease, SessionRecord, host_id
+from ._store import CheckpointStore, Lease, SessionRecord
 from ._template import JOB_STATUS_PARAMETER
 from ._wrap import defines_wrap, hook, inject_wrapped
 

@@ -53,7 +53,6 @@ import os
 import posixpath
 import re
 import shutil
-import socket
 import stat
 import tempfile
 import threading
@@ -74,6 +73,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ._errors import StoreError
+from ._host import file_flow_from_env, file_roots_from_env, host_id
 from ._template import canonical_json, sha256_hex
 
 __all__ = (
@@ -91,7 +91,6 @@ __all__ = (
     "StopRequest",
     "TaskStatus",
     "default_store_location",
-    "host_id",
     "redact_location",
     "task_id_for",
 )
@@ -138,19 +137,6 @@ class TaskRebuilt(str):
     """A warning of ``read_tasks``/``read_task``: a task's record was unreadable (kept aside)
     and the record was rebuilt from its newest readable checkpoint generation, which the task
     resumes from (where a plain warning's task runs from the top)."""
-
-
-HOST_ID_VARIABLE = "OPENJD_CHECKPOINT_HOST_ID"
-"""Environment variable that names this process's host (default: the host name)."""
-
-
-def host_id() -> str:
-    """This process's host identity: ``$OPENJD_CHECKPOINT_HOST_ID``, else the host name.
-
-    Recorded with every process a task starts. Leftover processes are killed only on the host
-    that recorded them, so two workers on one machine with distinct host ids stand in for two
-    hosts (tests do this)."""
-    return os.environ.get(HOST_ID_VARIABLE) or socket.gethostname()
 
 
 def default_store_location() -> str:
@@ -454,8 +440,6 @@ class CheckpointStore:
         files: str | None = None,
         file_roots: Iterable[str] = (),
     ) -> None:
-        from ._files import file_flow_from_env, file_roots_from_env
-
         self.read_only = read_only
 
         self.file_flow = file_flow_from_env(files)

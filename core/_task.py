@@ -33,12 +33,12 @@ from ._expr import resolve_args, resolve_cancelation, resolve_int_field
 from ._files import (
     CaptureStats,
     FileCapture,
-    FileDataFlow,
     RestoreError,
     RestoreResult,
     restore_checkpoint,
 )
-from ._job import PreparedJob, TaskSpec, params_to_record
+from ._host import FileDataFlow
+from ._job import PreparedJob, TaskSpec
 from ._messages import (
     DEFAULT_MAX_LINE_BYTES,
     DEFAULT_MAX_STATE_BYTES,
@@ -233,15 +233,7 @@ class TaskExecution:
         self._status: str | None = None
         self._fail_message: str | None = None
         self._redacted: set[str] = set()
-        self._record = record or TaskRecord(
-            job_key=job.job_key,
-            run_id=run_id,
-            step=spec.step_name,
-            task_key=spec.task_key,
-            parameters=params_to_record(spec.record_parameters),
-            chunk_parameter=spec.chunk_parameter,
-            step_hash=job.template.step_hashes.get(spec.step_name, ""),
-        )
+        self._record = record or job.new_task_record(spec, run_id)
         self._marker = new_marker()
         self._dirty = False
         self._pending_save: CheckpointSave | None = None

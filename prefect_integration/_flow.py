@@ -402,19 +402,21 @@ def _table(store: CheckpointStore, job: PreparedJob, run_id: str) -> list[dict[s
     records, _ = store.read_tasks(job.job_key, run_id)
     rows = []
     for rec in sorted(records, key=lambda r: (job.step_order().index(r.step), r.task_key)):
-        params = ", ".join(f"{k}={v['value']}" for k, v in rec.parameters.items())
-        ckpt = rec.checkpoint
+        task = core.summarize_task(rec)
+        ckpt = task.checkpoint
         rows.append(
             {
-                "task": f"{rec.step}[{params}]" if params else rec.step,
-                "status": rec.status.value,
-                "attempts": rec.attempt,
-                "frames done": len(rec.completed_frames),
+                "task": task.label,
+                "status": task.status,
+                "attempts": task.attempts,
+                "frames done": len(task.frames_done),
                 "checkpoint generation": ckpt.generation if ckpt else "",
-                "state bytes": len(ckpt.state.encode("utf-8")) if ckpt and ckpt.state else "",
-                "files": len(ckpt.files) + (1 if ckpt.file else 0) if ckpt else "",
-                "files kept by the store": ("yes" if ckpt.manifest else "no") if ckpt else "",
-                "resume status": rec.resume_status or "",
+                "state bytes": ckpt.state_bytes if ckpt and ckpt.state_bytes else "",
+                "files": len(ckpt.files) if ckpt else "",
+                "files kept by the store": ("yes" if ckpt.files_mode == "managed" else "no")
+                if ckpt
+                else "",
+                "resume status": task.resume_status or "",
             }
         )
     return rows

@@ -16,8 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from core import CheckpointJobTemplate
-from core._template import JOB_STATUS_PARAMETER
+from core import JOB_STATUS_PARAMETER, CheckpointJobTemplate
 
 __all__ = ("RESUME_PARAMETER", "flow_signature")
 

@@ -75,7 +75,7 @@ def _notice_settings(
     Raises:
         ValueError: a bad setting (naming it), or a ``signal:`` source.
     """
-    from core._notices import NOTICE_POLL_ENV, NOTICES_ENV, SignalSource
+    from core import NOTICE_POLL_ENV, NOTICES_ENV, SignalSource
 
     if explicit is not None:
         sources = core.parse_notice_sources(explicit, where="interruption_notices=")

@@ -313,7 +313,8 @@ def test_a_refusal_names_a_dead_holder_whose_lease_has_not_expired() -> None:
     """On a store other than a local folder a dead holder's lease frees only after its ttl:
     the refusal says the process has ended and when to try again, instead of asking to wait
     for a process that is gone. A live holder, or one of another host, is named only."""
-    from core._store import ProcessInfo, describe_holder, host_id
+    from core._host import host_id
+    from core._store import ProcessInfo, describe_holder
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
