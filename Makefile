@@ -49,7 +49,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check $(wildcard core tests examples benchmarks airflow_plugin prefect_integration)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache
-	$(VENV)/bin/python .ci/check_sizes.py
+	$(VENV)/bin/python .ci/check_structure.py
 
 test-core: $(STAMP) $(STAMP_REFERENCE)
 	$(VENV)/bin/python -m pytest $(PYTEST_CORE)

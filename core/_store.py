@@ -1454,7 +1454,7 @@ class CheckpointStore:
                 tasks.append(rec)
         return tasks, warnings
 
-    # --- task output logs (kept with the run; core._logs writes and reads them) ---------------
+    # --- task output logs (kept with the run; core.cli._logs writes and reads them) ---------------
     def write_log(self, job_key: str, run_id: str, name: str, body: bytes) -> None:
         """Write (or replace) the log file ``name`` in the run's ``logs`` folder. Not synced
         to disk: a log is rewritten about once a second while its task runs, and a crash may

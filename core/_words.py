@@ -1,7 +1,7 @@
 """Plain words for the CLI: how a process ended, what a run's outcome means for the user.
 
-Kept apart from ``_cli`` so that the progress display, the reports and the reading commands
-say things the same way.
+Kept apart from the CLI (``core.cli``) so that the progress display, the reports and the
+reading commands say things the same way.
 """
 
 from __future__ import annotations

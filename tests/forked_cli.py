@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import IO, Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-CLI_ENTRY = REPO_ROOT / "core" / "cli.py"
+CLI_ENTRY = REPO_ROOT / "core" / "cli" / "__main__.py"
 """What ``sys.argv[0]`` is under ``python -m core.cli``."""
 
 
@@ -144,8 +144,8 @@ def _become(request: dict[str, Any], fds: list[int]) -> None:
 
 def _server_main() -> None:
     sys.path[0] = str(REPO_ROOT)  # ``-c`` put '' (the working folder, which children change)
-    import core._cli  # noqa: F401  (what ``core.cli.main`` imports: every child is spared it)
     import core.cli
+    import core.cli._main  # noqa: F401  (what ``core.cli.main`` imports: every child is spared it)
 
     gc.freeze()  # what was imported stays shared with the children (no copy, no collection)
     conn = socket.socket(fileno=int(sys.argv[1]))

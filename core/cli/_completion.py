@@ -69,7 +69,7 @@ def _store_arg(words: list[str]) -> str | None:
 
 
 def _run_ids(words: list[str]) -> list[str]:
-    from ._store import CheckpointStore
+    from core import CheckpointStore
 
     try:
         runs, _ = CheckpointStore(_store_arg(words), create=False).list_runs()
@@ -81,8 +81,7 @@ def _run_ids(words: list[str]) -> list[str]:
 def _steps(words: list[str], command: list[str], positionals: list[str]) -> list[str]:
     from pathlib import Path
 
-    from ._store import CheckpointStore
-    from ._template import load_template
+    from core import CheckpointStore, load_template
 
     try:
         path: str | None = None

@@ -24,8 +24,7 @@ import threading
 import time
 from typing import Any
 
-from ._task import TaskEvent, TaskExecution
-from ._words import OUTCOME_WORDS, outcome_key
+from core import OUTCOME_WORDS, TaskEvent, TaskExecution, outcome_key
 
 __all__ = ("Progress", "make_progress", "write")
 

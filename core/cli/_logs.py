@@ -24,8 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._errors import StoreError
-from ._store import MAX_RECORD_BYTES, CheckpointStore
+from core import MAX_RECORD_BYTES, CheckpointStore, StoreError
 
 __all__ = ("DEFAULT_MAX_LOG_BYTES", "LogEntry", "LogFile", "LogKeeper", "read_run_logs")
 

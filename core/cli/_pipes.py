@@ -1,6 +1,6 @@
 """Quiet ends for the CLI's reading commands: a closed pipe (``| head``) and a closed terminal.
 
-Kept apart from ``_cli`` so that the commands' own modules can share it.
+Kept apart from ``_main`` so that the commands' own modules can share it.
 """
 
 from __future__ import annotations

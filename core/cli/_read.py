@@ -15,10 +15,15 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
-from ._errors import TemplateError
-from ._store import CheckpointStore, RunRecord, TaskRecord
-from ._summary import summarize_task, task_label
-from ._words import run_status_words
+from core import (
+    CheckpointStore,
+    RunRecord,
+    TaskRecord,
+    TemplateError,
+    run_status_words,
+    summarize_task,
+    task_label,
+)
 
 __all__ = (
     "JSON_SCHEMA_VERSION",
@@ -521,9 +526,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ._inputs import load_document, read_input_file
-    from ._job import load_environment_template
-    from ._template import load_template
+    from core import load_document, load_environment_template, load_template, read_input_file
 
     path = Path(args.template)
     document = load_document(

