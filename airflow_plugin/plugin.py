@@ -108,6 +108,8 @@ def terminate(
     ],
 )
 def checkpoints(dag_id: str, dag_run_id: str, session: SessionDep) -> dict[str, Any]:
+    import core
+
     attempt = _attempt(session, dag_id, dag_run_id)
     store = _store(attempt)
     run = store.read_run(attempt["job_key"], attempt["run_id"])

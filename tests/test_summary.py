@@ -1,0 +1,47 @@
+"""What every runner shows of a task and its checkpoints (``core.summarize_task``): the CLI's
+``checkpoints`` commands, the Airflow page and the Prefect table all read it."""
+
+from __future__ import annotations
+
+from core import CheckpointData, TaskRecord, summarize_checkpoint, summarize_task, task_label
+
+FRAME = {"Frame": {"type": "CHUNK[INT]", "value": "1-4"}}
+
+
+def _record(**fields) -> TaskRecord:
+    base = {"job_key": "j", "run_id": "r", "step": "Render", "task_key": "k", "parameters": {}}
+    return TaskRecord(**{**base, **fields})
+
+
+def test_a_task_with_a_checkpoint_shows_its_sizes_and_files_never_its_state() -> None:
+    ckpt = CheckpointData(
+        generation=3,
+        state="é" * 10,
+        file="/w/model.txt",
+        files=["/w/a.txt", "/w/b.txt"],
+        dirs=["/w/out"],
+        saved_at=100.0,
+        attempt=2,
+        manifest="ab" * 32,
+    )
+    rec = _record(parameters=FRAME, status="interrupted", attempt=2, checkpoint=ckpt)
+    task = summarize_task(rec)
+    assert task.label == "Render[Frame=1-4]" == task_label(rec)
+    assert (task.status, task.attempts, task.resumable) == ("interrupted", 2, True)
+    c = task.checkpoint
+    assert c is not None and c == summarize_checkpoint(ckpt)
+    assert (c.generation, c.saved_at, c.attempt) == (3, 100.0, 2)
+    assert c.state_bytes == 20  # UTF-8 bytes, not characters
+    assert c.files == ("/w/a.txt", "/w/b.txt", "/w/model.txt") and c.dirs == ("/w/out",)
+    assert c.named == 4 and c.files_mode == "managed"
+    assert "é" not in repr(task)
+
+
+def test_finished_frames_make_an_unfinished_task_resumable_but_not_a_succeeded_one() -> None:
+    assert summarize_task(_record(status="failed", completed_frames=[1, 2])).resumable
+    done = summarize_task(_record(status="succeeded", completed_frames=[1, 2]))
+    assert not done.resumable and done.frames_done == (1, 2) and done.checkpoint is None
+    bare = summarize_task(_record())
+    assert bare.label == "Render" and not bare.resumable
+    shared = summarize_checkpoint(CheckpointData(generation=1, saved_at=1.0, attempt=1))
+    assert shared.files_mode == "shared" and shared.state_bytes == 0 and shared.named == 0
