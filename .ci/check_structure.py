@@ -32,11 +32,11 @@ CEILINGS: dict[str, int] = {
     "core/_job.py": 1170,
     "core/_run.py": 1370,
     "core/_runner.py::JobRunner": 569,
-    "core/_session.py::Session": 477,
+    "core/_session.py::Session": 475,
     "core/_store.py": 2108,
     "core/_store.py::CheckpointStore": 1146,
-    "core/_task.py": 1189,
-    "core/_task.py::TaskExecution": 975,
+    "core/_task.py": 1077,
+    "core/_task.py::TaskExecution": 894,
     "core/_template.py": 824,
 }
 

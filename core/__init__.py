@@ -19,6 +19,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ._action import StopIntent
     from ._chunks import AdaptiveChunker
     from ._errors import OpenJDCheckpointError, RunError, StoreError, TemplateError
     from ._files import DEFAULT_GC_GRACE_SECONDS, collect_file_garbage
@@ -90,7 +91,7 @@ if TYPE_CHECKING:
         summarize_task,
         task_label,
     )
-    from ._task import StopIntent, TaskEvent, TaskExecution, TaskOutcome, TaskResult
+    from ._task import TaskEvent, TaskExecution, TaskOutcome, TaskResult
     from ._template import (
         JOB_STATUS_PARAMETER,
         CancelMethod,
@@ -144,7 +145,7 @@ _EXPORTS = {
     "RunStatus": "._store",
     "Session": "._session",
     "SignalSource": "._notices",
-    "StopIntent": "._task",
+    "StopIntent": "._action",
     "StoreError": "._errors",
     "TaskEvent": "._task",
     "TaskExecution": "._task",

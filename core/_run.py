@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._action import StopIntent
 from ._errors import RunError, StoreError
 from ._host import FileDataFlow
 from ._job import PreparedJob, TaskSpec, load_path_mapping_rules, prepare_job
@@ -67,7 +68,6 @@ from ._store import (
     this_process,
 )
 from ._task import (
-    StopIntent,
     TaskEvent,
     TaskExecution,
     TaskOutcome,

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
+from ._action import StopIntent
 from ._chunks import AdaptiveChunker
 from ._errors import RunError, StoreError
 from ._job import PreparedJob, TaskSpec
@@ -48,7 +49,6 @@ from ._run import (
 from ._session import Session, clean_stale_sessions
 from ._store import CheckpointStore, Lease, RunCondition, RunStatus, TaskRecord
 from ._task import (
-    StopIntent,
     TaskEvent,
     TaskExecution,
     TaskOutcome,

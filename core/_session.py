@@ -29,10 +29,11 @@ import tempfile
 import threading
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from openjd.model import ParameterValueType, SymbolTable, evaluate_let_bindings
 
+from ._action import ActionHost, StopIntent
 from ._errors import StoreError
 from ._host import host_id
 from ._job import PreparedJob
@@ -40,9 +41,6 @@ from ._process import new_marker, processes_with_marker
 from ._store import CheckpointStore, Lease, SessionRecord
 from ._template import JOB_STATUS_PARAMETER
 from ._wrap import defines_wrap, hook, inject_wrapped
-
-if TYPE_CHECKING:
-    from ._task import TaskExecution
 
 __all__ = ("Session", "apply_let", "clean_stale_sessions", "kill_marked", "sessions_root")
 
@@ -203,8 +201,8 @@ class Session:
         self._job_entered = False
         self._step: str | None = None
         self._lock = threading.Lock()
-        self._current: TaskExecution | None = None
-        self._last: TaskExecution | None = None
+        self._current: ActionHost | None = None
+        self._last: ActionHost | None = None
         self._lease: Lease | None = None
         self._closed = False
         self.broken: str | None = None
@@ -245,14 +243,12 @@ class Session:
         with self._lock:
             current = self._current or self._last
         if current is not None:
-            from ._task import StopIntent
-
             if force:
                 current.stop(StopIntent.CANCEL, force=True, deadline=deadline)
             else:
                 current.stop(StopIntent.CHECKPOINT, deadline=deadline)
 
-    def prepare(self, ex: TaskExecution) -> str | None:
+    def prepare(self, ex: ActionHost) -> str | None:
         """Enter what ``ex``'s task needs: the job's environments (once), and its step's (after
         exiting another step's). Environment actions run through ``ex``, so its stop requests
         apply to them. Returns why the task cannot run, or None (also None when ``ex`` was
@@ -286,12 +282,12 @@ class Session:
                     return problem
         return None
 
-    def task_done(self, ex: TaskExecution) -> None:
+    def task_done(self, ex: ActionHost) -> None:
         with self._lock:
             if self._current is ex:
                 self._current = None
 
-    def close(self, ex: TaskExecution | None = None) -> str | None:
+    def close(self, ex: ActionHost | None = None) -> str | None:
         """Exit every environment in reverse order (``onExit``, through ``ex`` or the last
         task's execution), kill what they left running, remove the working directory. A
         forced stop of that execution skips the ``onExit`` actions. Idempotent. Returns the
@@ -329,7 +325,7 @@ class Session:
             for i, env_model in enumerate(model.stepEnvironments or [])
         ]
 
-    def _enter(self, ex: TaskExecution, model: Any, path: str, step: str | None) -> str | None:
+    def _enter(self, ex: ActionHost, model: Any, path: str, step: str | None) -> str | None:
         assert self.working_dir is not None
         marker = new_marker()
         before = dict(self.env)
@@ -365,7 +361,7 @@ class Session:
         return None
 
     def _run_env_action(
-        self, ex: TaskExecution, model: Any, path: str, which: str, symtab: Any, marker: str
+        self, ex: ActionHost, model: Any, path: str, which: str, symtab: Any, marker: str
     ) -> tuple[int, str]:
         """Run an environment's ``onEnter`` or ``onExit``, or the wrapping environment's hook
         in its place (WRAP_ACTIONS); keep what it defines with ``openjd_env``."""
@@ -434,7 +430,7 @@ class Session:
         """``WrappedAction.Environment``: the session-defined variables as ``KEY=value``."""
         return [f"{k}={v}" for k, v in self.defined_env.items()]
 
-    def _exit_step(self, ex: TaskExecution) -> str | None:
+    def _exit_step(self, ex: ActionHost) -> str | None:
         problem: str | None = None
         while self._entered and self._entered[-1].step is not None:
             entered = self._entered.pop()
@@ -445,7 +441,7 @@ class Session:
         self._record_markers()
         return problem
 
-    def _exit_one(self, ex: TaskExecution, entered: _Entered) -> str | None:
+    def _exit_one(self, ex: ActionHost, entered: _Entered) -> str | None:
         symtab = self.env_symtab(entered.step)
         for k, v in entered.files.items():
             symtab[k] = v

@@ -16,8 +16,6 @@ frame persisted to the store as it arrives (the file dataset with each save).
 from __future__ import annotations
 
 import dataclasses
-import datetime as _dt
-import json
 import os
 import threading
 import time
@@ -26,8 +24,14 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from openjd.model import FormatStringError, ParameterValueType, SymbolTable
+from openjd.model import ParameterValueType, SymbolTable
 
+from ._action import (
+    STOP_KILL_MARGIN_SECONDS,
+    StopIntent,
+    StopRequest,
+    supervise,
+)
 from ._errors import StoreError
 from ._expr import resolve_args, resolve_cancelation, resolve_int_field
 from ._files import (
@@ -37,7 +41,7 @@ from ._files import (
     RestoreResult,
     restore_checkpoint,
 )
-from ._host import FileDataFlow
+from ._host import FileDataFlow, host_id
 from ._job import PreparedJob, TaskSpec
 from ._messages import (
     DEFAULT_MAX_LINE_BYTES,
@@ -71,7 +75,6 @@ from ._store import (
     ProcessInfo,
     TaskRecord,
     TaskStatus,
-    host_id,
 )
 from ._template import (
     DEFAULT_NOTIFY_PERIOD_SECONDS,
@@ -84,8 +87,6 @@ from ._wrap import inject_wrapped
 
 __all__ = (
     "DEFAULT_MAX_OUTPUT_WARNINGS",
-    "STOP_KILL_MARGIN_SECONDS",
-    "StopIntent",
     "TaskEvent",
     "TaskExecution",
     "TaskOutcome",
@@ -98,19 +99,6 @@ DEFAULT_MAX_OUTPUT_WARNINGS = 100
 """How many warnings about a task's output lines (malformed or refused messages, oversized
 lines) are kept and reported one by one; the rest are only counted, and one warning at the end
 of the action says how many more there were. Memory stays flat whatever a task prints."""
-
-STOP_KILL_MARGIN_SECONDS = 0.5
-"""How long before a stop deadline the task's processes are killed, in seconds: the time a
-SIGKILL of the tree and the last store write take."""
-
-
-class StopIntent(str, Enum):
-    """Why a running task is asked to stop (seed 000, "Semantics")."""
-
-    CANCEL = "cancel"
-    """Abandon the work: the action's ``cancelation`` method."""
-    CHECKPOINT = "checkpoint"
-    """Preserve the work to resume later: ``checkpointCancelation`` (else ``cancelation``)."""
 
 
 class TaskOutcome(str, Enum):
@@ -225,10 +213,7 @@ class TaskExecution:
         self._output_warnings_told = 0
         """Of those over the cap, how many a summary warning has already counted."""
         self._lock = threading.RLock()
-        self._stop_intent: StopIntent | None = None
-        self._stop_force = False
-        self._stop_deadline: float | None = None
-        self._stop_changed = threading.Event()
+        self._stop = StopRequest()
         self._progress: float | None = None
         self._status: str | None = None
         self._fail_message: str | None = None
@@ -278,7 +263,7 @@ class TaskExecution:
 
     @property
     def stop_intent(self) -> StopIntent | None:
-        return self._stop_intent
+        return self._stop.intent
 
     @property
     def record(self) -> TaskRecord:
@@ -305,14 +290,7 @@ class TaskExecution:
                 ``STOP_KILL_MARGIN_SECONDS`` before the deadline; an environment's ``onExit``
                 that is still running then is killed too. The earliest deadline given wins.
         """
-        with self._lock:
-            if self._stop_intent is None or intent == StopIntent.CANCEL:
-                self._stop_intent = intent
-            self._stop_force = self._stop_force or force
-            if deadline is not None:
-                current = self._stop_deadline
-                self._stop_deadline = deadline if current is None else min(current, deadline)
-        self._stop_changed.set()
+        self._stop.request(intent, force=force, deadline=deadline)
 
     # --- running ----------------------------------------------------------------------------------
     def run(self) -> TaskResult:
@@ -350,7 +328,7 @@ class TaskExecution:
             problem = session.prepare(self)
             if problem is not None:
                 failed, message = True, problem
-            elif self._stop_intent is None:
+            elif self._stop.intent is None:
                 code, message = self._run_task_action(session)
                 failed = code != 0
                 exit_code = self._action_exit  # the process's own: None if it never ran
@@ -360,7 +338,7 @@ class TaskExecution:
             session.task_done(self)
             if private:
                 problem = session.close(self)
-                if problem and not failed and self._stop_intent is None:
+                if problem and not failed and self._stop.intent is None:
                     failed, message = True, problem
         return self._finish(exit_code, failed, message)
 
@@ -400,7 +378,7 @@ class TaskExecution:
         with self._lock:
             rec = self._record
             rec.process = None
-            intent = self._stop_intent
+            intent = self._stop.intent
             if intent == StopIntent.CHECKPOINT:
                 has = rec.checkpoint is not None or bool(rec.completed_frames)
                 outcome = (
@@ -656,18 +634,18 @@ class TaskExecution:
         if capture is None:
             return
         while not capture.drain(0.1):
-            deadline = self._stop_deadline
+            deadline = self._stop.deadline
             if (
-                self._stop_intent == StopIntent.CANCEL
-                or self._stop_force
+                self._stop.intent == StopIntent.CANCEL
+                or self._stop.force
                 or (deadline is not None and time.time() >= deadline - STOP_KILL_MARGIN_SECONDS)
             ):
                 capture.abandon()
                 why = (
                     "the task was canceled"
-                    if self._stop_intent == StopIntent.CANCEL
+                    if self._stop.intent == StopIntent.CANCEL
                     else "the task was stopped at once"
-                    if self._stop_force
+                    if self._stop.force
                     else "the stop deadline came"
                 )
                 self._warn(
@@ -741,73 +719,18 @@ class TaskExecution:
                 )
             self._persist(force=True)
         self._emit("action_started", path)
-        started = time.monotonic()
-        timed_out = False
-        deadline: float | None = None
-        handled: tuple[StopIntent | None, bool, float | None] = (None, False, None)
-        while True:
-            if proc.wait_exit(0.05):
-                # The main process is gone. While a notify period runs, the rest of its group
-                # (a worker behind `bash -c`) may still be saving its checkpoint: wait for it.
-                if deadline is None or not proc.group_alive():
-                    break
-                time.sleep(0.05)
-            now = time.monotonic()
-            with self._lock:
-                stop_deadline = self._stop_deadline
-                if stoppable:
-                    want = (self._stop_intent, self._stop_force, stop_deadline)
-                else:  # onExit runs even when the task is stopped, unless it is abandoned
-                    want = (
-                        (StopIntent.CANCEL, True, stop_deadline)
-                        if self._stop_force
-                        else (None, False, stop_deadline)
-                    )
-            if want != handled and want[0] is not None:
-                handled = want
-                method = _resolved(self._method(spec, want[0]), symtab, self._extensions())
-                period = method.notify_period_seconds
-                if want[2] is not None and method.notifies:
-                    left = want[2] - time.time() - STOP_KILL_MARGIN_SECONDS
-                    if period > left:
-                        self._warn(
-                            f"{path}: notifyPeriodInSeconds {period:g} s would outlast the stop "
-                            f"deadline, {max(0.0, left + STOP_KILL_MARGIN_SECONDS):.1f} s from "
-                            f"now; notifying for {max(0.0, left):.1f} s, then killing"
-                        )
-                        period = max(0.0, left)
-                if want[1] or not method.notifies or period <= 0:
-                    proc.kill_tree()
-                else:
-                    self._write_cancel_info(
-                        session_dir, dataclasses.replace(method, notify_period_seconds=period)
-                    )
-                    proc.notify(method.signal_to_notify)
-                    end = now + period
-                    deadline = end if deadline is None else min(deadline, end)
-            elif (
-                stop_deadline is not None
-                and time.time() >= stop_deadline - STOP_KILL_MARGIN_SECONDS
-            ):
-                proc.kill_tree()  # an onExit, or a notify begun before the deadline came
-            if (
-                timeout is not None
-                and not timed_out
-                and now - started > timeout
-                and want[0] is None
-            ):
-                timed_out = True
-                method = _resolved(spec.cancelation, symtab, self._extensions())
-                self._warn(f"{path}: timed out after {timeout:g} s")
-                if method.notifies:
-                    self._write_cancel_info(session_dir, method)
-                    proc.notify(method.signal_to_notify)
-                    deadline = now + method.notify_period_seconds
-                else:
-                    proc.kill_tree()
-            if deadline is not None and now >= deadline:
-                proc.kill_tree()
-                deadline = None
+        timed_out = supervise(
+            proc,
+            path=path,
+            spec=spec,
+            symtab=symtab,
+            extensions=self._extensions(),
+            stop=self._stop,
+            stoppable=stoppable,
+            timeout=timeout,
+            session_dir=session_dir,
+            warn=self._warn,
+        )
         # What an environment's onEnter leaves running (a daemon) lives until its onExit.
         code = proc.finish(kill_leftovers=not (env_action and stoppable))
         self._flush_pending()
@@ -834,22 +757,6 @@ class TaskExecution:
         if env_action and code and not self._fail_message:  # no task exit code is shown for it
             return code, f"{path} failed: {describe_exit(code)}"
         return code, (self._fail_message or (f"{path} failed" if code else ""))
-
-    def _method(self, spec: Any, intent: StopIntent) -> CancelMethod:
-        if intent == StopIntent.CHECKPOINT and spec.checkpoint_cancelation is not None:
-            return spec.checkpoint_cancelation
-        return spec.cancelation
-
-    @staticmethod
-    def _write_cancel_info(session_dir: str, method: CancelMethod) -> None:
-        end = _dt.datetime.now(_dt.timezone.utc) + _dt.timedelta(
-            seconds=method.notify_period_seconds
-        )
-        try:
-            with open(os.path.join(session_dir, "cancel_info.json"), "w", encoding="utf-8") as fh:
-                json.dump({"NotifyEnd": end.strftime("%Y-%m-%dT%H:%M:%SZ")}, fh)
-        except OSError:
-            pass
 
     # --- output and messages ----------------------------------------------------------------------
     def _handle_lines(
@@ -1136,25 +1043,6 @@ class TaskExecution:
                 self._on_event(self, TaskEvent(kind, value))
             except Exception:  # a display must never break a task
                 pass
-
-
-def _resolved(
-    method: CancelMethod, symtab: SymbolTable, extensions: list[str] | None = None
-) -> CancelMethod:
-    """The method with a format-string ``notifyPeriodInSeconds`` (FEATURE_BUNDLE_1, and EXPR
-    expressions when the template declares EXPR) resolved."""
-    if method.notify_period_text is None:
-        return method
-    from openjd.model._format_strings import FormatString
-    from openjd.model.v2023_09 import ModelParsingContext
-
-    try:
-        context = ModelParsingContext(supported_extensions=extensions or ["FEATURE_BUNDLE_1"])
-        text = FormatString(method.notify_period_text, context=context).resolve(symtab=symtab)
-        seconds = float(text)
-    except (FormatStringError, ValueError, TypeError):
-        return method  # the default period stands
-    return dataclasses.replace(method, notify_period_seconds=min(max(seconds, 1.0), 600.0))
 
 
 def kill_recorded_process(info: ProcessInfo) -> bool:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
 
+from ._action import StopIntent
 from ._errors import RunError, StoreError
 from ._store import (
     CheckpointStore,
@@ -24,7 +25,6 @@ from ._store import (
     StopRequest,
     this_process,
 )
-from ._task import StopIntent
 
 __all__ = (
     "RunWatcher",
