@@ -209,8 +209,12 @@ def test_a_request_from_a_third_process_reaches_tasks_in_two_others(
     out = tmp_path / "out"
     out.mkdir()
     store = store_url
-    # Two chunks of two frames, each frame 2.5 s long: both run at once in two workers.
-    job = prepare_job(THREE, {"Out": str(out), "FrameSeconds": 2.5})
+    # Two chunks of two frames: both run at once in two workers. The modes that stop running
+    # tasks get frames long enough that no chunk can end before the request has come through a
+    # loaded machine (30 s: they are stopped within a second of it); StoppedRunFinally lets
+    # them finish, so its frames are short.
+    seconds = 2.5 if mode == "StoppedRunFinally" else 30
+    job = prepare_job(THREE, {"Out": str(out), "FrameSeconds": seconds})
     attempt = begin_attempt(CheckpointStore(store), job, external_key=f"modes-{mode}")
     st = CheckpointStore(store)
     specs = plan_step(st, job, attempt.run_id, "Render")[:2]
