@@ -1,13 +1,13 @@
 """Running one action's process under a stop request: what a task's ``onRun`` or
 ``onCheckpointResume`` and an environment's ``onEnter`` or ``onExit`` share.
 
-``supervise`` waits for an started ``ActionProcess`` to end while it applies, as they come:
-the stop request (``StopRequest``: the intent, ``force``, the earliest deadline), the action's
-``timeout`` and the notify period of a notify-then-terminate cancelation, shortened when it
-would outlast the stop deadline. It never reads the process's output: the caller's ``on_lines``
-does that (the stdout protocol, ``core._messages``). A ``Session`` runs its environments'
-actions through an ``ActionHost`` (the task that uses the session), so a session depends on
-this module only.
+``supervise`` waits for a started ``ActionProcess`` to end while it applies, as they come:
+the stop state (``StopState``: the stop requests folded into one intent, ``force`` and the
+earliest deadline), the action's ``timeout`` and the notify period of a notify-then-terminate
+cancelation, shortened when it would outlast the stop deadline. It never reads the process's
+output: the caller's ``on_lines`` does that (the stdout protocol, ``core._messages``). A
+``Session`` runs its environments' actions through an ``ActionHost`` (the task that uses the
+session), so a session depends on this module, not on the task's.
 
 Behaviour follows openjd-sessions 0.14 (the reference): ``cancelation`` modes ``TERMINATE``
 and ``NOTIFY_THEN_TERMINATE``, ``cancel_info.json`` with ``NotifyEnd``, action timeouts; what
@@ -36,7 +36,7 @@ __all__ = (
     "STOP_KILL_MARGIN_SECONDS",
     "ActionHost",
     "StopIntent",
-    "StopRequest",
+    "StopState",
     "method_for",
     "resolve_method",
     "supervise",
@@ -57,8 +57,9 @@ class StopIntent(str, Enum):
     """Preserve the work to resume later: ``checkpointCancelation`` (else ``cancelation``)."""
 
 
-class StopRequest:
-    """A request to stop, changed from any thread, read by the thread running the action.
+class StopState:
+    """The stop requests a task got so far, folded into one: changed from any thread, read by
+    the thread running the action.
 
     ``CANCEL`` after ``CHECKPOINT`` turns the stop into a cancelation; ``CHECKPOINT`` after
     ``CANCEL`` changes nothing; ``force`` once given stays; the earliest deadline wins."""
@@ -172,7 +173,7 @@ def supervise(
     spec: ActionCheckpointSpec,
     symtab: SymbolTable,
     extensions: list[str],
-    stop: StopRequest,
+    stop: StopState,
     stoppable: bool,
     timeout: int | None,
     session_dir: str,

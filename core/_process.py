@@ -29,17 +29,24 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import psutil
 
+from ._host import host_id
 from ._messages import DEFAULT_MAX_LINE_BYTES
+
+if TYPE_CHECKING:
+    from ._store import ProcessInfo
 
 __all__ = (
     "MARKER_VARIABLE",
     "ActionProcess",
     "OutputLine",
     "ProcessIdentity",
+    "kill_marked",
     "kill_process_group",
+    "kill_recorded_process",
     "new_marker",
     "processes_with_marker",
 )
@@ -537,3 +544,44 @@ def kill_process_group(
             proc.kill()
         except psutil.Error:
             pass
+
+
+def kill_marked(markers: list[str]) -> int:
+    """SIGKILL every process of this machine that carries one of ``markers`` in its
+    environment; wait for them. Returns how many were killed."""
+    victims = [p for m in markers for p in processes_with_marker(m)]
+    for proc in victims:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(victims, timeout=10)
+    return len(victims)
+
+
+def kill_recorded_process(info: ProcessInfo) -> bool:
+    """Kill a task's processes recorded by an earlier runner, if they still run on this host.
+
+    Processes are found by the task's ``OPENJD_CHECKPOINT_SESSION`` marker, which only they
+    carry, so a process that reused a recorded pid is never touched. (A record without a marker
+    only has its leader killed, and only when the leader's start time matches.) Returns True if
+    something was killed. Used before a task starts again: never two copies of one task.
+    """
+    if info.host != host_id():
+        return False
+    ident = ProcessIdentity(pid=info.pid, pgid=info.pgid, start_time=info.start_time)
+    leader_alive = info.start_time >= psutil.boot_time() and ident.is_alive()
+    if leader_alive:
+        try:
+            own_group = os.getpgid(info.pid) == info.pgid == info.pid
+        except OSError:
+            own_group = False
+        if own_group and info.marker:
+            kill_process_group(info.pgid, marker=info.marker)
+        else:  # an edited or old record: never signal a group it does not lead
+            try:
+                psutil.Process(info.pid).kill()
+            except psutil.Error:
+                pass
+    killed = kill_marked([info.marker]) if info.marker else 0
+    return leader_alive or killed > 0

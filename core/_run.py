@@ -42,6 +42,7 @@ from ._notices import (
     NoticeWatcher,
     checkpoint_timing,
 )
+from ._process import kill_marked, kill_recorded_process
 from ._resume import (
     RefusalCode,
     ResumeHow,
@@ -51,7 +52,7 @@ from ._resume import (
     check_run,
     plan_resume,
 )
-from ._session import Session, kill_marked
+from ._session import Session
 from ._store import (
     CheckpointStore,
     Lease,
@@ -72,7 +73,6 @@ from ._task import (
     TaskExecution,
     TaskOutcome,
     TaskResult,
-    kill_recorded_process,
 )
 from ._termination import (
     RunWatcher,

@@ -37,12 +37,12 @@ from ._action import ActionHost, StopIntent
 from ._errors import StoreError
 from ._host import host_id
 from ._job import PreparedJob
-from ._process import new_marker, processes_with_marker
+from ._process import kill_marked, new_marker
 from ._store import CheckpointStore, Lease, SessionRecord
 from ._template import JOB_STATUS_PARAMETER
 from ._wrap import defines_wrap, hook, inject_wrapped
 
-__all__ = ("Session", "apply_let", "clean_stale_sessions", "kill_marked", "sessions_root")
+__all__ = ("Session", "apply_let", "clean_stale_sessions", "sessions_root")
 
 MAX_LET_BINDING_LENGTH = 4096
 """The longest ``let`` binding evaluated. openjd-expr's parser recurses without a depth guard
@@ -131,21 +131,6 @@ def remove_tree(path: str) -> None:
             pass
         tried.add(current)
         stack.pop()
-
-
-def kill_marked(markers: list[str]) -> int:
-    """SIGKILL every process of this machine that carries one of ``markers`` in its
-    environment; wait for them. Returns how many were killed."""
-    import psutil
-
-    victims = [p for m in markers for p in processes_with_marker(m)]
-    for proc in victims:
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(victims, timeout=10)
-    return len(victims)
 
 
 @dataclass

@@ -29,7 +29,7 @@ from openjd.model import ParameterValueType, SymbolTable
 from ._action import (
     STOP_KILL_MARGIN_SECONDS,
     StopIntent,
-    StopRequest,
+    StopState,
     supervise,
 )
 from ._errors import StoreError
@@ -65,10 +65,9 @@ from ._process import (
     MARKER_VARIABLE,
     ActionProcess,
     OutputLine,
-    kill_process_group,
     new_marker,
 )
-from ._session import Session, kill_marked
+from ._session import Session
 from ._store import (
     CheckpointData,
     CheckpointStore,
@@ -213,7 +212,7 @@ class TaskExecution:
         self._output_warnings_told = 0
         """Of those over the cap, how many a summary warning has already counted."""
         self._lock = threading.RLock()
-        self._stop = StopRequest()
+        self._stop = StopState()
         self._progress: float | None = None
         self._status: str | None = None
         self._fail_message: str | None = None
@@ -1043,35 +1042,3 @@ class TaskExecution:
                 self._on_event(self, TaskEvent(kind, value))
             except Exception:  # a display must never break a task
                 pass
-
-
-def kill_recorded_process(info: ProcessInfo) -> bool:
-    """Kill a task's processes recorded by an earlier runner, if they still run on this host.
-
-    Processes are found by the task's ``OPENJD_CHECKPOINT_SESSION`` marker, which only they
-    carry, so a process that reused a recorded pid is never touched. (A record without a marker
-    only has its leader killed, and only when the leader's start time matches.) Returns True if
-    something was killed. Used before a task starts again: never two copies of one task.
-    """
-    import psutil
-
-    from ._process import ProcessIdentity
-
-    if info.host != host_id():
-        return False
-    ident = ProcessIdentity(pid=info.pid, pgid=info.pgid, start_time=info.start_time)
-    leader_alive = info.start_time >= psutil.boot_time() and ident.is_alive()
-    if leader_alive:
-        try:
-            own_group = os.getpgid(info.pid) == info.pgid == info.pid
-        except OSError:
-            own_group = False
-        if own_group and info.marker:
-            kill_process_group(info.pgid, marker=info.marker)
-        else:  # an edited or old record: never signal a group it does not lead
-            try:
-                psutil.Process(info.pid).kill()
-            except psutil.Error:
-                pass
-    killed = kill_marked([info.marker]) if info.marker else 0
-    return leader_alive or killed > 0

@@ -1,13 +1,13 @@
-"""The stop request one action runs under (``core._action.StopRequest``), on its own: how
+"""The stop state one action runs under (``core._action.StopState``), on its own: how
 requests from several threads fold into one (seed 000, "Semantics")."""
 
 from __future__ import annotations
 
-from core._action import StopIntent, StopRequest
+from core._action import StopIntent, StopState
 
 
 def test_cancel_after_checkpoint_cancels_and_checkpoint_after_cancel_changes_nothing() -> None:
-    stop = StopRequest()
+    stop = StopState()
     assert stop.wanted(stoppable=True) == (None, False, None)
     stop.request(StopIntent.CHECKPOINT)
     assert stop.intent == StopIntent.CHECKPOINT and stop.changed.is_set()
@@ -18,7 +18,7 @@ def test_cancel_after_checkpoint_cancels_and_checkpoint_after_cancel_changes_not
 
 
 def test_force_stays_and_the_earliest_deadline_wins() -> None:
-    stop = StopRequest()
+    stop = StopState()
     stop.request(StopIntent.CHECKPOINT, deadline=200.0)
     stop.request(StopIntent.CHECKPOINT, deadline=100.0)
     stop.request(StopIntent.CHECKPOINT, deadline=300.0)
@@ -29,7 +29,7 @@ def test_force_stays_and_the_earliest_deadline_wins() -> None:
 
 
 def test_an_on_exit_runs_through_a_stop_unless_it_is_forced() -> None:
-    stop = StopRequest()
+    stop = StopState()
     stop.request(StopIntent.CANCEL, deadline=50.0)
     assert stop.wanted(stoppable=False) == (None, False, 50.0)  # its deadline still holds
     stop.request(StopIntent.CANCEL, force=True)
