@@ -22,7 +22,7 @@ EXTRAS_PREFECT := prefect,test
 # module-scoped server or a fixed folder stay in one worker each: xdist_group), TEST_JOBS > 1 runs
 # the three suites side by side, each with its own servers on free loopback ports. On 2 cores
 # most of the suite waits (subprocesses, servers, sleeps), so 3 and 3 are the measured best:
-# about 16 minutes for make test against 38 one test at a time. For one test at a time:
+# about 15 minutes for make test against 38 one test at a time. For one test at a time:
 # make test CORE_WORKERS=0 TEST_JOBS=1
 CORE_WORKERS ?= 3
 TEST_JOBS ?= 3
