@@ -27,15 +27,14 @@ CLASS_LINES = 400
 CEILINGS: dict[str, int] = {
     # module path or "path::Class" -> its size in lines when the check came; only ever lowered
     "core/cli/_main.py": 917,
-    "core/_files.py": 1328,
-    "core/_files.py::FileCapture": 478,
+    "core/_capture.py::FileCapture": 478,
     "core/_job.py": 1170,
     "core/_run.py": 1370,
     "core/_runner.py::JobRunner": 569,
     "core/_session.py::Session": 475,
     "core/_store.py": 2108,
     "core/_store.py::CheckpointStore": 1146,
-    "core/_task.py": 1044,
+    "core/_task.py": 1040,
     "core/_task.py::TaskExecution": 894,
     "core/_template.py": 824,
 }

@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core import CheckpointStore  # noqa: E402
-from core._files import FileCapture  # noqa: E402
+from core._capture import FileCapture  # noqa: E402
 
 CHILD = len(sys.argv) > 1 and sys.argv[1] == "--child-memory"
 ARGS = sys.argv[4:] if CHILD else sys.argv[1:]

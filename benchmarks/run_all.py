@@ -466,7 +466,7 @@ def commit_latency(report: Report, quick: bool) -> None:
     from _templates import python_step_document
 
     from core import CheckpointData, CheckpointStore, TaskExecution, parse_template, prepare_job
-    from core._files import FileCapture
+    from core._capture import FileCapture
 
     print("4. checkpoint commit latency", flush=True)
     count = 20 if quick else 50

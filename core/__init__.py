@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from ._action import StopIntent
     from ._chunks import AdaptiveChunker
     from ._errors import OpenJDCheckpointError, RunError, StoreError, TemplateError
-    from ._files import DEFAULT_GC_GRACE_SECONDS, collect_file_garbage
+    from ._gc import DEFAULT_GC_GRACE_SECONDS, collect_file_garbage
     from ._groups import group_label, group_tasks
     from ._host import host_id
     from ._inputs import decode_json, load_document, read_input_file
@@ -117,7 +117,7 @@ _EXPORTS = {
     "CheckpointStore": "._store",
     "CheckpointSummary": "._summary",
     "DEFAULT_FINALLY_TIMEOUT_SECONDS": "._runner",
-    "DEFAULT_GC_GRACE_SECONDS": "._files",
+    "DEFAULT_GC_GRACE_SECONDS": "._gc",
     "DEFAULT_MAX_LINE_BYTES": "._messages",
     "DEFAULT_MAX_STATE_BYTES": "._messages",
     "EXIT_CODES": "._run",
@@ -160,7 +160,7 @@ _EXPORTS = {
     "TerminationMode": "._termination",
     "begin_attempt": "._run",
     "claim_task": "._run",
-    "collect_file_garbage": "._files",
+    "collect_file_garbage": "._gc",
     "decode_json": "._inputs",
     "default_store_location": "._store",
     "delete_run": "._run",

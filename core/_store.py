@@ -13,7 +13,7 @@ instant leaves the previous version readable. A record that cannot be read is mo
 ``<name>.unreadable-<time>`` and reported; it is never overwritten.
 
 The store never writes, moves or deletes anything outside its root. Every path it touches goes
-through one check (``_checked``): a name below the root with no empty, ``.`` or ``..``
+through one check (``confined``): a name below the root with no empty, ``.`` or ``..``
 component; on a local store also no symbolic link in any folder on the way (the root itself
 may be a link: it is what the user named). Record files are opened with ``O_NOFOLLOW``, read
 only when they are regular files of at most ``MAX_RECORD_BYTES``, and folders are made one
@@ -194,7 +194,7 @@ def describe_holder(store: CheckpointStore, info: ProcessInfo | None) -> str:
     if info is None:
         return ""
     text = f" by process {info.pid}"
-    if info.host == host_id() and not store._local and not psutil.pid_exists(info.pid):
+    if info.host == host_id() and not store.is_local and not psutil.pid_exists(info.pid):
         text += (
             ", which has ended: its lease on this store frees 60 s after its last renewal; "
             "try again then"
@@ -481,7 +481,7 @@ class CheckpointStore:
                 f"checkpoint store {self.location!r} cannot be used: {reason}"
             ) from None
         self.root = root.rstrip("/") or "/"
-        self._local = isinstance(fs, LocalFileSystem)
+        self.is_local = isinstance(fs, LocalFileSystem)  # flocks, renames, no links on the way
         self._memory = isinstance(fs, MemoryFileSystem)
         self._s3: _S3Objects | None = None
         if _S3_PROTOCOLS.intersection(_protocols(fs)):
@@ -490,7 +490,7 @@ class CheckpointStore:
             fs = _OSErrorsOnly(fs)
         self.fs = fs
         """The fsspec file system (on S3 wrapped so that botocore's own errors are OSErrors)."""
-        if self._local and not read_only:
+        if self.is_local and not read_only:
             self._refuse_roots_around_the_store()
         if self._s3 is not None:
             # s3fs's makedirs of a bucket path creates the bucket: a typo in its name would
@@ -556,8 +556,8 @@ class CheckpointStore:
             self._run_dir(job_key, run_id), "tasks", f"{task_id}.gen-{gen:06d}.json"
         )
 
-    # --- low level: every path the store touches goes through these -------------------------
-    def _checked(self, path: str, *, whole: bool = False) -> str:
+    # --- low level: every path the store (and core._files) touches goes through these ---------
+    def confined(self, path: str, *, whole: bool = False) -> str:
         """``path`` if the store may touch it, else StoreError.
 
         Any store: ``path`` is a name strictly below the root with no empty, ``.`` or ``..``
@@ -571,7 +571,7 @@ class CheckpointStore:
                 f"checkpoint store {self.location!r}: refusing {path!r}: not a name inside the "
                 "store"
             )
-        if not self._local:
+        if not self.is_local:
             return path
         current = self.root
         for index, part in enumerate(parts):
@@ -584,11 +584,11 @@ class CheckpointStore:
             except FileNotFoundError:
                 break
             except OSError as exc:
-                raise StoreError(f"cannot use {self._where(current)}: {_reason(exc)}") from None
+                raise StoreError(f"cannot use {self.where(current)}: {_reason(exc)}") from None
             if stat.S_ISLNK(mode):
                 raise StoreError(self._link_refused(current))
             if not last and not stat.S_ISDIR(mode):
-                raise StoreError(f"cannot use {self._where(current)}: it is not a folder")
+                raise StoreError(f"cannot use {self.where(current)}: it is not a folder")
         return path
 
     def _link_refused(self, path: str) -> str:
@@ -602,13 +602,13 @@ class CheckpointStore:
             "anything outside it: replace the link with a folder (or remove it)"
         )
 
-    def _makedirs(self, directory: str) -> None:
+    def makedirs_confined(self, directory: str) -> None:
         """Make ``directory`` and its missing parents below the root, one component at a time,
         refusing links (OSError is the caller's to turn into a StoreError)."""
-        if not self._local:
+        if not self.is_local:
             self.fs.makedirs(directory, exist_ok=True)
             return
-        self._checked(directory, whole=True)
+        self.confined(directory, whole=True)
         current = self.root
         for part in directory[len(self.root) :].strip("/").split("/"):
             current = posixpath.join(current, part)
@@ -620,14 +620,14 @@ class CheckpointStore:
             if stat.S_ISLNK(mode):
                 raise StoreError(self._link_refused(current))
             if not stat.S_ISDIR(mode):
-                raise StoreError(f"cannot use {self._where(current)}: it is not a folder")
+                raise StoreError(f"cannot use {self.where(current)}: it is not a folder")
 
     def _write(self, path: str, data: dict[str, Any]) -> None:
         payload = (json.dumps(data, indent=1, sort_keys=True) + "\n").encode("utf-8")
-        self._checked(path)
+        self.confined(path)
         if len(payload) > MAX_RECORD_BYTES:
             raise StoreError(
-                f"not writing {self._where(path)}: {len(payload):,} bytes, over the "
+                f"not writing {self.where(path)}: {len(payload):,} bytes, over the "
                 f"{MAX_RECORD_BYTES:,} a record may have (it could never be read back); the "
                 "previous version stays"
             )
@@ -643,8 +643,8 @@ class CheckpointStore:
         """
         parent = posixpath.dirname(path)
         try:
-            self._makedirs(parent)
-            if self._local:
+            self.makedirs_confined(parent)
+            if self.is_local:
                 fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=parent)
                 try:
                     with os.fdopen(fd, "wb") as fh:
@@ -668,9 +668,10 @@ class CheckpointStore:
             else:
                 self.fs.pipe_file(path, body)
         except OSError as exc:
-            raise StoreError(f"cannot write {self._where(path)}: {_reason(exc)}") from None
+            raise StoreError(f"cannot write {self.where(path)}: {_reason(exc)}") from None
 
-    def _where(self, path: str) -> str:
+    def where(self, path: str) -> str:
+        """``path`` named for a message, with the store's location (credentials hidden)."""
         return f"checkpoint store {self.location!r}, record {path}"
 
     def _read_bytes(self, path: str) -> bytes | None:
@@ -680,9 +681,9 @@ class CheckpointStore:
             _NotARecordError: not a regular file, or larger than ``MAX_RECORD_BYTES`` (never read).
             StoreError: it cannot be read (the operating system's reason).
         """
-        self._checked(path)
+        self.confined(path)
         try:
-            if not self._local:
+            if not self.is_local:
                 info = self.fs.info(path)
                 if info.get("type") != "file":
                     raise _NotARecordError(f"not a regular file but a {info.get('type')}")
@@ -721,7 +722,7 @@ class CheckpointStore:
         except FileNotFoundError:
             return None
         except OSError as exc:
-            raise StoreError(f"cannot read {self._where(path)}: {_reason(exc)}") from None
+            raise StoreError(f"cannot read {self.where(path)}: {_reason(exc)}") from None
 
     def _read(self, path: str, model: type[Any]) -> Any:
         try:
@@ -734,7 +735,7 @@ class CheckpointStore:
                 and obj.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION
             ):
                 raise StoreError(
-                    f"{self._where(path)} has schema version {obj.get('schema_version')!r}, "
+                    f"{self.where(path)} has schema version {obj.get('schema_version')!r}, "
                     f"this openjd-checkpoint reads version {SCHEMA_VERSION}"
                 )
             rec = model.model_validate(obj)
@@ -756,12 +757,12 @@ class CheckpointStore:
             # ValueError covers UnicodeDecodeError, JSONDecodeError and over-long integers
             if self.read_only:
                 raise StoreError(
-                    f"{self._where(path)} is unreadable ({_short(exc)}); left as it is (the "
+                    f"{self.where(path)} is unreadable ({_short(exc)}); left as it is (the "
                     "next run or resume sets it aside)"
                 ) from None
             aside = self._move_aside(path)
             raise _SetAsideError(
-                f"{self._where(path)} is unreadable ({_short(exc)}); kept as {aside}"
+                f"{self.where(path)} is unreadable ({_short(exc)}); kept as {aside}"
             ) from None
 
     def _move_aside(self, path: str) -> str:
@@ -772,10 +773,10 @@ class CheckpointStore:
             return path
         stamp = int(time.time())
         try:
-            self._checked(path)
+            self.confined(path)
             for n in range(100):
                 aside = f"{path}.unreadable-{stamp}" + (f"-{n}" if n else "")
-                if self._local:
+                if self.is_local:
                     if os.path.lexists(aside):
                         continue
                     os.rename(path, aside)
@@ -788,11 +789,11 @@ class CheckpointStore:
             pass
         return path
 
-    def _remove_file(self, path: str) -> None:
+    def remove_file(self, path: str) -> None:
         """Delete the file (or link: never its target) at ``path`` if there is one; a folder
         there is left alone (the store makes none at a file's name). OSError is the caller's."""
-        self._checked(path)
-        if self._local:
+        self.confined(path)
+        if self.is_local:
             try:
                 if stat.S_ISDIR(os.lstat(path).st_mode):
                     return
@@ -806,8 +807,8 @@ class CheckpointStore:
     def _remove_tree(self, path: str) -> None:
         """Delete the folder ``path`` and everything in it (a link inside is removed, never
         followed; ``path`` itself must not be a link). OSError is the caller's."""
-        self._checked(path, whole=True)
-        if self._local:
+        self.confined(path, whole=True)
+        if self.is_local:
             if os.path.lexists(path):
                 shutil.rmtree(path)
             return
@@ -817,8 +818,8 @@ class CheckpointStore:
     def _open_lock(self, path: str) -> int:
         """An open descriptor of the regular lock file ``path`` (made if missing) on a local
         store. OSError is the caller's; a link or a non-file there is a StoreError."""
-        self._checked(path)
-        self._makedirs(posixpath.dirname(path))
+        self.confined(path)
+        self.makedirs_confined(posixpath.dirname(path))
         flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
         try:
             fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0), 0o600)
@@ -830,7 +831,7 @@ class CheckpointStore:
         if not stat.S_ISREG(mode):
             os.close(fd)
             raise StoreError(
-                f"cannot lock {self._where(path)}: it is a {_kind(mode)}, not a regular file"
+                f"cannot lock {self.where(path)}: it is a {_kind(mode)}, not a regular file"
             )
         return fd
 
@@ -899,16 +900,16 @@ class CheckpointStore:
         try:
             self._remove_tree(path)
         except OSError as exc:
-            raise StoreError(f"cannot delete {self._where(path)}: {_reason(exc)}") from None
+            raise StoreError(f"cannot delete {self.where(path)}: {_reason(exc)}") from None
 
     def _ls_names(self, path: str) -> list[str]:
         """The names in the folder ``path`` (none if it is missing).
 
         Raises:
             StoreError: it is a link, not a folder, or cannot be listed."""
-        self._checked(path, whole=True)
+        self.confined(path, whole=True)
         try:
-            if self._local:
+            if self.is_local:
                 names = os.listdir(path)
             else:
                 self.fs.invalidate_cache(path)  # another process may have written since
@@ -918,7 +919,7 @@ class CheckpointStore:
         except FileNotFoundError:
             return []
         except OSError as exc:
-            raise StoreError(f"cannot list {self._where(path)}: {_reason(exc)}") from None
+            raise StoreError(f"cannot list {self.where(path)}: {_reason(exc)}") from None
         return sorted(n for n in names if n not in ("", ".", "..") and "/" not in n)
 
     def delete_checkpoints(self, run: RunRecord) -> None:
@@ -928,9 +929,9 @@ class CheckpointStore:
         try:
             for name in self._ls_names(path):
                 if ".unreadable-" not in name:  # kept for a person to look at
-                    self._remove_file(posixpath.join(path, name))
+                    self.remove_file(posixpath.join(path, name))
         except OSError as exc:
-            raise StoreError(f"cannot delete {self._where(path)}: {_reason(exc)}") from None
+            raise StoreError(f"cannot delete {self.where(path)}: {_reason(exc)}") from None
 
     # --- concurrent updates, stop requests and leases -------------------------------------------
     @contextlib.contextmanager
@@ -958,30 +959,30 @@ class CheckpointStore:
         - ``memory://``: a threading lock of this process (a memory store lives in one process);
         - other stores: nothing (best effort, see docs/decisions.md).
         """
-        if self._local:
+        if self.is_local:
             with self._flock(path, timeout):
                 yield
         elif self._memory:
             lock = _memory_lock(path)
             if not lock.acquire(timeout=timeout):
-                raise StoreError(f"{self._where(path)} stayed locked for {timeout:g} s")
+                raise StoreError(f"{self.where(path)} stayed locked for {timeout:g} s")
             try:
                 yield
             finally:
                 lock.release()
         elif self._s3 is not None and self._conditional_writes_or_store_error(path):
-            self._checked(path)
+            self.confined(path)
             end = time.monotonic() + timeout
             pause = 0.02
             while True:
                 try:
                     lease = self._take_object(path, LOCK_STALE_SECONDS)
                 except OSError as exc:
-                    raise StoreError(f"cannot lock {self._where(path)}: {_reason(exc)}") from None
+                    raise StoreError(f"cannot lock {self.where(path)}: {_reason(exc)}") from None
                 if lease is not None:
                     break
                 if time.monotonic() > end:
-                    raise StoreError(f"{self._where(path)} stayed locked for {timeout:g} s")
+                    raise StoreError(f"{self.where(path)} stayed locked for {timeout:g} s")
                 time.sleep(pause)
                 pause = min(pause * 1.5, 0.25)
             try:
@@ -998,7 +999,7 @@ class CheckpointStore:
         try:
             fd = self._open_lock(path)
         except OSError as exc:
-            raise StoreError(f"cannot lock {self._where(path)}: {_reason(exc)}") from None
+            raise StoreError(f"cannot lock {self.where(path)}: {_reason(exc)}") from None
         try:
             end = time.monotonic() + timeout
             while True:
@@ -1008,7 +1009,7 @@ class CheckpointStore:
                 except OSError:
                     if time.monotonic() > end:
                         raise StoreError(
-                            f"{self._where(path)} stayed locked for {timeout:g} s"
+                            f"{self.where(path)} stayed locked for {timeout:g} s"
                         ) from None
                     time.sleep(0.01)
             yield
@@ -1059,8 +1060,7 @@ class CheckpointStore:
         directory: the kernel releases it when its owner dies, however it dies. Elsewhere it is
         a ``lease.lease.json`` with a ttl that its owner's process renews on its own (``Lease``);
         an expired lease may be taken over: exactly one taker wins on S3 (conditional writes)
-        and in one process on ``memory://``; on other stores it is best effort.
-        """
+        and in one process on ``memory://``; on other stores it is best effort."""
         run_dir = self._run_dir(run.job_key, run.run_id)
         return self._acquire(posixpath.join(run_dir, "lease"), ttl_seconds)
 
@@ -1113,9 +1113,9 @@ class CheckpointStore:
         base = self._session_base(job_key, run_id, session_id)
         try:
             for suffix in (".json", ".lock", ".lease.json"):
-                self._remove_file(base + suffix)
+                self.remove_file(base + suffix)
         except OSError as exc:
-            raise StoreError(f"cannot delete {self._where(base)}: {_reason(exc)}") from None
+            raise StoreError(f"cannot delete {self.where(base)}: {_reason(exc)}") from None
 
     def list_sessions(self, job_key: str, run_id: str) -> list[SessionRecord]:
         """The open (or abandoned) sessions of a run; unreadable records are set aside."""
@@ -1154,7 +1154,7 @@ class CheckpointStore:
 
     def _acquire_once(self, base: str, ttl_seconds: float) -> Lease | None:
         try:
-            if self._local:
+            if self.is_local:
                 import fcntl
 
                 fd = self._open_lock(base + ".lock")
@@ -1165,9 +1165,9 @@ class CheckpointStore:
                     return None
                 return Lease(self, base + ".lock", fd=fd, ttl=ttl_seconds)
             if self._conditional_writes():
-                return self._take_object(self._checked(base + ".lease.json"), ttl_seconds)
+                return self._take_object(self.confined(base + ".lease.json"), ttl_seconds)
         except OSError as exc:
-            raise StoreError(f"cannot take the lease {self._where(base)}: {_reason(exc)}") from None
+            raise StoreError(f"cannot take the lease {self.where(base)}: {_reason(exc)}") from None
         path = base + ".lease.json"
         # Read, then write: exact within one process on memory:// (one lock around both), a
         # race between processes on other stores (best effort).
@@ -1199,7 +1199,7 @@ class CheckpointStore:
         known = _S3_SUPPORT.get(key)
         if known is not None:
             return known.writes
-        probe = self._checked(posixpath.join(self.root, f".conditional-write-probe-{_token()}"))
+        probe = self.confined(posixpath.join(self.root, f".conditional-write-probe-{_token()}"))
         support = self._s3.probe(probe)
         _S3_SUPPORT[key] = support
         if not support.writes:
@@ -1215,7 +1215,7 @@ class CheckpointStore:
         try:
             return self._conditional_writes()
         except OSError as exc:
-            raise StoreError(f"cannot lock {self._where(path)}: {_reason(exc)}") from None
+            raise StoreError(f"cannot lock {self.where(path)}: {_reason(exc)}") from None
 
     def _take_object(self, path: str, ttl: float) -> Lease | None:
         """Take the lease object ``path`` on S3: create it with ``If-None-Match: *``; if it is
@@ -1297,9 +1297,9 @@ class CheckpointStore:
             rec: TaskRecord | None = self._read(path, TaskRecord)
             if rec is not None and (rec.step, rec.task_key) != (step, task_key):
                 if self.read_only:
-                    raise StoreError(f"{self._where(path)} names another task")
+                    raise StoreError(f"{self.where(path)} names another task")
                 aside = self._move_aside(path)
-                raise _SetAsideError(f"{self._where(path)} names another task; kept as {aside}")
+                raise _SetAsideError(f"{self.where(path)} names another task; kept as {aside}")
         except _SetAsideError as exc:
             tdir = posixpath.join(self._run_dir(job_key, run_id), "tasks")
             rebuilt = self._rebuild_task(job_key, run_id, tid, self._ls_names(tdir), str(exc))
@@ -1364,9 +1364,9 @@ class CheckpointStore:
         try:
             for name in self._ls_names(tdir):
                 if name == f"{tid}.json" or name.startswith(f"{tid}.gen-"):
-                    self._remove_file(posixpath.join(tdir, name))
+                    self.remove_file(posixpath.join(tdir, name))
         except OSError as exc:
-            raise StoreError(f"cannot delete {self._where(tdir)}: {_reason(exc)}") from None
+            raise StoreError(f"cannot delete {self.where(tdir)}: {_reason(exc)}") from None
 
     def commit_checkpoint(self, record: TaskRecord, checkpoint: CheckpointData) -> None:
         """Store a new checkpoint generation, then the task record that points at it; drop
@@ -1388,7 +1388,7 @@ class CheckpointStore:
         if old >= 1:
             try:
                 for gen in range(max(1, old - 2), old + 1):
-                    self._remove_file(self._gen_path(record.job_key, record.run_id, tid, gen))
+                    self.remove_file(self._gen_path(record.job_key, record.run_id, tid, gen))
             except (OSError, StoreError):
                 pass  # history clean-up is best effort; the record is already committed
 
@@ -1467,7 +1467,7 @@ class CheckpointStore:
         if not _LOG_NAME.fullmatch(name) or len(body) > MAX_RECORD_BYTES:
             raise StoreError(f"checkpoint store {self.location!r}: not writing log {name!r}")
         path = posixpath.join(self._run_dir(job_key, run_id), "logs", name)
-        self._checked(path)
+        self.confined(path)
         self._replace_file(path, body, durable=False)
 
     def list_logs(self, job_key: str, run_id: str) -> list[str]:
@@ -1536,7 +1536,7 @@ class CheckpointStore:
                     continue
                 problem = "not a JSON object"
             if warnings is not None:
-                warnings.append(f"{self._where(path)}: unreadable early-outputs index ({problem})")
+                warnings.append(f"{self.where(path)}: unreadable early-outputs index ({problem})")
         return out
 
     def list_generations(self, record: TaskRecord) -> list[CheckpointData]:
@@ -1641,7 +1641,7 @@ class Lease:
                         store._write(self._path, self._content())
             except (OSError, _NotARecordError) as exc:
                 raise StoreError(
-                    f"cannot renew the lease {store._where(self._path)}: {exc}"
+                    f"cannot renew the lease {store.where(self._path)}: {exc}"
                 ) from None
             if self.lost:
                 raise StoreError(self._lost_message())
@@ -1650,7 +1650,7 @@ class Lease:
 
     def _lost_message(self) -> str:
         return (
-            f"the lease {self._store._where(self._path)} was lost: it expired (not renewed "
+            f"the lease {self._store.where(self._path)} was lost: it expired (not renewed "
             f"within {self._ttl:g} s) and another process took it"
         )
 
@@ -1687,7 +1687,7 @@ class Lease:
                 with _MEMORY_GUARD if store._memory else contextlib.nullcontext():
                     raw = store._read_bytes(self._path)
                     if raw is not None and _lease_token(raw) in (self._token, None):
-                        store._remove_file(self._path)
+                        store.remove_file(self._path)
         except (OSError, StoreError, _NotARecordError):
             pass
 

@@ -32,15 +32,10 @@ from ._action import (
     StopState,
     supervise,
 )
+from ._capture import CaptureStats, FileCapture
 from ._errors import StoreError
 from ._expr import resolve_args, resolve_cancelation, resolve_int_field
-from ._files import (
-    CaptureStats,
-    FileCapture,
-    RestoreError,
-    RestoreResult,
-    restore_checkpoint,
-)
+from ._files import RestoreError
 from ._host import FileDataFlow, host_id
 from ._job import PreparedJob, TaskSpec
 from ._messages import (
@@ -67,6 +62,7 @@ from ._process import (
     OutputLine,
     new_marker,
 )
+from ._restore import RestoreResult, restore_checkpoint
 from ._session import Session
 from ._store import (
     CheckpointData,

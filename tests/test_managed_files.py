@@ -28,7 +28,8 @@ from core import (
     parse_template,
     prepare_job,
 )
-from core._files import blob_key, collect_file_garbage, manifest_key
+from core._files import blob_key, manifest_key
+from core._gc import collect_file_garbage
 from core._job import TaskSpec
 
 pytestmark = pytest.mark.slow
@@ -461,7 +462,7 @@ def test_a_blob_that_does_not_match_its_hash_fails_that_generation_only(
 
 
 def test_restoring_twice_gives_the_same_tree(managed_store, tmp_path: Path) -> None:
-    from core._files import restore_checkpoint
+    from core._restore import restore_checkpoint
 
     store = managed_store
     _job, result = _first_run(store, tmp_path)
@@ -484,7 +485,8 @@ def test_restoring_twice_gives_the_same_tree(managed_store, tmp_path: Path) -> N
 
 
 def test_restore_never_writes_through_a_link_in_the_restore_root(tmp_path: Path) -> None:
-    from core._files import RestoreError, restore_checkpoint
+    from core._files import RestoreError
+    from core._restore import restore_checkpoint
 
     store = CheckpointStore(tmp_path / "store", files="managed")
     _job, result = _first_run(store, tmp_path)
@@ -559,7 +561,7 @@ def test_gc_frees_exactly_what_no_kept_generation_references(managed_store, tmp_
     assert report.blobs_removed == len(all_blobs - keep) >= 2
     assert report.bytes_freed > 0
     # Every kept generation still restores.
-    from core._files import restore_checkpoint
+    from core._restore import restore_checkpoint
 
     for rec in records:
         for gen in store.list_generations(rec.record):
@@ -857,7 +859,7 @@ for n in range(1, 5):
 def test_every_generation_is_consistent_when_uploads_lag(managed_store, tmp_path: Path) -> None:
     """The save's file is taken as it was when the save was printed, whatever the task wrote
     after it: each generation's file matches its state and its file list."""
-    from core._files import restore_checkpoint
+    from core._restore import restore_checkpoint
 
     doc = {
         "specificationVersion": "jobtemplate-2023-09",
@@ -967,7 +969,8 @@ def test_a_generation_that_cannot_be_restored_leaves_the_files_there_as_they_wer
     """All or nothing: a file already in the restore root (a --file-root holds the user's own)
     is neither overwritten nor deleted when a later file of the generation turns out damaged;
     what a restore killed part-way on this host left is swept, another live one's is not."""
-    from core._files import RestoreError, _restore_prefix, restore_checkpoint
+    from core._files import RestoreError
+    from core._restore import _restore_prefix, restore_checkpoint
 
     store = CheckpointStore(tmp_path / "store", files="managed")
     _job, result = _first_run(store, tmp_path)
