@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -53,7 +55,8 @@ def test_seed_fibonacci_interrupted_by_sigterm_then_resumed(store: Path) -> None
     assert re.fullmatch(r"\d+,\d+,\d+", task.checkpoint.state or ""), task.checkpoint
     saved_n, v0, v1 = (int(x) for x in task.checkpoint.state.split(","))
     assert (v0, v1) == (fib(saved_n), fib(saved_n + 1))
-    assert "to resume: openjd-checkpoint resume " in first.stderr
+    # as it was started: python -m core.cli (no openjd-checkpoint need be on the PATH)
+    assert f"to resume: {shlex.join([sys.executable, '-m', 'core.cli'])} resume " in first.stderr
 
     second = run_cli(*args, cwd=ROOT, timeout=120)
     assert second.returncode == 0, second.stderr
@@ -113,7 +116,8 @@ def test_fibonacci_on_an_s3_store_interrupted_then_resumed(store_url: str) -> No
     first.wait_for("checkpoint generation 1 stored", stream="err")
     first.proc.send_signal(signal.SIGTERM)
     assert first.wait(60) == 75, first.stderr
-    assert "to resume: openjd-checkpoint resume " in first.stderr
+    # as it was started: python -m core.cli (no openjd-checkpoint need be on the PATH)
+    assert f"to resume: {shlex.join([sys.executable, '-m', 'core.cli'])} resume " in first.stderr
     assert store_url in first.stderr
     run, (task,) = only_run(store_url)
     assert run.status.value == "interrupted" and task.status == TaskStatus.INTERRUPTED

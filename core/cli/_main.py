@@ -414,7 +414,7 @@ def _report(args: argparse.Namespace, result: RunResult, store: CheckpointStore)
     if result.status.value != "succeeded" and not _resumable(store, result.run_id):
         say("  nothing was stored to resume from: running it again starts from the top\n")
     elif result.status.value != "succeeded":
-        cmd = [_program(), "resume", result.run_id]
+        cmd = [*_program(), "resume", result.run_id]
         if args.store:
             cmd += ["--store", str(args.store)]
         say(f"  checkpoints kept in {store.location}\n")
@@ -441,12 +441,12 @@ def _resumable(store: CheckpointStore, run_id: str) -> bool:
     )
 
 
-def _program() -> str:
-    """How the user started this program, for commands printed back to them."""
+def _program() -> list[str]:
+    """How the user started this program, as the words of a command printed back to them."""
     argv0 = sys.argv[0] if sys.argv else ""
-    if os.path.basename(argv0) == "openjd-checkpoint":
-        return argv0
-    return "openjd-checkpoint"
+    if argv0.endswith(os.path.join("core", "cli", "__main__.py")):  # no script on the PATH
+        return [sys.executable, "-m", "core.cli"]
+    return [argv0 if os.path.basename(argv0) == "openjd-checkpoint" else "openjd-checkpoint"]
 
 
 def _store_from(args: argparse.Namespace) -> CheckpointStore:
