@@ -51,6 +51,7 @@ if TYPE_CHECKING:
         parse_notice_sources,
         parse_poll_seconds,
     )
+    from ._records import CheckpointData, RunCondition, RunRecord, RunStatus, TaskRecord, TaskStatus
     from ._resume import RefusalCode, ResumeHow, ResumeRefusedError
     from ._run import (
         EXIT_CODES,
@@ -73,17 +74,7 @@ if TYPE_CHECKING:
     )
     from ._runner import DEFAULT_FINALLY_TIMEOUT_SECONDS, JobRunner, RunResult
     from ._session import Session
-    from ._store import (
-        MAX_RECORD_BYTES,
-        CheckpointData,
-        CheckpointStore,
-        RunCondition,
-        RunRecord,
-        RunStatus,
-        TaskRecord,
-        TaskStatus,
-        default_store_location,
-    )
+    from ._store import MAX_RECORD_BYTES, CheckpointStore, default_store_location
     from ._summary import (
         CheckpointSummary,
         TaskSummary,
@@ -112,7 +103,7 @@ _EXPORTS = {
     "AdaptiveChunker": "._chunks",
     "Attempt": "._run",
     "CancelMethod": "._template",
-    "CheckpointData": "._store",
+    "CheckpointData": "._records",
     "CheckpointJobTemplate": "._template",
     "CheckpointStore": "._store",
     "CheckpointSummary": "._summary",
@@ -137,12 +128,12 @@ _EXPORTS = {
     "RefusalCode": "._resume",
     "ResumeHow": "._resume",
     "ResumeRefusedError": "._resume",
-    "RunCondition": "._store",
+    "RunCondition": "._records",
     "RunError": "._errors",
     "RunOutcome": "._run",
-    "RunRecord": "._store",
+    "RunRecord": "._records",
     "RunResult": "._runner",
-    "RunStatus": "._store",
+    "RunStatus": "._records",
     "Session": "._session",
     "SignalSource": "._notices",
     "StopIntent": "._action",
@@ -150,10 +141,10 @@ _EXPORTS = {
     "TaskEvent": "._task",
     "TaskExecution": "._task",
     "TaskOutcome": "._task",
-    "TaskRecord": "._store",
+    "TaskRecord": "._records",
     "TaskResult": "._task",
     "TaskSpec": "._job",
-    "TaskStatus": "._store",
+    "TaskStatus": "._records",
     "TaskSummary": "._summary",
     "TemplateError": "._errors",
     "Termination": "._termination",

@@ -42,7 +42,7 @@ from openjd.sessions import PathMappingRule
 from ._chunks import AdaptiveChunker, group_key, is_adaptive
 from ._errors import TemplateError
 from ._inputs import decode_json, load_document, read_input_file
-from ._store import CheckpointData, TaskRecord
+from ._records import CheckpointData, TaskRecord
 from ._template import (
     JOB_STATUS_PARAMETER,
     MODEL_EXTENSIONS,

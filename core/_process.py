@@ -37,7 +37,7 @@ from ._host import host_id
 from ._messages import DEFAULT_MAX_LINE_BYTES
 
 if TYPE_CHECKING:
-    from ._store import ProcessInfo
+    from ._records import ProcessInfo
 
 __all__ = (
     "MARKER_VARIABLE",

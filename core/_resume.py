@@ -20,16 +20,8 @@ from enum import Enum
 from ._errors import RunError, StoreError
 from ._job import PreparedJob
 from ._process import ProcessIdentity
-from ._store import (
-    CheckpointStore,
-    RunRecord,
-    RunStatus,
-    TaskRebuilt,
-    TaskRecord,
-    TaskStatus,
-    describe_holder,
-    host_id,
-)
+from ._records import RunRecord, RunStatus, TaskRecord, TaskStatus
+from ._store import CheckpointStore, TaskRebuilt, describe_holder, host_id
 
 __all__ = (
     "RefusalCode",

@@ -43,6 +43,7 @@ from ._notices import (
     checkpoint_timing,
 )
 from ._process import kill_marked, kill_recorded_process
+from ._records import RunCondition, RunRecord, RunStatus, StopRequest, TaskRecord, TaskStatus
 from ._resume import (
     RefusalCode,
     ResumeHow,
@@ -56,13 +57,7 @@ from ._session import Session
 from ._store import (
     CheckpointStore,
     Lease,
-    RunCondition,
-    RunRecord,
     RunSetAside,
-    RunStatus,
-    StopRequest,
-    TaskRecord,
-    TaskStatus,
     describe_holder,
     host_id,
     new_run_id,

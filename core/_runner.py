@@ -27,6 +27,7 @@ from ._chunks import AdaptiveChunker
 from ._errors import RunError, StoreError
 from ._job import PreparedJob, TaskSpec
 from ._notices import DEFAULT_POLL_SECONDS, Notice, NoticeSource, NoticeWatcher, checkpoint_timing
+from ._records import RunCondition, RunStatus, TaskRecord
 from ._resume import ResumeHow, ResumeRefusedError
 from ._run import (
     EXIT_CODES,
@@ -47,7 +48,7 @@ from ._run import (
     task_stop_for,
 )
 from ._session import Session, clean_stale_sessions
-from ._store import CheckpointStore, Lease, RunCondition, RunStatus, TaskRecord
+from ._store import CheckpointStore, Lease
 from ._task import (
     TaskEvent,
     TaskExecution,

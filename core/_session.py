@@ -38,7 +38,8 @@ from ._errors import StoreError
 from ._host import host_id
 from ._job import PreparedJob
 from ._process import kill_marked, new_marker
-from ._store import CheckpointStore, Lease, SessionRecord
+from ._records import SessionRecord
+from ._store import CheckpointStore, Lease
 from ._template import JOB_STATUS_PARAMETER
 from ._wrap import defines_wrap, hook, inject_wrapped
 

@@ -61,7 +61,6 @@ import urllib.parse
 import uuid
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -70,33 +69,32 @@ import platformdirs
 import psutil
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from ._errors import StoreError
 from ._host import file_flow_from_env, file_roots_from_env, host_id
+from ._records import (
+    SCHEMA_VERSION,
+    CheckpointData,
+    GenerationFile,
+    ProcessInfo,
+    RunRecord,
+    SessionRecord,
+    StopRequest,
+    TaskIdentity,
+    TaskRecord,
+    TaskStatus,
+)
 from ._template import canonical_json, sha256_hex
 
 __all__ = (
-    "SCHEMA_VERSION",
-    "CheckpointData",
     "CheckpointStore",
     "Lease",
-    "ProcessInfo",
-    "RunCondition",
-    "RunRecord",
     "RunSetAside",
-    "RunStatus",
-    "SessionRecord",
-    "TaskRecord",
-    "StopRequest",
-    "TaskStatus",
     "default_store_location",
     "redact_location",
     "task_id_for",
 )
-
-SCHEMA_VERSION = 1
-"""Version of the record schema. A record with another version is not resumed from."""
 
 DEFAULT_KEEP_GENERATIONS = 3
 """How many checkpoint generations of each task the store keeps."""
@@ -148,45 +146,6 @@ def default_store_location() -> str:
     return platformdirs.user_state_dir("openjd-checkpoint")
 
 
-class RunStatus(str, Enum):
-    RUNNING = "running"
-    """A runner is working on it (or died without a word: see ``RunRecord.runner``)."""
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    INTERRUPTED = "interrupted"
-    """Suspended: stopped to be resumed later (checkpointCancelation)."""
-    CANCELED = "canceled"
-    """Ended by Cancelled or CancelledRunFinally."""
-    STOPPED = "stopped"
-    """Ended by StoppedRunFinally."""
-
-
-class TaskStatus(str, Enum):
-    PENDING = "pending"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    INTERRUPTED = "interrupted"
-    CANCELED = "canceled"
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class ProcessInfo(_Model):
-    """A process that works on a run or task, to find (and stop) it again later."""
-
-    pid: int
-    pgid: int
-    start_time: float
-    """Seconds since the epoch."""
-    host: str
-    marker: str | None = None
-    """The value of ``OPENJD_CHECKPOINT_SESSION`` in the task's environment: every process of
-    the task inherits it, so the task's processes are found even after they left its group."""
-
-
 def describe_holder(store: CheckpointStore, info: ProcessInfo | None) -> str:
     """`` by process PID`` for a refusal message, saying so when that process, of this host,
     has ended: on a store other than a local folder its lease frees only once its ttl has run
@@ -200,182 +159,6 @@ def describe_holder(store: CheckpointStore, info: ProcessInfo | None) -> str:
             "try again then"
         )
     return text
-
-
-class CheckpointData(_Model):
-    """One committed checkpoint (``openjd_checkpoint_save`` plus the file dataset so far)."""
-
-    generation: int
-    state: str | None = None
-    file: str | None = None
-    files: list[str] = Field(default_factory=list)
-    dirs: list[str] = Field(default_factory=list)
-    saved_at: float
-    """Seconds since the epoch."""
-    attempt: int
-    manifest: str | None = None
-    """Managed file data flow: the SHA-256 of the manifest of this generation's files in the
-    store (``core._files``); None in shared mode, where ``file``/``files``/``dirs`` are paths on a
-    shared file system."""
-
-
-class TaskIdentity(_Model):
-    """Which task a checkpoint generation file belongs to, and what its record held when the
-    generation was committed: enough to rebuild the task's record from its newest readable
-    generation when the record itself is damaged (``CheckpointStore.read_task``)."""
-
-    step: str
-    task_key: str
-    parameters: dict[str, dict[str, str]]
-    chunk_parameter: str | None = None
-    completed_frames: list[int] = Field(default_factory=list)
-    step_hash: str = ""
-
-
-class GenerationFile(CheckpointData):
-    """A checkpoint generation file (``<task_id>.gen-<N>.json``): the checkpoint and, since
-    this release, the identity of its task (None in files written before)."""
-
-    task: TaskIdentity | None = None
-
-
-class TaskRecord(_Model):
-    """What the store knows of one task of a run.
-
-    ``parameters`` are the task's original parameter values (name -> {"type", "value"}); a chunk
-    resumed with fewer frames keeps its original record. ``completed_frames`` are the frames of a
-    CHUNK[INT] parameter reported by ``openjd_task_complete`` (all frames once the task succeeds).
-    """
-
-    schema_version: int = SCHEMA_VERSION
-    job_key: str
-    run_id: str
-    step: str
-    task_key: str
-    parameters: dict[str, dict[str, str]]
-    status: TaskStatus = TaskStatus.PENDING
-    attempt: int = 0
-    run_attempt: int = 0
-    """The run's attempt that last ran this task (finally tasks count only in their attempt)."""
-    chunk_parameter: str | None = None
-    completed_frames: list[int] = Field(default_factory=list)
-    checkpoint: CheckpointData | None = None
-    pending_files: list[str] = Field(default_factory=list)
-    pending_dirs: list[str] = Field(default_factory=list)
-    resume_status: str | None = None
-    """RESUMED, DISCARDED, or UNKNOWN when the resume action never said."""
-    process: ProcessInfo | None = None
-    step_hash: str = ""
-    message: str | None = None
-    updated_at: float = Field(default_factory=time.time)
-
-
-class SessionRecord(_Model):
-    """An open session of a run: which host and process run it, and the markers of the
-    environments it entered, so that the next attempt can kill what the session left if its
-    process died (its lease is then free)."""
-
-    schema_version: int = SCHEMA_VERSION
-    job_key: str
-    run_id: str
-    session_id: str
-    host: str
-    pid: int
-    markers: list[str] = Field(default_factory=list)
-    updated_at: float = Field(default_factory=time.time)
-
-
-class RunCondition(_Model):
-    """The run's ``Succeeded`` condition, as Tekton reports a PipelineRun's (seed 002).
-
-    ``status`` is ``"True"``, ``"False"`` or ``"Unknown"``; ``reason`` is ``Running``,
-    ``Stopping``, ``Succeeded``, ``Failed``, ``Timeout``, or the termination mode that ended the
-    run (``Cancelled``, ``CancelledRunFinally``, ``StoppedRunFinally``, ``Suspended``).
-    """
-
-    status: str = "Unknown"
-    reason: str = "Running"
-    message: str = ""
-
-
-class StopRequest(_Model):
-    """A request, through the store, to end a run in a termination mode.
-
-    Requests are append-only files (``requests/<time>-<id>.json``), never replaced, so two
-    processes asking at once both count; ``_run.resolve_termination`` folds them by precedence.
-    """
-
-    mode: str
-    requested_at: float = Field(default_factory=time.time)
-    requested_by: ProcessInfo | None = None
-    attempt: int = 0
-    """The run attempt it was accepted for; requests of earlier attempts are history."""
-    phase: str = "regular"
-    """The run's phase when it was accepted (``regular`` or ``finally``)."""
-    force: bool = False
-    """Kill running tasks without notifying them."""
-    deadline: float | None = None
-    """Seconds since the epoch by which running tasks must be gone (notify periods shorten)."""
-
-
-class RunRecord(_Model):
-    """One run of a job (a template with job parameter values), across its attempts."""
-
-    schema_version: int = SCHEMA_VERSION
-    job_key: str
-    run_id: str
-    job_name: str
-    template_path: str | None = None
-    template_hash: str
-    step_hashes: dict[str, str] = Field(default_factory=dict)
-    parameters: dict[str, str] = Field(default_factory=dict)
-    status: RunStatus = RunStatus.RUNNING
-    attempt: int = 1
-    created_at: float = Field(default_factory=time.time)
-    updated_at: float = Field(default_factory=time.time)
-    runner: ProcessInfo | None = None
-    message: str | None = None
-    condition: RunCondition = Field(default_factory=RunCondition)
-    termination: str | None = None
-    """The termination mode asked for, if any."""
-    skipped_tasks: list[str] = Field(default_factory=list)
-    finally_steps: list[str] = Field(default_factory=list)
-    environments: list[str] = Field(default_factory=list)
-    """External environment template files the run was started with."""
-    path_mapping_rules: list[dict[str, Any]] = Field(default_factory=list)
-    external_key: str | None = None
-    """A scheduler's own identity for this run (an Airflow ``dag_id/run_id``, a Prefect flow
-    run id): the framework's retry or clear of that run finds this core run again."""
-    attempt_key: str | None = None
-    """The external key of the scheduler run that began the latest attempt (an operator resume
-    from another DAG run or flow run takes the run over); None: a process without one (the
-    CLI), or a record made before this field (then ``external_key``)."""
-    completed_attempt: int | None = None
-    """The attempt in which the run last succeeded, when a scheduler's re-run of part of it
-    continued it afterwards: its task records were deleted with its checkpoints, so every
-    regular task with no record counts as having succeeded in that attempt."""
-    phase: str = "regular"
-    """``regular`` (regular steps), ``finally`` (finally steps) or ``ended``."""
-    job_status: str | None = None
-    """The ``{{Job.Status}}`` the finally steps of this attempt get, once decided."""
-    timed_out: str | None = None
-    """Set when the run's own time budget expired: the message."""
-    files_mode: str | None = None
-    """How the run keeps checkpoint files, ``shared`` or ``managed``, fixed when the run is
-    created: every later attempt (a retry, a resume, a framework's retry on any host) keeps it,
-    whatever its own configuration says. None (runs made before this field): the store's."""
-    notices: list[dict[str, Any]] = Field(default_factory=list)
-    """Interruption notices that stopped an attempt of the run (``core._notices``): each with
-    ``source``, ``kind``, ``detail``, ``deadline`` and ``received_at`` (seconds since the
-    epoch), ``attempt``, and, once the tasks have stopped, ``stopped_after`` (seconds)."""
-    environment_failures: list[dict[str, Any]] = Field(default_factory=list)
-    """Environments whose ``onExit`` (or wrapping ``onWrapEnvExit``) failed when a session
-    closed (``record_environment_failure``): each with ``attempt`` and ``message``. An attempt
-    with one ends Failed, as ``openjd run`` ends a session whose environment exit failed."""
-    superseded_by: str | None = None
-    """A later run of the same job that started from the top instead of resuming this one
-    (a requeue, or a retry that was refused): retries no longer pick this run; an operator
-    resume still can."""
 
 
 _LOG_NAME = re.compile(r"[0-9a-f]{24}\.[0-9]{1,9}\.[0-9]{1,9}\.log\.gz")
@@ -1294,12 +1077,7 @@ class CheckpointStore:
         tid = task_id_for(step, task_key)
         path = self._task_path(job_key, run_id, tid)
         try:
-            rec: TaskRecord | None = self._read(path, TaskRecord)
-            if rec is not None and (rec.step, rec.task_key) != (step, task_key):
-                if self.read_only:
-                    raise StoreError(f"{self.where(path)} names another task")
-                aside = self._move_aside(path)
-                raise _SetAsideError(f"{self.where(path)} names another task; kept as {aside}")
+            rec = _read_own_task(self, path, tid)
         except _SetAsideError as exc:
             tdir = posixpath.join(self._run_dir(job_key, run_id), "tasks")
             rebuilt = self._rebuild_task(job_key, run_id, tid, self._ls_names(tdir), str(exc))
@@ -1436,7 +1214,7 @@ class CheckpointStore:
             if not wanted(name):
                 continue
             try:
-                rec = self._read(posixpath.join(tdir, name), TaskRecord)
+                rec = _read_own_task(self, posixpath.join(tdir, name), name[: -len(".json")])
             except _SetAsideError as exc:
                 rebuilt = self._rebuild_task(
                     job_key, run_id, name[: -len(".json")], names, str(exc)
@@ -1554,6 +1332,20 @@ class CheckpointStore:
                     gens.append(CheckpointData.model_validate(data.model_dump(exclude={"task"})))
         gens.sort(key=lambda g: g.generation)
         return gens
+
+
+def _read_own_task(store: CheckpointStore, path: str, tid: str) -> TaskRecord | None:
+    """The task record at ``path``, which must be task ``tid``'s own: one that names another
+    task (an edited ``step`` or ``task_key``, a file copied over another) is set aside like
+    an unreadable one (``_SetAsideError``; on a read-only store a ``StoreError``), so that
+    no task is planned twice or under a name it does not have."""
+    rec: TaskRecord | None = store._read(path, TaskRecord)
+    if rec is not None and task_id_for(rec.step, rec.task_key) != tid:
+        if store.read_only:
+            raise StoreError(f"{store.where(path)} names another task")
+        aside = store._move_aside(path)
+        raise _SetAsideError(f"{store.where(path)} names another task; kept as {aside}")
+    return rec
 
 
 class Lease:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ._store import CheckpointData, TaskRecord
+from ._records import CheckpointData, TaskRecord
 
 __all__ = (
     "CheckpointSummary",

@@ -62,15 +62,10 @@ from ._process import (
     OutputLine,
     new_marker,
 )
+from ._records import CheckpointData, ProcessInfo, TaskRecord, TaskStatus
 from ._restore import RestoreResult, restore_checkpoint
 from ._session import Session
-from ._store import (
-    CheckpointData,
-    CheckpointStore,
-    ProcessInfo,
-    TaskRecord,
-    TaskStatus,
-)
+from ._store import CheckpointStore
 from ._template import (
     DEFAULT_NOTIFY_PERIOD_SECONDS,
     ActionCheckpointSpec,

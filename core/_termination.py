@@ -16,15 +16,8 @@ from enum import Enum
 
 from ._action import StopIntent
 from ._errors import RunError, StoreError
-from ._store import (
-    CheckpointStore,
-    Lease,
-    RunCondition,
-    RunRecord,
-    RunStatus,
-    StopRequest,
-    this_process,
-)
+from ._records import RunCondition, RunRecord, RunStatus, StopRequest
+from ._store import CheckpointStore, Lease, this_process
 
 __all__ = (
     "RunWatcher",

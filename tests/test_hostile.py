@@ -18,7 +18,7 @@ from test_task_execution import Runner, gone, make_job
 from core import CheckpointStore, StopIntent, TaskOutcome, parse_line
 from core._messages import MessageWarning
 from core._process import kill_recorded_process
-from core._store import ProcessInfo
+from core._records import ProcessInfo
 
 pytestmark = pytest.mark.slow
 

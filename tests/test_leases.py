@@ -15,7 +15,8 @@ from conftest import ROOT, run_cli
 
 import core._store as store_module
 from core import CheckpointStore, RunRecord, StoreError, TaskRecord
-from core._store import StopRequest, _S3Support, redact_location
+from core._records import StopRequest
+from core._store import _S3Support, redact_location
 
 JK = "0123456789abcdef"
 RID = "20260101-000000-abcdef"

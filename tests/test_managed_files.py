@@ -527,7 +527,7 @@ def test_gc_frees_exactly_what_no_kept_generation_references(managed_store, tmp_
             time.sleep(0.02)
         ex.stop(StopIntent.CHECKPOINT)
         t.join(60)
-    from core._store import RunRecord
+    from core._records import RunRecord
 
     for rec in records:
         store.write_run(
@@ -951,7 +951,7 @@ def test_a_session_folder_of_any_depth_is_removed(tmp_path: Path) -> None:
 def test_a_record_too_large_to_read_back_is_never_written(tmp_path: Path, monkeypatch) -> None:
     import core._store as store_module
     from core import StoreError
-    from core._store import TaskRecord
+    from core._records import TaskRecord
 
     store = CheckpointStore(tmp_path / "store")
     rec = TaskRecord(job_key="0" * 16, run_id=RUN_ID, step="S", task_key="k", parameters={})

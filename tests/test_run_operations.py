@@ -766,7 +766,7 @@ def test_delete_kills_what_a_dead_runner_left(tmp_path: Path) -> None:
 def test_an_edited_record_never_kills_a_group_its_process_does_not_lead() -> None:
     from core._host import host_id
     from core._process import kill_recorded_process
-    from core._store import ProcessInfo
+    from core._records import ProcessInfo
 
     a = subprocess.Popen(["sleep", "60"], start_new_session=True)
     b = subprocess.Popen(["sleep", "60"], start_new_session=True)

@@ -98,6 +98,32 @@ def test_unreadable_record_is_moved_aside_and_rebuilt_from_its_newest_generation
     assert store.read_task(JK, RID, "S", "{}").checkpoint.state == "s2"
 
 
+def test_a_record_edited_to_name_another_task_is_set_aside_not_planned_twice(
+    store_url: str,
+) -> None:
+    """A task record whose ``task_key`` was edited (or a record copied over another task's
+    file) is not read as that other task: it is kept aside, and the task's own record is
+    rebuilt from its newest generation, so no task is listed twice."""
+    store = CheckpointStore(store_url)
+    for key in ("{}", '{"I": "2"}'):
+        rec = record(task_key=key)
+        for gen in (1, 2):
+            store.commit_checkpoint(rec, ck(gen, state=key))
+    data = read_json(store, TASK_FILE)
+    data["task_key"] = '{"I": "2"}'  # names the other task
+    write_raw(store, TASK_FILE, json.dumps(data))
+    reader = CheckpointStore(store_url, create=False, read_only=True)
+    tasks, warnings = reader.read_tasks(JK, RID)  # read-only: named, left in place
+    assert [t.task_key for t in tasks] == ['{"I": "2"}']
+    assert any("names another task" in w and raw_path(store, TASK_FILE) in w for w in warnings)
+    tasks, warnings = store.read_tasks(JK, RID)
+    assert sorted(t.task_key for t in tasks) == ['{"I": "2"}', "{}"], warnings
+    own = next(t for t in tasks if t.task_key == "{}")
+    assert own.checkpoint is not None and own.checkpoint.state == "{}2"
+    assert any("names another task" in w and "rebuilt from" in w for w in warnings), warnings
+    assert any(".unreadable-" in n for n in names(store, f"{RUN_DIR}/tasks"))
+
+
 def test_unreadable_record_with_no_usable_generation_is_moved_aside_not_overwritten(
     store_url: str,
 ) -> None:
@@ -314,7 +340,8 @@ def test_a_refusal_names_a_dead_holder_whose_lease_has_not_expired() -> None:
     the refusal says the process has ended and when to try again, instead of asking to wait
     for a process that is gone. A live holder, or one of another host, is named only."""
     from core._host import host_id
-    from core._store import ProcessInfo, describe_holder
+    from core._records import ProcessInfo
+    from core._store import describe_holder
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

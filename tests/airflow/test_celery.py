@@ -49,7 +49,7 @@ import pytest
 from airflow_fixtures import SESSION_ROOT, new_stack, start_stack, stop_stack
 
 from core import CheckpointStore, RunRecord, RunStatus, TaskRecord
-from core._store import ProcessInfo
+from core._records import ProcessInfo
 
 ROOT = Path(__file__).resolve().parents[2]
 COUNTER = ROOT / "tests" / "data" / "counter.yaml"
