@@ -70,7 +70,6 @@ class StopState:
         self.force = False
         self.deadline: float | None = None
         """Seconds since the epoch by which every process must be gone, or None."""
-        self.changed = threading.Event()
 
     def request(
         self, intent: StopIntent, *, force: bool = False, deadline: float | None = None
@@ -82,7 +81,6 @@ class StopState:
             self.force = self.force or force
             if deadline is not None:
                 self.deadline = deadline if self.deadline is None else min(self.deadline, deadline)
-        self.changed.set()
 
     def wanted(self, stoppable: bool) -> tuple[StopIntent | None, bool, float | None]:
         """(intent, force, deadline) as they apply to an action: a ``stoppable`` one gets the

@@ -8,7 +8,6 @@ values: only its size in bytes. Pure functions of stored records (``core._store`
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ._records import CheckpointData, TaskRecord
@@ -25,15 +24,10 @@ __all__ = (
 def task_label(rec: TaskRecord) -> str:
     """A task's readable name, as the run printed it: ``Render[Frame=1-4]``, or the step name
     for a step's lone task."""
-    return label_of(rec.step, rec.parameters)
-
-
-def label_of(step: str, parameters: Mapping[str, Mapping[str, str]]) -> str:
-    """``task_label`` from a step name and a record's ``parameters`` (name -> {type, value})."""
-    if not parameters:
-        return step
-    inner = ", ".join(f"{k}={v.get('value', '')}" for k, v in parameters.items())
-    return f"{step}[{inner}]"
+    if not rec.parameters:
+        return rec.step
+    inner = ", ".join(f"{k}={v.get('value', '')}" for k, v in rec.parameters.items())
+    return f"{rec.step}[{inner}]"
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,10 @@ from core import (
     CheckpointStore,
     RunRecord,
     TaskRecord,
+    TaskSummary,
     TemplateError,
     run_status_words,
     summarize_task,
-    task_label,
 )
 
 __all__ = (
@@ -229,24 +229,28 @@ def cmd_checkpoints_list(args: argparse.Namespace, store: CheckpointStore) -> in
     return 0
 
 
-def show_document(store: CheckpointStore, run: RunRecord) -> dict[str, Any]:
+def show_document(
+    store: CheckpointStore, run: RunRecord
+) -> tuple[dict[str, Any], list[TaskSummary]]:
     """``checkpoints show RUN --json``: the run's raw records (the run, each task with its
-    stored generations, the run's outputs, warnings)."""
+    stored generations, the run's outputs, warnings), and each task's summary, in the same
+    order, for the table."""
     tasks, warnings = store.read_tasks(run.job_key, run.run_id)
     data: dict[str, Any] = run.model_dump(mode="json")
     data["schema"] = JSON_SCHEMA_VERSION
     data["status_words"] = _run_status(store, run)
     data["tasks"] = []
-    for t in tasks:
+    summaries = [summarize_task(t) for t in tasks]
+    for t, summary in zip(tasks, summaries, strict=True):
         td = t.model_dump(mode="json")
-        td["label"] = task_label(t)
+        td["label"] = summary.label
         td["generations"] = [g.generation for g in store.list_generations(t)]
-        td["files_mode"] = "managed" if t.checkpoint and t.checkpoint.manifest else "shared"
+        td["files_mode"] = summary.checkpoint.files_mode if summary.checkpoint else "shared"
         data["tasks"].append(td)
     data["file_data_flow"] = run.files_mode or store.file_flow.value
     data["outputs"] = store.read_outputs(run.job_key, run.run_id, warnings)
     data["warnings"] = warnings
-    return data
+    return data, summaries
 
 
 def cmd_show(args: argparse.Namespace, store: CheckpointStore) -> int:
@@ -256,7 +260,7 @@ def cmd_show(args: argparse.Namespace, store: CheckpointStore) -> int:
     if run is None:
         print(f"openjd-checkpoint: no run {args.run_id!r} in {store.location}", file=sys.stderr)
         return 2
-    data = show_document(store, run)
+    data, summaries = show_document(store, run)
     if getattr(args, "json", False):
         _dump(data)
         return 0
@@ -275,18 +279,16 @@ def cmd_show(args: argparse.Namespace, store: CheckpointStore) -> int:
         print("  no task records kept (a finished run deletes them)")
         return 0
     print(f"  {'TASK':<28} {'STATUS':<12} {'CHECKPOINT':<22} {'FRAMES':>6}  MESSAGE")
-    for td in data["tasks"]:
-        ck = td.get("checkpoint")
-        size = len((ck.get("state") or "").encode()) if ck else 0
-        ckt = f"gen {ck['generation']}, {size}B" if ck else "-"
-        status = "suspended" if td["status"] == "interrupted" else td["status"]
+    for task in summaries:
+        ck = task.checkpoint
+        ckt = f"gen {ck.generation}, {ck.state_bytes}B" if ck else "-"
+        status = "suspended" if task.status == "interrupted" else task.status
         print(
-            f"  {td['label']:<28} {status:<12} {ckt:<22} {len(td['completed_frames']):>6}  "
-            f"{td.get('message') or ''}"
+            f"  {task.label:<28} {status:<12} {ckt:<22} {len(task.frames_done):>6}  "
+            f"{task.message or ''}"
         )
         if ck:
-            named = len(ck.get("files") or []) + len(ck.get("dirs") or []) + bool(ck.get("file"))
-            print(f"  {'':<28} checkpoint files: {td['files_mode']}, {named} named")
+            print(f"  {'':<28} checkpoint files: {ck.files_mode}, {ck.named} named")
     for out in data["outputs"]:
         print(f"  output: {json.dumps(out, sort_keys=True)}")
     for w in data["warnings"]:
