@@ -100,16 +100,15 @@ def face_problems(root: Path) -> list[str]:
 
 def main(argv: list[str]) -> int:
     root = Path(argv[1]) if len(argv) > 1 else Path(__file__).resolve().parent.parent
-    failures, notes = problems(sizes(root))
+    found = sizes(root)
+    failures, notes = problems(found)
     failures += face_problems(root)
     for line in notes:
         print(f"check_structure: note: {line}")
     for line in failures:
         print(f"check_structure: {line}", file=sys.stderr)
     if not failures:
-        largest = max(
-            ((u, n) for u, n in sizes(root).items() if "::" not in u), key=lambda item: item[1]
-        )
+        largest = max(((u, n) for u, n in found.items() if "::" not in u), key=lambda item: item[1])
         print(f"check_structure: ok (largest module {largest[0]}, {largest[1]} lines)")
     return 1 if failures else 0
 
