@@ -26,11 +26,9 @@ CLASS_LINES = 400
 
 CEILINGS: dict[str, int] = {
     # module path or "path::Class" -> its size in lines when the check came; only ever lowered
-    "core/cli/_main.py": 917,
+    "core/cli/_main.py": 915,
     "core/_capture.py::FileCapture": 478,
     "core/_job.py": 1170,
-    "core/_run.py": 1365,
-    "core/_runner.py::JobRunner": 569,
     "core/_session.py::Session": 475,
     "core/_store.py": 1900,
     "core/_store.py::CheckpointStore": 1141,

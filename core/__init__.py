@@ -8,9 +8,10 @@ and the local CLI (``core.cli``) map these operations onto their frameworks:
 - ``PreparedJob.plan_step``: the tasks still to run on a resume.
 - ``TaskExecution``: run one task; ``stop(StopIntent.CHECKPOINT | CANCEL)`` from any thread.
 - ``CheckpointStore``: atomic, versioned records and checkpoint generations (fsspec).
-- run-level operations any scheduler calls from any process (``_run``): ``begin_attempt``,
-  ``plan_step``, ``run_task``, ``request_termination``, ``enter_finally``, ``finish_attempt``.
-- ``JobRunner``: the local scheduler that the CLI uses, on top of those operations.
+- run-level operations any scheduler calls from any process: ``begin_attempt``, ``plan_step``
+  / ``plan_group``, ``request_termination``, ``enter_finally``, ``finish_attempt``.
+- ``TaskExecutor`` / ``run_tasks``: the one executor of a run's tasks in sessions, under its
+  termination requests and interruption notices, that every runner (the CLI included) uses.
 """
 
 # Imports are lazy (PEP 562): the CLI starts, and installs its Ctrl-C handling, before the
@@ -20,8 +21,19 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._action import StopIntent
+    from ._attempt import (
+        Attempt,
+        attempt_records,
+        begin_attempt,
+        delete_run,
+        plan_group,
+        plan_step,
+        prepare_run_job,
+    )
     from ._chunks import AdaptiveChunker
     from ._errors import OpenJDCheckpointError, RunError, StoreError, TemplateError
+    from ._executor import StepRun, TaskExecutor, run_task, run_tasks
+    from ._feed import AdaptiveFeed, TaskFeed, step_feed
     from ._gc import DEFAULT_GC_GRACE_SECONDS, collect_file_garbage
     from ._groups import group_label, group_tasks
     from ._host import host_id
@@ -51,29 +63,26 @@ if TYPE_CHECKING:
         parse_notice_sources,
         parse_poll_seconds,
     )
-    from ._records import CheckpointData, RunCondition, RunRecord, RunStatus, TaskRecord, TaskStatus
-    from ._resume import RefusalCode, ResumeHow, ResumeRefusedError
-    from ._run import (
+    from ._phases import (
         EXIT_CODES,
-        Attempt,
         FinallyDecision,
         RunOutcome,
-        begin_attempt,
-        claim_task,
-        delete_run,
         enter_finally,
         finish_attempt,
-        plan_group,
-        plan_step,
-        prepare_run_job,
-        record_environment_failure,
+        mark_timed_out,
         record_task_done,
-        run_task,
-        run_tasks,
         wait_tasks_released,
     )
-    from ._runner import DEFAULT_FINALLY_TIMEOUT_SECONDS, JobRunner, RunResult
-    from ._session import Session
+    from ._records import (
+        CheckpointData,
+        RunCondition,
+        RunRecord,
+        RunStatus,
+        TaskRecord,
+        TaskStatus,
+    )
+    from ._resume import RefusalCode, ResumeHow, ResumeRefusedError
+    from ._session import Session, clean_stale_sessions
     from ._store import MAX_RECORD_BYTES, CheckpointStore, default_store_location
     from ._summary import (
         CheckpointSummary,
@@ -90,7 +99,7 @@ if TYPE_CHECKING:
         load_template,
         parse_template,
     )
-    from ._termination import Termination, TerminationMode, request_termination, task_stop_for
+    from ._termination import Termination, TerminationMode, request_termination
     from ._words import (
         OUTCOME_WORDS,
         describe_exit,
@@ -101,20 +110,19 @@ if TYPE_CHECKING:
 
 _EXPORTS = {
     "AdaptiveChunker": "._chunks",
-    "Attempt": "._run",
+    "AdaptiveFeed": "._feed",
+    "Attempt": "._attempt",
     "CancelMethod": "._template",
     "CheckpointData": "._records",
     "CheckpointJobTemplate": "._template",
     "CheckpointStore": "._store",
     "CheckpointSummary": "._summary",
-    "DEFAULT_FINALLY_TIMEOUT_SECONDS": "._runner",
     "DEFAULT_GC_GRACE_SECONDS": "._gc",
     "DEFAULT_MAX_LINE_BYTES": "._messages",
     "DEFAULT_MAX_STATE_BYTES": "._messages",
-    "EXIT_CODES": "._run",
-    "FinallyDecision": "._run",
+    "EXIT_CODES": "._phases",
+    "FinallyDecision": "._phases",
     "JOB_STATUS_PARAMETER": "._template",
-    "JobRunner": "._runner",
     "MAX_RECORD_BYTES": "._store",
     "MessageContext": "._messages",
     "MessageWarning": "._messages",
@@ -130,16 +138,18 @@ _EXPORTS = {
     "ResumeRefusedError": "._resume",
     "RunCondition": "._records",
     "RunError": "._errors",
-    "RunOutcome": "._run",
+    "RunOutcome": "._phases",
     "RunRecord": "._records",
-    "RunResult": "._runner",
     "RunStatus": "._records",
     "Session": "._session",
     "SignalSource": "._notices",
+    "StepRun": "._executor",
     "StopIntent": "._action",
     "StoreError": "._errors",
     "TaskEvent": "._task",
     "TaskExecution": "._task",
+    "TaskExecutor": "._executor",
+    "TaskFeed": "._feed",
     "TaskOutcome": "._task",
     "TaskRecord": "._records",
     "TaskResult": "._task",
@@ -149,15 +159,16 @@ _EXPORTS = {
     "TemplateError": "._errors",
     "Termination": "._termination",
     "TerminationMode": "._termination",
-    "begin_attempt": "._run",
-    "claim_task": "._run",
+    "attempt_records": "._attempt",
+    "begin_attempt": "._attempt",
+    "clean_stale_sessions": "._session",
     "collect_file_garbage": "._gc",
     "decode_json": "._inputs",
     "default_store_location": "._store",
-    "delete_run": "._run",
+    "delete_run": "._attempt",
     "describe_exit": "._words",
-    "enter_finally": "._run",
-    "finish_attempt": "._run",
+    "enter_finally": "._phases",
+    "finish_attempt": "._phases",
     "framework_parameter_values": "._job",
     "group_label": "._groups",
     "group_tasks": "._groups",
@@ -166,6 +177,7 @@ _EXPORTS = {
     "load_environment_template": "._job",
     "load_path_mapping_rules": "._job",
     "load_template": "._template",
+    "mark_timed_out": "._phases",
     "outcome_key": "._words",
     "outcome_sentence": "._words",
     "parse_line": "._messages",
@@ -173,40 +185,38 @@ _EXPORTS = {
     "parse_poll_seconds": "._notices",
     "parse_template": "._template",
     "plain_value": "._job",
-    "plan_group": "._run",
-    "plan_step": "._run",
+    "plan_group": "._attempt",
+    "plan_step": "._attempt",
     "prepare_job": "._job",
-    "prepare_run_job": "._run",
+    "prepare_run_job": "._attempt",
     "read_input_file": "._inputs",
-    "record_environment_failure": "._run",
-    "record_task_done": "._run",
+    "record_task_done": "._phases",
     "request_termination": "._termination",
     "run_status_words": "._words",
-    "run_task": "._run",
-    "run_tasks": "._run",
+    "run_task": "._executor",
+    "run_tasks": "._executor",
+    "step_feed": "._feed",
     "summarize_checkpoint": "._summary",
     "summarize_task": "._summary",
     "task_label": "._summary",
-    "task_stop_for": "._termination",
-    "wait_tasks_released": "._run",
+    "wait_tasks_released": "._phases",
 }
 
 __all__ = (
     "AdaptiveChunker",
+    "AdaptiveFeed",
     "Attempt",
     "CancelMethod",
     "CheckpointData",
     "CheckpointJobTemplate",
     "CheckpointStore",
     "CheckpointSummary",
-    "DEFAULT_FINALLY_TIMEOUT_SECONDS",
     "DEFAULT_GC_GRACE_SECONDS",
     "DEFAULT_MAX_LINE_BYTES",
     "DEFAULT_MAX_STATE_BYTES",
     "EXIT_CODES",
     "FinallyDecision",
     "JOB_STATUS_PARAMETER",
-    "JobRunner",
     "MAX_RECORD_BYTES",
     "MessageContext",
     "MessageWarning",
@@ -224,14 +234,16 @@ __all__ = (
     "RunError",
     "RunOutcome",
     "RunRecord",
-    "RunResult",
     "RunStatus",
     "Session",
     "SignalSource",
+    "StepRun",
     "StopIntent",
     "StoreError",
     "TaskEvent",
     "TaskExecution",
+    "TaskExecutor",
+    "TaskFeed",
     "TaskOutcome",
     "TaskRecord",
     "TaskResult",
@@ -241,8 +253,9 @@ __all__ = (
     "TemplateError",
     "Termination",
     "TerminationMode",
+    "attempt_records",
     "begin_attempt",
-    "claim_task",
+    "clean_stale_sessions",
     "collect_file_garbage",
     "decode_json",
     "default_store_location",
@@ -258,6 +271,7 @@ __all__ = (
     "load_environment_template",
     "load_path_mapping_rules",
     "load_template",
+    "mark_timed_out",
     "outcome_key",
     "outcome_sentence",
     "parse_line",
@@ -270,16 +284,15 @@ __all__ = (
     "prepare_job",
     "prepare_run_job",
     "read_input_file",
-    "record_environment_failure",
     "record_task_done",
     "request_termination",
     "run_status_words",
     "run_task",
     "run_tasks",
+    "step_feed",
     "summarize_checkpoint",
     "summarize_task",
     "task_label",
-    "task_stop_for",
     "wait_tasks_released",
 )
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 import json
 import sys
 
-from core import CheckpointStore, ResumeRefusedError, TaskSpec
-from core._run import prepare_run_job, run_task
+from core import CheckpointStore, ResumeRefusedError, TaskSpec, prepare_run_job, run_task
 
 
 def main() -> int:

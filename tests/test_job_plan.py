@@ -148,7 +148,7 @@ def test_plan_group_reads_only_its_tasks_and_plans_as_the_whole_step(
     import random
 
     from core import CheckpointStore, begin_attempt, plan_group
-    from core._run import plan_step as run_plan_step
+    from core import plan_step as run_plan_step
     from core._store import task_id_for
 
     job = chunk_job(constraint, resumable, count=3)

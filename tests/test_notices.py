@@ -294,8 +294,7 @@ def test_run_tasks_stops_this_process_tasks_on_a_notice(
     itself is not stopped (other hosts go on), and the next ``run_tasks`` resumes."""
     import threading
 
-    from core import TaskOutcome, prepare_job
-    from core._run import begin_attempt, plan_step, run_tasks
+    from core import TaskOutcome, begin_attempt, plan_step, prepare_job, run_tasks
 
     st = CheckpointStore(tmp_path / "store")
     job = prepare_job(FIB, {"N": N, "StepSeconds": 0.1, "CheckpointSeconds": 60})

@@ -20,14 +20,18 @@ import psutil
 import pytest
 from conftest import DATA, ROOT, cli_cmd, run_cli
 
-from core import CheckpointStore, JobRunner, ResumeRefusedError, TaskSpec, prepare_job
-from core._run import (
+from core import (
+    CheckpointStore,
+    ResumeRefusedError,
+    TaskSpec,
     begin_attempt,
     enter_finally,
     finish_attempt,
     plan_step,
+    prepare_job,
     request_termination,
 )
+from core.cli._runner import JobRunner
 
 pytestmark = pytest.mark.slow
 THREE = DATA / "three_steps.yaml"
@@ -417,7 +421,7 @@ def test_refused_claims_do_not_break_the_holder(tmp_path: Path) -> None:
     [spec] = plan_step(st, job, attempt.run_id, "Count")
     holder = Worker(store, attempt.job_key, attempt.run_id, spec)
     _task_pid(store)
-    from core._run import claim_task
+    from core._executor import claim_task
 
     with pytest.raises(ResumeRefusedError) as info:
         claim_task(st, job, attempt.run_id, spec)
@@ -578,8 +582,7 @@ def run_task_in_process(st: CheckpointStore, job, run_id: str, spec: TaskSpec) -
 def test_wait_tasks_released_waits_for_the_running_task(tmp_path: Path) -> None:
     import threading
 
-    from core import run_tasks
-    from core._run import wait_tasks_released
+    from core import run_tasks, wait_tasks_released
 
     st = CheckpointStore(tmp_path / "store")
     job = prepare_job(ROOT / "examples" / "fibonacci" / "fibonacci-fast.yaml", {"N": 15})
@@ -611,8 +614,7 @@ def test_wait_tasks_released_waits_for_the_running_task(tmp_path: Path) -> None:
 
 
 def test_record_task_done_counts_the_task_finished(tmp_path: Path) -> None:
-    from core import plan_group, run_tasks
-    from core._run import record_task_done
+    from core import plan_group, record_task_done, run_tasks
 
     out = tmp_path / "out"
     out.mkdir()

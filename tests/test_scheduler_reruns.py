@@ -18,8 +18,17 @@ from pathlib import Path
 import pytest
 from conftest import DATA
 
-from core import CheckpointStore, ResumeHow, ResumeRefusedError, plan_group, prepare_job, run_tasks
-from core._run import begin_attempt, enter_finally, finish_attempt
+from core import (
+    CheckpointStore,
+    ResumeHow,
+    ResumeRefusedError,
+    begin_attempt,
+    enter_finally,
+    finish_attempt,
+    plan_group,
+    prepare_job,
+    run_tasks,
+)
 
 THREE = DATA / "three_steps.yaml"
 

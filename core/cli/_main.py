@@ -19,21 +19,18 @@ from pathlib import Path
 from typing import Any
 
 from core import (
-    DEFAULT_FINALLY_TIMEOUT_SECONDS,
     DEFAULT_GC_GRACE_SECONDS,
     EXIT_CODES,
     NOTICE_POLL_ENV,
     NOTICES_ENV,
     OUTCOME_WORDS,
     CheckpointStore,
-    JobRunner,
     NoticeSource,
     OpenJDCheckpointError,
     RefusalCode,
     ResumeHow,
     ResumeRefusedError,
     RunError,
-    RunResult,
     RunStatus,
     SignalSource,
     StopIntent,
@@ -73,6 +70,7 @@ from ._read import (
     cmd_show,
     reading,
 )
+from ._runner import DEFAULT_FINALLY_TIMEOUT_SECONDS, JobRunner, RunResult
 
 ENV_VERSION = "environment-2023-09"
 """The ``specificationVersion`` that makes ``check`` validate an environment template."""

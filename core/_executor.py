@@ -1,0 +1,698 @@
+"""The one executor of a run's tasks: a group of tasks in OpenJD sessions, in this process.
+
+Every runner runs its tasks here: the CLI (``core.cli``) runs each step of an attempt through one
+``TaskExecutor``, an Airflow task instance and a Prefect task run run their group of a step's
+tasks through ``run_tasks`` (an executor of one session). What the executor owns, so that no
+runner decides it again:
+
+- claiming each task (its lease; a process of it left alive on this host is killed first);
+- a pool of sessions (at most ``max_parallel`` tasks at once, a session per running task, kept
+  for the next task; an environment entered once per session and exited when the executor
+  closes; an environment exit that failed is recorded in the run, so the attempt ends Failed);
+- the run's termination requests (``RunWatcher``): running tasks stop as ``task_stop_for`` says,
+  tasks not started do not start (``starts_no_tasks``);
+- interruption notices (``NoticeWatcher``): the running tasks checkpoint by the notice's
+  deadline and no more start; the notice is noted in the run's record, and acknowledged once
+  the tasks have stopped;
+- an expired lease: the work it covered is canceled (another process may do it now);
+- a time budget per phase (the CLI's ``--timeout`` and finally timeout): on expiry the
+  running tasks of the phase are canceled and the rest do not start.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ._action import StopIntent
+from ._errors import RunError, StoreError
+from ._feed import TaskFeed
+from ._job import PreparedJob, TaskSpec
+from ._notices import (
+    DEFAULT_POLL_SECONDS,
+    Notice,
+    NoticeSource,
+    NoticeWatcher,
+    checkpoint_timing,
+)
+from ._pool import SessionPool
+from ._process import kill_recorded_process
+from ._records import RunStatus, TaskRecord
+from ._resume import RefusalCode, ResumeRefusedError
+from ._session import Session
+from ._store import CheckpointStore, Lease
+from ._task import TaskEvent, TaskExecution, TaskOutcome, TaskResult
+from ._termination import (
+    RunWatcher,
+    Termination,
+    TerminationMode,
+    fold_request,
+    request_termination,
+    starts_no_tasks,
+    task_stop_for,
+)
+
+__all__ = (
+    "StepRun",
+    "TaskExecutor",
+    "claim_task",
+    "lease_expired_note",
+    "record_notice",
+    "run_task",
+    "run_tasks",
+)
+
+TaskKey = tuple[str, str]
+
+
+@dataclass
+class StepRun:
+    """What ``TaskExecutor.run`` did with a feed of tasks.
+
+    Attributes:
+        results: every task that ran, with its result, in the order they ended.
+        not_started: tasks taken from the feed that did not start, with why (a sentence that
+            begins ``not started:``).
+        refused: tasks that could not be claimed (``errors="fail"``), with why.
+        rest: labels of chunks an adaptive feed never handed out.
+        ok: False once a task did not succeed or could not be claimed.
+    """
+
+    results: list[tuple[TaskSpec, TaskResult]] = field(default_factory=list)
+    not_started: list[tuple[TaskSpec, str]] = field(default_factory=list)
+    refused: list[tuple[TaskSpec, str]] = field(default_factory=list)
+    rest: list[str] = field(default_factory=list)
+    ok: bool = True
+
+    @property
+    def skipped(self) -> list[str]:
+        """Labels of every task not run: not started, then never handed out."""
+        return [s.label for s, _ in self.not_started] + self.rest
+
+
+class TaskExecutor:
+    """Runs a run's tasks in sessions of this process, under the run's termination requests
+    and interruption notices (the module docstring lists what it decides).
+
+    Use it as a context manager (``start`` ... ``close``), and ``run`` one feed of tasks at a
+    time (one step's, or a group of one step's tasks).
+
+    Args:
+        store / job / run_id / attempt: the run attempt whose tasks these are.
+        max_parallel: tasks run at once (one session each); 1 runs them one after the other.
+        run_lease: the run's own lease, when this process drives the whole run (the CLI): it
+            is renewed with the task leases; if it expires, every task of the run here is
+            canceled and none starts. A notice then suspends the whole run (a ``Suspended``
+            request in the store), not only this process's tasks.
+        on_output / on_event: passed to every ``TaskExecution``.
+        on_note: lines a person should see (warnings, notices, mode changes).
+        on_start: called with each ``TaskExecution`` just before it runs.
+        working_root: parent folder of the sessions' working folders.
+        poll_seconds: how often the store is read for termination requests, in seconds.
+        notices: interruption notice sources (``parse_notice_sources``).
+        notice_poll_seconds: at most one request per source this often (default 5 s).
+        on_notice: called with each notice acted on (on a background thread), before the
+            running tasks are stopped.
+    """
+
+    def __init__(
+        self,
+        store: CheckpointStore,
+        job: PreparedJob,
+        run_id: str,
+        *,
+        attempt: int,
+        max_parallel: int = 1,
+        run_lease: Lease | None = None,
+        on_output: Callable[[TaskExecution, list[str]], None] | None = None,
+        on_event: Callable[[TaskExecution, TaskEvent], None] | None = None,
+        on_note: Callable[[str], None] | None = None,
+        on_start: Callable[[TaskExecution], None] | None = None,
+        working_root: str | None = None,
+        poll_seconds: float = 0.5,
+        notices: Sequence[NoticeSource] = (),
+        notice_poll_seconds: float | None = None,
+        on_notice: Callable[[Notice], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.job = job
+        self.run_id = run_id
+        self.attempt = attempt
+        self.max_parallel = max(1, max_parallel)
+        self._run_lease = run_lease
+        self._on_output = on_output
+        self._on_event = on_event
+        self._on_note = on_note
+        self._on_start = on_start
+        self._working_root = working_root
+        self._on_notice = on_notice
+        self._lock = threading.RLock()
+        self._term = Termination()
+        self._notice: Notice | None = None
+        self._active: dict[TaskExecution, bool] = {}  # running execution -> is a finally task
+        self.sessions = SessionPool(
+            store, job, run_id, attempt=attempt, working_root=working_root, on_note=on_note
+        )
+        self._timed_out = {False: False, True: False}  # phase (is finally) -> budget expired
+        self.phase = "regular"
+        self._closed = False
+        self._watcher = RunWatcher(
+            store,
+            job.job_key,
+            run_id,
+            attempt,
+            self.apply,
+            leases=[run_lease] if run_lease is not None else [],
+            poll_seconds=poll_seconds,
+            on_lease_expired=self._lease_expired,
+        )
+        self._notices = NoticeWatcher(
+            notices,
+            self._notified,
+            on_note=on_note,
+            poll_seconds=notice_poll_seconds or DEFAULT_POLL_SECONDS,
+        )
+
+    # --- life ----------------------------------------------------------------------------------
+    def __enter__(self) -> TaskExecutor:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> TaskExecutor:
+        """Read the run's termination requests once, then watch them and the notice sources.
+
+        Raises:
+            StoreError: the store cannot be read.
+        """
+        self._watcher.check()
+        self._watcher.start()
+        self._notices.start()
+        return self
+
+    def close(self) -> None:
+        """End every session (environments exit, ``onExit``, in reverse order; a forced stop
+        skips them; what they left running is killed), record an environment exit that
+        failed, then stop watching. After a notice: how long the tasks took to stop against
+        its deadline goes to the log and the run's record, and the notice is acknowledged."""
+        self.sessions.close()  # the run watcher still runs: a deadline reaches onExit
+        self._notices.close()
+        if self._notice is not None:
+            key = (self.job.job_key, self.run_id)
+            lines = notice_ended(self.store, *key, self.attempt, self._notice)
+            for line in lines + self._notices.acknowledge():
+                self.note(line)
+        with self._lock:
+            self._closed = True
+        self._watcher.close()
+        for error in self._watcher.errors[:3]:
+            self.note(f"warning: {error}")
+
+    def note(self, text: str) -> None:
+        if self._on_note is not None:
+            self._on_note(text)
+
+    # --- stopping ------------------------------------------------------------------------------
+    @property
+    def termination(self) -> Termination:
+        """The termination in force for this process's tasks."""
+        return self._term
+
+    def timed_out(self, is_finally: bool) -> bool:
+        """True once the phase's time budget expired (``run(..., deadline=...)``)."""
+        return self._timed_out[is_finally]
+
+    def request(
+        self, mode: TerminationMode, *, force: bool = False, deadline: float | None = None
+    ) -> None:
+        """Ask the run to end in ``mode`` (``request_termination``, as another process would)
+        and apply the result here at once. When the store cannot take the request, this
+        process's tasks still stop (the request is folded here only, with a warning).
+
+        Raises:
+            RunError: the run has ended, or is stopping in a mode this one may not replace.
+        """
+        try:
+            term, note = request_termination(
+                self.store, self.job.job_key, self.run_id, mode, force=force, deadline=deadline
+            )
+        except StoreError as exc:
+            self.note(f"warning: {exc}; stopping this runner's tasks all the same")
+            term, note = fold_request(
+                self._term, mode, phase=self.phase, force=force, deadline=deadline
+            )
+        if note is not None:
+            self.note(f"run {self.run_id}: {note}")
+        self.apply(term)
+
+    def apply(self, term: Termination) -> None:
+        """The run's termination is now ``term`` (the watcher's report, or ``request``): stop
+        the running tasks as it says, and forward a forced stop or a deadline to an
+        environment action still running. Thread-safe."""
+        with self._lock:
+            if self._closed:
+                return
+            changed = term.mode != self._term.mode
+            self._term = term
+            notice = self._notice
+            active = list(self._active.items())
+        if changed and term.mode is not None:
+            self.note(f"run {self.run_id}: {term.mode.value} requested; stopping")
+        if notice is not None and self._run_lease is None:
+            # this process's tasks are suspended by the notice: the earliest deadline holds
+            term = fold_request(
+                term, TerminationMode.SUSPENDED, phase="regular", deadline=notice.deadline
+            )[0]
+        for execution, is_finally in active:
+            intent = task_stop_for(
+                term.mode, is_finally=is_finally, finally_timed_out=self._timed_out[True]
+            )
+            if intent is not None:
+                execution.stop(intent, force=term.force, deadline=term.deadline)
+        for session in self.sessions.all():  # reaches an onExit still running
+            session.stop(force=term.force, deadline=term.deadline)
+
+    def stopping(self, is_finally: bool) -> bool:
+        """True if no task of the phase (finally or regular) may start now: its time budget
+        expired, or the termination in force starts none (``starts_no_tasks``)."""
+        return self._timed_out[is_finally] or starts_no_tasks(
+            self._term.mode, is_finally=is_finally
+        )
+
+    def _why_not_start(self, is_finally: bool) -> str | None:
+        """Why a task of the phase may not start now (None: it may)."""
+        if self._timed_out[is_finally]:
+            return "not started: the time budget expired"
+        notice = self._notice
+        if notice is not None and self._run_lease is None:
+            return (
+                f"not started: an interruption notice ({notice.source}) stopped this "
+                "process's tasks"
+            )
+        mode = self._term.mode
+        if starts_no_tasks(mode, is_finally=is_finally):
+            return f"not started: the run is stopping ({mode.value if mode else ''})"
+        return None
+
+    def _expire(self, is_finally: bool, message: str) -> None:
+        with self._lock:
+            if self._timed_out[is_finally]:
+                return
+            self._timed_out[is_finally] = True
+            active = [ex for ex, fin in self._active.items() if fin == is_finally]
+        self.note(message + "; canceling running tasks")
+        for execution in active:
+            execution.stop(StopIntent.CANCEL)
+
+    def _notified(self, notice: Notice) -> None:
+        drives_run = self._run_lease is not None
+        what = "suspending the run" if drives_run else "checkpointing and stopping"
+        self.note(f"interruption notice from {notice.describe()}: {what}")
+        with self._lock:
+            first = self._notice is None
+            if first or (notice.deadline or float("inf")) < (
+                self._notice.deadline if self._notice and self._notice.deadline else float("inf")
+            ):
+                self._notice = notice
+        if first:
+            try:
+                record_notice(
+                    self.store, self.job.job_key, self.run_id, notice, attempt=self.attempt
+                )
+            except StoreError as exc:
+                self.note(f"warning: the notice is not recorded in the run: {exc}")
+        if self._on_notice is not None:
+            self._on_notice(notice)
+        if drives_run:
+            try:
+                self.request(TerminationMode.SUSPENDED, deadline=notice.deadline)
+            except RunError as exc:
+                self.note(str(exc))
+        else:
+            self.apply(self._term)
+
+    def _lease_expired(self, lease: Lease) -> None:
+        if lease is self._run_lease:
+            self.note(
+                f"warning: run {self.run_id}: {lease_expired_note(lease)}; canceling its tasks"
+            )
+            # this process may no longer drive the run: applied here only, the store cannot
+            # take a request
+            self.apply(Termination(mode=TerminationMode.CANCELLED))
+            return
+        with self._lock:
+            executions = list(self._active)
+        self.note(f"warning: {lease_expired_note(lease)}; stopping the task")
+        for execution in executions:  # cancel: this process may no longer store its work
+            execution.stop(StopIntent.CANCEL)
+
+    # --- running -------------------------------------------------------------------------------
+    def run(
+        self,
+        feed: TaskFeed | Sequence[TaskSpec],
+        *,
+        job_status: str | None = None,
+        deadline: float | None = None,
+        deadline_message: str = "the time budget expired",
+        stop_on_failure: bool = False,
+        errors: Literal["raise", "fail"] = "raise",
+        known: Mapping[TaskKey, TaskRecord] | None = None,
+    ) -> StepRun:
+        """Run the feed's tasks (all of one step), up to ``max_parallel`` at once; block until
+        each has ended or was not started.
+
+        Args:
+            feed: the tasks (a ``TaskFeed``, for example an adaptive one, or a list).
+            job_status: the ``{{Job.Status}}`` finally tasks get.
+            deadline: ``time.monotonic()`` value when the phase's budget expires (None: none).
+            deadline_message: the note said on expiry.
+            stop_on_failure: once a task did not succeed, start no more of the feed.
+            errors: ``raise``: a task that cannot be claimed, or whose run raised, raises here
+                (tasks before it have run, none after it started); ``fail``: it fails, noted.
+            known: task records to fall back on where the store has none.
+
+        Raises:
+            ResumeRefusedError: ``already-resumed`` (with ``errors="raise"``): another process
+                runs one of the tasks now.
+            StoreError: the store cannot be read or written when a task starts.
+        """
+        if not isinstance(feed, TaskFeed):
+            feed = TaskFeed(feed)
+        out = StepRun()
+        started_at: dict[TaskExecution, float] = {}
+        running: dict[Future[TaskResult], tuple[TaskSpec, TaskExecution, Lease, Session]] = {}
+        with ThreadPoolExecutor(self.max_parallel, thread_name_prefix="openjd-task") as pool:
+            while True:
+                while len(running) < self.max_parallel:
+                    spec = feed.take()
+                    if spec is None:
+                        break
+                    is_finally = self.job.template.is_finally(spec.step_name)
+                    self.phase = "finally" if is_finally else "regular"
+                    why = self._why_not_start(is_finally)
+                    if why is None and stop_on_failure and not out.ok:
+                        why = "not started: an earlier task of the step did not succeed"
+                    if why is not None:
+                        out.not_started.append((spec, why))
+                        out.not_started.extend((s, why) for s in feed.drain())
+                        out.rest.extend(feed.rest())
+                        break
+                    started = self._start(spec, is_finally, job_status, errors, known)
+                    if isinstance(started, str):
+                        out.refused.append((spec, started))
+                        out.ok = False
+                        continue
+                    execution, lease, session = started
+                    started_at[execution] = time.monotonic()
+                    context = contextvars.copy_context()  # Prefect's run context, for callbacks
+                    future = pool.submit(context.run, execution.run)
+                    running[future] = (spec, execution, lease, session)
+                if not running:
+                    break
+                done, _ = wait(list(running), timeout=0.1, return_when=FIRST_COMPLETED)
+                if deadline is not None and time.monotonic() > deadline:
+                    self._expire(self.phase == "finally", deadline_message)
+                for future in done:
+                    spec, execution, lease, session = running.pop(future)
+                    self._ended(execution, lease, session)
+                    began = started_at.pop(execution)
+                    try:
+                        result = future.result()
+                    except Exception as exc:
+                        if errors == "raise":
+                            raise
+                        result = TaskResult(TaskOutcome.FAILED, None, str(exc), execution.record)
+                    out.results.append((spec, result))
+                    if result.outcome != TaskOutcome.SUCCEEDED:
+                        out.ok = False
+                    else:
+                        note = feed.ended(spec, time.monotonic() - began)
+                        if note is not None:
+                            self.note(note)
+        return out
+
+    def _start(
+        self,
+        spec: TaskSpec,
+        is_finally: bool,
+        job_status: str | None,
+        errors: str,
+        known: Mapping[TaskKey, TaskRecord] | None,
+    ) -> tuple[TaskExecution, Lease, Session] | str:
+        try:
+            lease, record, notes = claim_task(self.store, self.job, self.run_id, spec)
+        except (ResumeRefusedError, StoreError) as exc:
+            if errors == "raise":
+                raise
+            self.note(f"{spec.label}: {exc}")
+            return str(exc)
+        try:
+            for line in notes:
+                self.note(line)
+            session = self.sessions.take(job_status if is_finally else None)
+            execution = TaskExecution(
+                self.job,
+                spec,
+                run_id=self.run_id,
+                store=self.store,
+                record=record or (known or {}).get((spec.step_name, spec.task_key)),
+                attempt=self.attempt,
+                on_output=self._on_output,
+                on_event=self._on_event,
+                working_root=self._working_root,
+                job_status=session.job_status,
+                session=session,
+            )
+        except BaseException:
+            lease.release()
+            raise
+        self._watcher.leases.append(lease)
+        with self._lock:
+            self._active[execution] = is_finally
+        self.apply(self._term)  # a request that came while it was being claimed
+        if self._on_start is not None:
+            self._on_start(execution)
+        return execution, lease, session
+
+    def _ended(self, execution: TaskExecution, lease: Lease, session: Session) -> None:
+        with self._lock:
+            self._active.pop(execution, None)
+        self.sessions.give(session)
+        if lease in self._watcher.leases:
+            self._watcher.leases.remove(lease)
+        lease.release()
+
+
+# --- claiming a task ------------------------------------------------------------------------------
+def claim_task(
+    store: CheckpointStore, job: PreparedJob, run_id: str, spec: TaskSpec
+) -> tuple[Lease, TaskRecord | None, list[str]]:
+    """Take the task's lease and make sure no earlier process of it is alive on this host.
+
+    Returns the lease (release it when the task ends), the task's stored record (None if it has
+    none) and notes for the log.
+
+    Raises:
+        ResumeRefusedError: ``already-resumed``: another live process holds the task.
+        StoreError: the store cannot be read or written.
+    """
+    lease = store.acquire_task_lease(
+        job.job_key, run_id, spec.step_name, spec.task_key, wait_seconds=0.5
+    )  # a reap that probes the lease lets go at once; a holder does not
+    if lease is None:
+        raise ResumeRefusedError(
+            RefusalCode.ALREADY_RESUMED,
+            f"task {spec.label} of run {run_id} is being run by another process",
+        )
+    notes: list[str] = []
+    try:
+        rebuilt: list[str] = []
+        record = store.read_task(job.job_key, run_id, spec.step_name, spec.task_key, rebuilt)
+        notes.extend(f"warning: {w}" for w in rebuilt)
+    except StoreError as exc:
+        notes.append(f"warning: {exc}; the task runs from the top")
+        record = None
+    except BaseException:
+        lease.release()
+        raise
+    if record is not None and record.process is not None:
+        if kill_recorded_process(record.process):
+            notes.append(
+                f"stopped process {record.process.pid} of {spec.label} left running by an "
+                "earlier attempt"
+            )
+    return lease, record, notes
+
+
+def lease_expired_note(lease: Lease) -> str:
+    """Why a held lease no longer holds (``Lease.expired``), for a note."""
+    if lease.lost:
+        return "the lease was taken by another process (it expired here)"
+    return (
+        "the lease could not be renewed for its whole ttl (the store cannot be written), so "
+        "another process may take over the work"
+    )
+
+
+# --- a group of tasks in one session (Airflow task instances, Prefect task runs) ---------------
+def run_tasks(
+    store: CheckpointStore,
+    job: PreparedJob,
+    run_id: str,
+    specs: list[TaskSpec],
+    *,
+    on_output: Callable[[TaskExecution, list[str]], None] | None = None,
+    on_event: Callable[[TaskExecution, TaskEvent], None] | None = None,
+    on_note: Callable[[str], None] | None = None,
+    on_start: Callable[[TaskExecution], None] | None = None,
+    working_root: str | None = None,
+    poll_seconds: float = 0.5,
+    notices: Sequence[NoticeSource] = (),
+    notice_poll_seconds: float | None = None,
+    on_notice: Callable[[Notice], None] | None = None,
+) -> list[TaskResult]:
+    """Run tasks of a run one after the other in one OpenJD session, in this process (an
+    Airflow task instance or a Prefect task run that runs a group of a step's tasks): a
+    ``TaskExecutor`` of one session.
+
+    Each task's lease is held while it runs; a previous process of it left alive on this host
+    is killed first. Termination requests of the run reach the running task within
+    ``poll_seconds`` and stop it as ``task_stop_for`` says, with the request's ``force`` and
+    ``deadline``; tasks not started by then are not started (``TaskOutcome.SKIPPED``). Finally
+    tasks get the ``{{Job.Status}}`` that ``enter_finally`` stored. The session's environments
+    are entered once, before the first task, and exited after the last.
+
+    An interruption notice from one of ``notices`` (``core._notices``) stops the running
+    task as ``Suspended`` does (``checkpointCancelation``), with the notice's deadline, and
+    the tasks after it are not started: the host is going away, so this process's tasks
+    stop (the run's other processes, on other hosts, go on) and the framework's retry
+    resumes them. The run's record notes the notice (``record_notice``); the log says how
+    long the checkpoints took against its deadline; an Azure event is acknowledged once the
+    tasks have stopped.
+
+    Args:
+        specs: the tasks, all of one step (``plan_step``, or ``TaskSpec.from_dict``).
+        on_start: called with each ``TaskExecution`` before it runs (for example to keep it for
+            an ``on_kill`` that calls ``stop(..., deadline=...)``).
+        notices: interruption notice sources (``parse_notice_sources``); none by default.
+        notice_poll_seconds: at most one request per source this often (default 5 s).
+        on_notice: called with each notice acted on (on a background thread), before the
+            running task is stopped.
+
+    Returns:
+        One ``TaskResult`` per spec, in order.
+
+    Raises:
+        ResumeRefusedError: ``already-resumed``: another process runs one of these tasks now
+            (tasks before it have run; none after it).
+        RunError: the run does not exist or has ended.
+        StoreError: the store cannot be read or written when a task starts.
+    """
+    run = store.read_run(job.job_key, run_id)
+    if run is None:
+        raise RunError(f"no run {run_id!r} of job {job.job.name!r} in {store.location}")
+    if run.phase == "ended" or run.status != RunStatus.RUNNING:
+        labels = ", ".join(s.label for s in specs)
+        raise RunError(f"run {run_id} has ended ({run.status.value}); {labels} not run")
+    executor = TaskExecutor(
+        store,
+        job,
+        run_id,
+        attempt=run.attempt,
+        on_output=on_output,
+        on_event=on_event,
+        on_note=on_note,
+        on_start=on_start,
+        working_root=working_root,
+        poll_seconds=poll_seconds,
+        notices=notices,
+        notice_poll_seconds=notice_poll_seconds,
+        on_notice=on_notice,
+    )
+    with executor:
+        step = executor.run(specs, job_status=run.job_status)
+    by_key = {spec.task_key: result for spec, result in step.results}
+    for spec, why in step.not_started:
+        by_key[spec.task_key] = TaskResult(
+            TaskOutcome.SKIPPED, None, why, job.new_task_record(spec, run_id)
+        )
+    return [by_key[spec.task_key] for spec in specs]
+
+
+def run_task(
+    store: CheckpointStore,
+    job: PreparedJob,
+    run_id: str,
+    spec: TaskSpec,
+    **options: object,
+) -> TaskResult:
+    """Run one task of a run, in this process, to its end (any process, any host): a group of
+    one (``run_tasks``), in a session of its own.
+
+    Raises:
+        ResumeRefusedError: ``already-resumed`` (another process runs this task now).
+        RunError: the run does not exist or has ended.
+        StoreError: the store cannot be read or written when the task starts.
+    """
+    [result] = run_tasks(store, job, run_id, [spec], **options)  # type: ignore[arg-type]
+    return result
+
+
+def notice_ended(
+    store: CheckpointStore, job_key: str, run_id: str, attempt: int, notice: Notice
+) -> list[str]:
+    """The tasks a notice stopped are gone: how long it took against the notice's deadline, as
+    lines for the log, and noted in the run's record (``record_notice``'s ``stopped_after``)."""
+    ended = time.time()
+    lines = [checkpoint_timing(notice, ended)]
+    try:
+        record_notice(
+            store,
+            job_key,
+            run_id,
+            notice,
+            attempt=attempt,
+            stopped_after=ended - notice.received_at,
+        )
+    except StoreError as exc:
+        lines.append(f"warning: the notice is not recorded in the run: {exc}")
+    return lines
+
+
+# --- what the executor notes in the run's record -----------------------------------------------
+def record_notice(
+    store: CheckpointStore,
+    job_key: str,
+    run_id: str,
+    notice: Notice,
+    *,
+    attempt: int,
+    stopped_after: float | None = None,
+) -> None:
+    """Note in the run's record (``RunRecord.notices``) that an interruption notice stopped
+    an attempt; called again with ``stopped_after`` (seconds from the notice until its tasks
+    had stopped) updates the same entry.
+
+    Raises:
+        StoreError: the store cannot be read or written.
+    """
+    entry = {**notice.to_record(), "attempt": attempt}
+    if stopped_after is not None:
+        entry["stopped_after"] = round(stopped_after, 3)
+    with store.run_lock(job_key, run_id):
+        run = store.read_run(job_key, run_id)
+        if run is None:
+            return
+        for i, old in enumerate(run.notices):
+            if (old.get("source"), old.get("received_at")) == (notice.source, notice.received_at):
+                run.notices[i] = entry
+                break
+        else:
+            run.notices.append(entry)
+        store.write_run(run)

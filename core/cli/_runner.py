@@ -1,0 +1,377 @@
+"""The CLI's driver: one attempt of a run, as thin as the Airflow and Prefect adapters.
+
+``JobRunner`` is the local scheduler behind ``openjd-checkpoint run`` and ``resume``. It does what
+every runner does with core's operations, and decides nothing itself:
+
+1. ``begin_attempt`` (which earlier run an attempt continues, and when it refuses: Trax, seed
+   001), holding the run's lease: one process at a time drives a local run;
+2. each regular step, in dependency order, through one ``TaskExecutor`` (the tasks of a step
+   in parallel, at most ``max_parallel``; termination requests, interruption notices,
+   environment failures and the run's time budget are the executor's);
+3. ``enter_finally``, then the finally steps (FINALLY extension, TEP-0058) with a time budget of
+   their own, reading the run's outcome as ``{{Job.Status}}``;
+4. ``finish_attempt``: the run's status, condition and exit code.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from core import (
+    EXIT_CODES,
+    Attempt,
+    CheckpointStore,
+    NoticeSource,
+    PreparedJob,
+    ResumeHow,
+    RunCondition,
+    RunError,
+    RunStatus,
+    StepRun,
+    StopIntent,
+    StoreError,
+    TaskEvent,
+    TaskExecution,
+    TaskExecutor,
+    TaskRecord,
+    TaskResult,
+    TaskSpec,
+    TerminationMode,
+    attempt_records,
+    begin_attempt,
+    clean_stale_sessions,
+    enter_finally,
+    finish_attempt,
+    mark_timed_out,
+    step_feed,
+)
+
+__all__ = ("DEFAULT_FINALLY_TIMEOUT_SECONDS", "JobRunner", "RunResult")
+
+DEFAULT_FINALLY_TIMEOUT_SECONDS = 600.0
+"""The finally steps' own time budget (Tekton's finalization timeout), in seconds."""
+
+
+@dataclass
+class RunResult:
+    """How a run ended.
+
+    Attributes:
+        run_id: the run's id in the store.
+        status: the run's final ``RunStatus``.
+        condition: its final ``RunCondition`` (status, reason, message).
+        exit_code: see ``EXIT_CODES``.
+        results: every task execution's result, in the order they ended.
+        resumed: True if this attempt continued an earlier one.
+        skipped: tasks and steps not started, as descriptions.
+        finally_ran: True if the finally steps were started.
+        notes: things a person should know (resume decisions, warnings).
+    """
+
+    run_id: str
+    status: RunStatus
+    condition: RunCondition
+    exit_code: int
+    results: list[tuple[TaskSpec, TaskResult]] = field(default_factory=list)
+    resumed: bool = False
+    skipped: list[str] = field(default_factory=list)
+    finally_ran: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+class JobRunner:
+    """Runs one job to its end.
+
+    Args:
+        job: the prepared job.
+        store: the checkpoint store.
+        how: ``RETRY`` (default: resume the last interrupted or failed run when allowed),
+            ``REQUEUE`` (from the top) or ``OPERATOR`` (resume ``run_id`` exactly, or refuse).
+        fresh: shorthand for ``how=REQUEUE``.
+        run_id / from_step / generation: for ``OPERATOR``.
+        max_parallel: tasks of a step run at once (default: CPU count, at most 4).
+        timeout_seconds: the regular steps' time budget (None: no limit). On expiry running
+            tasks are canceled, the rest skipped, the finally steps run, the run fails (Timeout).
+        finally_timeout_seconds: the finally steps' own budget.
+        on_output / on_event: passed to every ``TaskExecution``.
+        on_note: lines a person should see (resume decisions, warnings, mode changes).
+        working_root: parent directory of session working directories.
+        poll_seconds: how often the store is read for stop requests from other processes.
+        notices: interruption notice sources (``parse_notice_sources``). A notice suspends
+            the run (``Suspended`` with the notice's deadline). A ``signal:`` source must
+            have been installed (``SignalSource.install``) from the main thread when ``run``
+            is called from another thread.
+        notice_poll_seconds: at most one request per notice source this often (default 5 s).
+    """
+
+    def __init__(
+        self,
+        job: PreparedJob,
+        *,
+        store: CheckpointStore,
+        how: ResumeHow = ResumeHow.RETRY,
+        fresh: bool = False,
+        run_id: str | None = None,
+        from_step: str | None = None,
+        generation: int | None = None,
+        max_parallel: int | None = None,
+        timeout_seconds: float | None = None,
+        finally_timeout_seconds: float = DEFAULT_FINALLY_TIMEOUT_SECONDS,
+        on_output: Callable[[TaskExecution, list[str]], None] | None = None,
+        on_event: Callable[[TaskExecution, TaskEvent], None] | None = None,
+        on_note: Callable[[str], None] | None = None,
+        working_root: str | None = None,
+        poll_seconds: float = 0.5,
+        notices: Sequence[NoticeSource] = (),
+        notice_poll_seconds: float | None = None,
+    ) -> None:
+        self.job = job
+        self.store = store
+        self.how = ResumeHow.REQUEUE if fresh else how
+        self._resume_run_id = run_id
+        self._from_step = from_step
+        self._generation = generation
+        self.max_parallel = max(1, max_parallel or min(4, os.cpu_count() or 1))
+        self.timeout_seconds = timeout_seconds
+        self.finally_timeout_seconds = finally_timeout_seconds
+        self._on_output = on_output
+        self._on_event = on_event
+        self._on_note = on_note
+        self._working_root = working_root
+        self._poll = poll_seconds
+        self._notice_sources = list(notices)
+        self._notice_poll = notice_poll_seconds
+        self._lock = threading.Lock()
+        self._pending: list[tuple[TerminationMode, bool, float | None]] = []  # before begin
+        self._executor: TaskExecutor | None = None
+        self._ended = False
+        self.run_id: str | None = None
+
+    # --- public, thread-safe ---------------------------------------------------------------------
+    def note(self, text: str) -> None:
+        if self._on_note is not None:
+            self._on_note(text)
+
+    @property
+    def mode(self) -> TerminationMode | None:
+        executor = self._executor
+        return executor.termination.mode if executor is not None else None
+
+    def request_termination(
+        self, mode: TerminationMode | str, *, force: bool = False, deadline: float | None = None
+    ) -> None:
+        """Ask the run to end early in ``mode`` (TEP-0058). Thread-safe; returns at once.
+
+        The request goes through the store (``request_termination``), as one from another
+        process would, and applies to this runner's tasks at once. Before the run has begun it
+        is kept and made as soon as the run exists. ``force`` kills tasks without notifying;
+        ``deadline`` (seconds since the epoch) is when running tasks must be gone.
+
+        Raises:
+            RunError: the run has already ended, or is stopping in a mode this one may not
+                replace.
+        """
+        mode = TerminationMode(mode)
+        with self._lock:
+            if self._ended:
+                raise RunError(f"run {self.run_id} has already ended; it cannot be stopped")
+            executor = self._executor
+            if executor is None:
+                self._pending.append((mode, force, deadline))
+                return
+        executor.request(mode, force=force, deadline=deadline)
+
+    def stop(
+        self, intent: StopIntent, *, force: bool = False, deadline: float | None = None
+    ) -> None:
+        """Shorthand: ``CHECKPOINT`` is ``Suspended``, ``CANCEL`` is ``Cancelled``."""
+        mode = (
+            TerminationMode.SUSPENDED
+            if intent == StopIntent.CHECKPOINT
+            else TerminationMode.CANCELLED
+        )
+        try:
+            self.request_termination(mode, force=force, deadline=deadline)
+        except RunError as exc:
+            self.note(str(exc))
+
+    # --- running ---------------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        """Run (or resume) the job. Blocks until it ends or is stopped.
+
+        Raises:
+            ResumeRefusedError: an operator resume was refused (nothing ran), or another process
+                is running this job now.
+            StoreError: the store cannot be written.
+        """
+        attempt = begin_attempt(
+            self.store,
+            self.job,
+            how=self.how,
+            run_id=self._resume_run_id,
+            from_step=self._from_step,
+            generation=self._generation,
+            hold_lease=True,
+        )
+        lease = attempt.lease
+        assert lease is not None
+        for line in attempt.notes:
+            self.note(line)
+        executor = TaskExecutor(
+            self.store,
+            self.job,
+            attempt.run_id,
+            attempt=attempt.attempt,
+            max_parallel=self.max_parallel,
+            run_lease=lease,
+            on_output=self._on_output,
+            on_event=self._on_event,
+            on_note=self.note,
+            working_root=self._working_root,
+            poll_seconds=self._poll,
+            notices=self._notice_sources,
+            notice_poll_seconds=self._notice_poll,
+        )
+        try:
+            with self._lock:
+                self.run_id = attempt.run_id
+                self._executor = executor
+                pending, self._pending = self._pending, []
+            for mode, force, deadline in pending:
+                try:
+                    executor.request(mode, force=force, deadline=deadline)
+                except RunError as exc:
+                    self.note(str(exc))
+            with executor:
+                return self._run_attempt(attempt, executor)
+        finally:
+            with self._lock:
+                self._ended = True
+            lease.release()
+
+    def _run_attempt(self, attempt: Attempt, executor: TaskExecutor) -> RunResult:
+        clean_stale_sessions(self._working_root)
+        run = self.store.read_run(attempt.job_key, attempt.run_id)
+        assert run is not None
+        records: dict[tuple[str, str], TaskRecord] = {
+            (t.step, t.task_key): t for t in attempt_records(self.store, self.job, run)
+        }
+        result = RunResult(
+            attempt.run_id,
+            RunStatus.RUNNING,
+            RunCondition(status="Unknown", reason="Running"),
+            0,
+            resumed=attempt.resumed,
+        )
+        self._steps(executor, self.job.template.regular_steps, records, result)
+        if executor.timed_out(False):
+            mark_timed_out(
+                self.store,
+                attempt.job_key,
+                attempt.run_id,
+                f"the run's {self.timeout_seconds:g} s timeout expired",
+            )
+
+        # Finally steps: after every regular step ended, unless the mode says not to.
+        decision = enter_finally(self.store, self.job, attempt.run_id)
+        if decision.run_finally:
+            result.finally_ran = True
+            executor.phase = "finally"
+            self.note(f"running finally steps (Job.Status={decision.job_status})")
+            self._steps(
+                executor, self.job.template.finally_steps, records, result, decision.job_status
+            )
+        else:
+            for step_name in self.job.template.finally_steps:
+                result.skipped.extend(self._describe_plan(step_name, records))
+
+        executor.sessions.close()
+        with self._lock:
+            self._ended = True
+        try:
+            outcome = finish_attempt(
+                self.store,
+                self.job,
+                attempt.run_id,
+                finally_timeout=(
+                    f"finally timeout of {self.finally_timeout_seconds:g} s expired"
+                    if executor.timed_out(True)
+                    else None
+                ),
+                skipped=result.skipped,
+            )
+        except StoreError as exc:
+            result.notes.append(f"warning: {exc}")
+            result.status, result.exit_code = RunStatus.FAILED, EXIT_CODES["store"]
+            return result
+        result.status, result.condition, result.exit_code = (
+            outcome.status,
+            outcome.condition,
+            outcome.exit_code,
+        )
+        return result
+
+    def _steps(
+        self,
+        executor: TaskExecutor,
+        names: tuple[str, ...],
+        records: dict[tuple[str, str], TaskRecord],
+        result: RunResult,
+        job_status: str | None = None,
+    ) -> dict[str, bool]:
+        """Run ``names`` (the regular or the finally steps) in dependency order: a step whose
+        dependencies did not all succeed, or any once the phase is stopping, is skipped; in
+        the regular phase a step that failed skips the rest."""
+        is_finally = job_status is not None
+        budget: float | None
+        if is_finally:
+            budget, message = self.finally_timeout_seconds, "finally steps' {:g} s timeout expired"
+        else:
+            budget, message = self.timeout_seconds, "the run's {:g} s timeout expired"
+        deadline = time.monotonic() + budget if budget is not None else None
+        ok: dict[str, bool] = {}
+        failed = False
+        for step_name in [n for n in self.job.step_order() if n in names]:
+            blocked = [d for d in self.job.dependencies(step_name) if not ok.get(d)]
+            if executor.stopping(is_finally) or failed or blocked:
+                ok[step_name] = False
+                result.skipped.extend(self._describe_plan(step_name, records))
+                continue
+            feed, note = step_feed(self.job, step_name, records.values())
+            if note is not None:
+                self.note(note)
+            step = executor.run(
+                feed,
+                job_status=job_status,
+                deadline=deadline,
+                deadline_message=message.format(budget or 0),
+                stop_on_failure=not is_finally,
+                errors="fail",
+                known=records,
+            )
+            self._collect(step, records, result)
+            ok[step_name] = step.ok
+            failed = failed or (not is_finally and not step.ok and not executor.stopping(False))
+        return ok
+
+    @staticmethod
+    def _collect(
+        step: StepRun, records: dict[tuple[str, str], TaskRecord], result: RunResult
+    ) -> None:
+        for spec, res in step.results:
+            records[(spec.step_name, spec.task_key)] = res.record
+            result.results.append((spec, res))
+        result.skipped.extend(step.skipped)
+
+    def _describe_plan(
+        self, step_name: str, records: dict[tuple[str, str], TaskRecord]
+    ) -> list[str]:
+        step_records = [r for (s, _), r in records.items() if s == step_name]
+        try:
+            return [s.label for s in self.job.plan_step(step_name, step_records)]
+        except Exception:  # pragma: no cover - a step whose space cannot be iterated
+            return [step_name]
