@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     )
     from ._chunks import AdaptiveChunker
     from ._errors import OpenJDCheckpointError, RunError, StoreError, TemplateError
+    from ._escalation import Escalation, StopEscalation
     from ._executor import StepRun, TaskExecutor, run_task, run_tasks
     from ._feed import AdaptiveFeed, TaskFeed, step_feed
     from ._gc import DEFAULT_GC_GRACE_SECONDS, collect_file_garbage
@@ -109,6 +110,8 @@ if TYPE_CHECKING:
     )
 
 _EXPORTS = {
+    "Escalation": "._escalation",
+    "StopEscalation": "._escalation",
     "AdaptiveChunker": "._chunks",
     "AdaptiveFeed": "._feed",
     "Attempt": "._attempt",
@@ -203,6 +206,8 @@ _EXPORTS = {
 }
 
 __all__ = (
+    "Escalation",
+    "StopEscalation",
     "AdaptiveChunker",
     "AdaptiveFeed",
     "Attempt",

@@ -25,7 +25,6 @@ import re
 import signal
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import wait as wait_futures
@@ -180,32 +179,35 @@ def _caller_file(depth: int) -> tuple[str | None, str | None]:
 # --- waiting for task runs ---------------------------------------------------------------------
 class _Stopping:
     """What the flow body knows of a stop. While the body runs, SIGTERM (the runner's cancel, a
-    worker shutting down) only records the signal, instead of Prefect's ``TerminationSignal``
-    raised wherever the main thread is (possibly inside a core operation); the waits below act
-    on it: the core run is asked to stop in the mode the flow run's state names (else the
-    flow's ``cancel_mode``), and what still runs ``ESCALATE_AFTER_SECONDS`` later is killed,
-    before the runner's SIGKILL.
-
-    Ctrl-C (SIGINT) on a flow run called in this process does the same as SIGTERM (as the
-    CLI's first Ctrl-C, it checkpoints and stops in the flow's ``cancel_mode``, ``Suspended``
-    by default); a second Ctrl-C kills the tasks at once (``Cancelled``), as the CLI's does.
-    Without this, Python's KeyboardInterrupt left the task processes running to their end and
-    the core run recorded as running."""
+    worker shutting down) and Ctrl-C (SIGINT, a flow run called in this process) are only
+    noted, instead of Prefect's ``TerminationSignal`` raised wherever the main thread is
+    (possibly inside a core operation); the waits below act on them as core's stop escalation
+    says (``core.StopEscalation``): the core run is asked to stop in the mode the flow run's
+    state names (else the flow's ``cancel_mode``, ``Suspended`` by default) by a deadline
+    before the runner's SIGKILL; a second Ctrl-C kills the tasks at once (``Cancelled``), as
+    the CLI's does; what still runs ``ESCALATE_AFTER_SECONDS`` after the first signal is
+    killed. Without this, Python's KeyboardInterrupt left the task processes running to
+    their end and the core run recorded as running."""
 
     def __init__(self, watcher: CancelWatcher, default: TerminationMode) -> None:
         self.watcher = watcher
-        self.default = default
-        self.signal_at: float | None = None
-        self._handled = False
-        self.escalated = False
+        self.escalation = core.StopEscalation(
+            mode=default,
+            deadline_seconds=STOP_DEADLINE_SECONDS,
+            escalate_after=ESCALATE_AFTER_SECONDS,
+        )
         self._previous: Any = None
         self._previous_int: Any = None
         self._installed = False
 
+    @property
+    def signal_at(self) -> float | None:
+        return self.escalation.signalled_at
+
     def __enter__(self) -> _Stopping:
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
-            self._previous_int = signal.signal(signal.SIGINT, self._on_sigint)
+            self._previous = signal.signal(signal.SIGTERM, self._on_signal)
+            self._previous_int = signal.signal(signal.SIGINT, self._on_signal)
             self._installed = True
         return self
 
@@ -215,30 +217,14 @@ class _Stopping:
             signal.signal(signal.SIGINT, self._previous_int)
             self._installed = False
 
-    def _on_sigterm(self, signum: int, frame: Any) -> None:
-        if self.signal_at is None:
-            self.signal_at = time.time()
-
-    def _on_sigint(self, signum: int, frame: Any) -> None:
-        if self.signal_at is None:
-            self.signal_at = time.time()
-        else:  # a second Ctrl-C: kill now
-            self.signal_at = min(self.signal_at, time.time() - ESCALATE_AFTER_SECONDS - 1)
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.escalation.signalled(signum)
 
     def tick(self) -> None:
-        """Act on a SIGTERM received meanwhile (called from the main thread's waits)."""
-        if self.signal_at is None:
-            return
-        if not self._handled:
-            self._handled = True
-            try:
-                mode = self.watcher.current_mode() or self.default
-            except Exception:  # the API is unreachable: the flow's own mode
-                mode = self.default
-            self.watcher.request(mode, deadline=self.signal_at + STOP_DEADLINE_SECONDS)
-        if not self.escalated and time.time() > self.signal_at + ESCALATE_AFTER_SECONDS:
-            self.escalated = True
-            self.watcher.request(TerminationMode.CANCELLED, force=True, deadline=time.time() + 1)
+        """Make the requests the signals received meanwhile call for (called from the main
+        thread's waits)."""
+        for step in self.escalation.due(self.watcher.current_mode):
+            self.watcher.request(step.mode, force=step.force, deadline=step.deadline)
 
 
 def _wait_all(futures: Sequence[PrefectFuture[Any]], stopping: _Stopping) -> None:

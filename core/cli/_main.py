@@ -25,6 +25,7 @@ from core import (
     NOTICES_ENV,
     OUTCOME_WORDS,
     CheckpointStore,
+    Escalation,
     NoticeSource,
     OpenJDCheckpointError,
     RefusalCode,
@@ -33,7 +34,7 @@ from core import (
     RunError,
     RunStatus,
     SignalSource,
-    StopIntent,
+    StopEscalation,
     StoreError,
     TemplateError,
     TerminationMode,
@@ -321,27 +322,27 @@ def _execute(args: argparse.Namespace, job: Any, *, how: ResumeHow, **resume: An
         display.note(
             "interruption notices from: " + ", ".join(src.describe() for src in notice_sources)
         )
-    signals_seen: list[int] = []
-    pending: list[int] = []
+    escalation = StopEscalation()  # Suspended, then Cancelled (core's stop escalation)
 
     def on_signal(signum: int, _frame: Any) -> None:
         # Only noted here; handled by the loop below. A handler that did the work could be
         # entered again by a second Ctrl-C while it holds the run's lock, and wait on itself.
         if not worker.is_alive() and "result" in outcome:
             return  # the run has ended: a late Ctrl-C changes nothing
-        pending.append(signum)
+        escalation.signalled(signum)
 
-    def handle(signum: int) -> None:
-        signals_seen.append(signum)
-        if len(signals_seen) == 1:
+    def handle(step: Escalation) -> None:
+        if step.first:
             display.note(
-                f"{signal.Signals(signum).name}: suspending the run: its running tasks are asked "
+                f"{step.signal_name}: suspending the run: its running tasks are asked "
                 "to stop, and what they reported is kept (press Ctrl-C again to cancel it)"
             )
-            runner.stop(StopIntent.CHECKPOINT)
-        elif signum == signal.SIGINT or len(signals_seen) > 2:
+        else:
             display.note("cancelling the run: killing its tasks")
-            runner.stop(StopIntent.CANCEL, force=True)
+        try:
+            runner.request_termination(step.mode, force=step.force, deadline=step.deadline)
+        except RunError as exc:
+            display.note(str(exc))
 
     outcome: dict[str, Any] = {}
 
@@ -365,12 +366,10 @@ def _execute(args: argparse.Namespace, job: Any, *, how: ResumeHow, **resume: An
             source.install()
     display.start()
     worker.start()
-    handled = 0
     while worker.is_alive():
         worker.join(0.1)
-        while handled < len(pending) and worker.is_alive():
-            handled += 1
-            handle(pending[handled - 1])
+        for step in escalation.due() if worker.is_alive() else ():
+            handle(step)
     # The run has ended: a late signal changes nothing, even while the interpreter shuts down
     # (which puts back the default handlers of Python-level ones, and would die of it).
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
