@@ -75,20 +75,11 @@ def _state_text(state: Any) -> str:
     return str(getattr(state, "value", state))
 
 
-RELEASE_TIMEOUT_SECONDS = 30.0
-"""How long the finally phase and the end of a run wait for killed tasks to stop."""
-
-
-def _wait_released(
-    log: Any, store: core.CheckpointStore, job: core.PreparedJob, run_id: str, steps: Any
-) -> None:
-    from core import wait_tasks_released
-
-    held = wait_tasks_released(store, job, run_id, steps, timeout=RELEASE_TIMEOUT_SECONDS)
+def _say_still_running(log: Any, held: Sequence[str]) -> None:
     if held:
         log.warning(
             "still running after %.0f s, going on without them: %s",
-            RELEASE_TIMEOUT_SECONDS,
+            core.RELEASE_WAIT_SECONDS,
             ", ".join(held),
         )
 
@@ -320,9 +311,10 @@ class OpenJDFinishOperator(BaseOperator):
         attempt = _attempt(context)
         store = _store(self)
         job = _job(store, attempt)
-        steps = job.template.regular_steps + job.template.finally_steps
-        _wait_released(self.log, store, job, attempt.run_id, steps)
-        outcome = core.finish_attempt(store, job, attempt.run_id)
+        outcome = core.finish_attempt(
+            store, job, attempt.run_id, wait_seconds=core.RELEASE_WAIT_SECONDS
+        )
+        _say_still_running(self.log, outcome.still_running)
         cond = outcome.condition
         self.log.info(
             "core run %s ended %s (%s%s)",
@@ -532,19 +524,10 @@ class OpenJDTaskOperator(BaseOperator):
         originals = _group_originals(job, self.step, self.group)
         if job.template.is_finally(self.step):
             # Airflow starts teardowns as soon as a task is marked failed, while the killed
-            # task may still be checkpointing: the finally phase begins once none runs.
-            _wait_released(self.log, store, job, run_id, job.template.regular_steps)
-            decision = core.enter_finally(store, job, run_id)
-            self.log.info(
-                "finally step %s: Job.Status %s%s",
-                self.step,
-                decision.job_status,
-                ""
-                if decision.run_finally
-                else f" (not run: {decision.mode.value})"
-                if decision.mode
-                else "",
-            )
+            # task may still be checkpointing: the core starts the finally phase once none runs.
+            decision = core.start_finally(store, job, run_id)
+            _say_still_running(self.log, decision.still_running)
+            self.log.info("finally step %s: %s", self.step, decision.describe())
         # A later try of this task instance in this DAG run: Airflow runs it again only after
         # a try that did not succeed, or when it was cleared; a cleared one whose tasks
         # finished (in an earlier attempt) runs them again from their start. A first try (a
@@ -652,14 +635,8 @@ class OpenJDTaskOperator(BaseOperator):
         run_id: str,
         originals: list[core.TaskSpec],
     ) -> None:
-        from core import record_task_done
-
-        for spec in originals:
-            try:
-                record_task_done(store, job, run_id, spec, "marked success in Airflow")
-                self.log.info("%s: recorded as done (marked success); not resumable", spec.label)
-            except (core.RunError, core.StoreError) as exc:
-                self.log.warning("%s: not recorded as done: %s", spec.label, exc)
+        for line in core.declare_done(store, job, run_id, originals, "marked success in Airflow"):
+            (self.log.warning if line.startswith("warning: ") else self.log.info)("%s", line)
 
     def _raise_for(self, box: dict[str, Any]) -> None:
         error = box.get("error")
@@ -727,30 +704,9 @@ class OpenJDTaskOperator(BaseOperator):
             store.location,
             store.file_flow.value,
         )
-        base_keys = {s.task_key.split("#", 1)[0] for s in specs}
-        for orig in originals:
-            if orig.task_key not in base_keys:
-                self.log.info("%s: finished in an earlier try; not run again", orig.label)
-        for spec in specs:
-            orig = next((o for o in originals if o.task_key == spec.task_key.split("#")[0]), None)
-            skipped = len(orig.chunk_frames - spec.chunk_frames) if orig else 0
-            if spec.resume is not None:
-                ck = spec.resume
-                self.log.info(
-                    "%s: resuming from checkpoint generation %d (%d bytes of state, %d file(s)%s, "
-                    "saved by attempt %d)%s",
-                    spec.label,
-                    ck.generation,
-                    len((ck.state or "").encode()),
-                    len(ck.files) + (1 if ck.file else 0),
-                    " kept by the store" if ck.manifest else "",
-                    ck.attempt,
-                    f"; {skipped} frame(s) skipped" if skipped else "",
-                )
-            elif skipped:
-                self.log.info("%s: %d frame(s) finished earlier are skipped", spec.label, skipped)
-            elif attempt.attempt > 1 or self._try_number() > 1:
-                self.log.info("%s: no checkpoint stored; running from the top", spec.label)
+        again = attempt.attempt > 1 or self._try_number() > 1
+        for line in core.describe_plan(originals, specs, again=again):
+            self.log.info("%s", line)
 
     def _try_number(self) -> int:
         ti = self._context["ti"] if self._context else None

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from ._executor import StepRun, TaskExecutor, run_task, run_tasks
     from ._feed import AdaptiveFeed, TaskFeed, step_feed
     from ._gc import DEFAULT_GC_GRACE_SECONDS, collect_file_garbage
-    from ._groups import group_label, group_tasks
+    from ._groups import group_label, group_result_key, group_tasks
     from ._host import host_id
     from ._inputs import decode_json, load_document, read_input_file
     from ._job import (
@@ -66,12 +66,15 @@ if TYPE_CHECKING:
     )
     from ._phases import (
         EXIT_CODES,
+        RELEASE_WAIT_SECONDS,
         FinallyDecision,
         RunOutcome,
+        declare_done,
         enter_finally,
         finish_attempt,
         mark_timed_out,
         record_task_done,
+        start_finally,
         wait_tasks_released,
     )
     from ._records import (
@@ -110,6 +113,11 @@ if TYPE_CHECKING:
     )
 
 _EXPORTS = {
+    "RELEASE_WAIT_SECONDS": "._phases",
+    "declare_done": "._phases",
+    "start_finally": "._phases",
+    "describe_plan": "._summary",
+    "group_result_key": "._groups",
     "Escalation": "._escalation",
     "StopEscalation": "._escalation",
     "AdaptiveChunker": "._chunks",
@@ -206,6 +214,11 @@ _EXPORTS = {
 }
 
 __all__ = (
+    "RELEASE_WAIT_SECONDS",
+    "declare_done",
+    "start_finally",
+    "describe_plan",
+    "group_result_key",
     "Escalation",
     "StopEscalation",
     "AdaptiveChunker",

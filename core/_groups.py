@@ -8,13 +8,14 @@ per OpenJD task (``core.plan_group``).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 
 from openjd.model import IntRangeExpr
 
 from ._job import TaskSpec
 
-__all__ = ("MAX_LABEL_CHARS", "group_label", "group_tasks")
+__all__ = ("MAX_LABEL_CHARS", "group_label", "group_result_key", "group_tasks")
 
 #: Names are cut to this many characters (Airflow's ``rendered_map_index`` holds 250).
 MAX_LABEL_CHARS = 250
@@ -74,3 +75,16 @@ def group_label(specs: Sequence[TaskSpec]) -> str:
     if len(label) > MAX_LABEL_CHARS:
         label = label[: MAX_LABEL_CHARS - 3] + "..."
     return label
+
+
+def group_result_key(
+    job_key: str, run_id: str, step: str, specs: Sequence[TaskSpec], *, attempt: int | None = None
+) -> str:
+    """The key under which a framework may persist a group's result (Prefect's result storage,
+    so a retry skips a group that succeeded): the core run id and the group's task identities.
+    A new core run never matches it; a retry (or an operator resume) of the same core run does.
+    Give ``attempt`` for a finally step's group: finally steps run again on every attempt
+    (docs/decisions.md), so their results are never reused across attempts."""
+    digest = hashlib.sha256("\n".join([step, *(s.task_key for s in specs)]).encode("utf-8"))
+    suffix = f"/attempt-{attempt}" if attempt is not None else ""
+    return f"openjd-checkpoint/{job_key}/{run_id}/{digest.hexdigest()[:24]}{suffix}"

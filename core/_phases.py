@@ -14,10 +14,11 @@ succeeded run's checkpoints).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ._attempt import attempt_records, reap_run, require_run
+from ._errors import RunError, StoreError
 from ._job import PreparedJob, TaskSpec
 from ._records import RunCondition, RunStatus, TaskRecord, TaskStatus
 from ._resume import (
@@ -33,6 +34,9 @@ from ._termination import (
 )
 
 __all__ = (
+    "RELEASE_WAIT_SECONDS",
+    "declare_done",
+    "start_finally",
     "EXIT_CODES",
     "FinallyDecision",
     "RunOutcome",
@@ -194,6 +198,67 @@ class FinallyDecision:
     run_finally: bool
     job_status: str
     mode: TerminationMode | None
+    still_running: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        """``Job.Status Succeeded``, or ``Job.Status Cancelled (not run: Cancelled)``."""
+        why = ""
+        if not self.run_finally:
+            why = f" (not run: {self.mode.value})" if self.mode else " (not run)"
+        return f"Job.Status {self.job_status}{why}"
+
+
+RELEASE_WAIT_SECONDS = 30.0
+"""How long ``start_finally`` waits for tasks of the regular steps still running elsewhere."""
+
+
+def start_finally(
+    store: CheckpointStore,
+    job: PreparedJob,
+    run_id: str,
+    *,
+    wait_seconds: float = RELEASE_WAIT_SECONDS,
+) -> FinallyDecision:
+    """When the finally steps may start, for every runner: once no process, on any host, still
+    runs a regular task of the run (``wait_tasks_released``, at most ``wait_seconds``; a
+    framework may start its finally tasks while killed tasks still checkpoint: Airflow starts
+    teardown tasks as soon as a task is marked failed), then ``enter_finally``.
+
+    Returns:
+        ``enter_finally``'s decision, with ``still_running``: the tasks still held when the
+        wait ended (the finally phase begins without them; say so in the log).
+
+    Raises:
+        RunError: no such run. StoreError: the store cannot be read or written.
+    """
+    held = wait_tasks_released(store, job, run_id, job.template.regular_steps, timeout=wait_seconds)
+    decision = enter_finally(store, job, run_id)
+    return FinallyDecision(decision.run_finally, decision.job_status, decision.mode, tuple(held))
+
+
+def declare_done(
+    store: CheckpointStore,
+    job: PreparedJob,
+    run_id: str,
+    specs: Sequence[TaskSpec],
+    message: str,
+) -> list[str]:
+    """Tasks the scheduler's user declared done (Airflow's "mark success" on a task instance):
+    the process that ran them has stopped them (``StopIntent.CANCEL``: nothing of them needs
+    keeping), and each is recorded done (``record_task_done``), so no later attempt runs or
+    resumes it. A task that cannot be recorded is said, not raised: the others still are.
+
+    Returns:
+        One line per task for the log.
+    """
+    lines = []
+    for spec in specs:
+        try:
+            record_task_done(store, job, run_id, spec, message)
+            lines.append(f"{spec.label}: recorded as done ({message}); not resumable")
+        except (RunError, StoreError) as exc:
+            lines.append(f"warning: {spec.label}: not recorded as done: {exc}")
+    return lines
 
 
 def enter_finally(store: CheckpointStore, job: PreparedJob, run_id: str) -> FinallyDecision:
@@ -238,6 +303,7 @@ class RunOutcome:
         mode: the termination mode in force, if any.
         skipped: the tasks that were not run, as labels.
         failed_steps: regular steps that failed; finally_failed: finally steps that failed.
+        still_running: tasks still held elsewhere when ``wait_seconds`` ran out.
     """
 
     status: RunStatus
@@ -247,6 +313,7 @@ class RunOutcome:
     skipped: list[str] = field(default_factory=list)
     failed_steps: list[str] = field(default_factory=list)
     finally_failed: list[str] = field(default_factory=list)
+    still_running: list[str] = field(default_factory=list)
 
 
 def finish_attempt(
@@ -256,6 +323,7 @@ def finish_attempt(
     *,
     finally_timeout: str | None = None,
     skipped: list[str] | None = None,
+    wait_seconds: float = 0.0,
 ) -> RunOutcome:
     """End the attempt: compute the run's status, condition and reason from its records and
     termination requests, store them, and delete the run's checkpoints only when the whole run,
@@ -265,10 +333,17 @@ def finish_attempt(
     Args:
         finally_timeout: the message of an expired finally budget, if it expired.
         skipped: the tasks not started, as labels (default: every task still planned).
+        wait_seconds: first wait this long at most for tasks still running elsewhere
+            (``wait_tasks_released``; a framework whose last task may start while killed
+            tasks still checkpoint). Those still held then are in ``still_running``.
 
     Raises:
         RunError: no such run. StoreError: the store cannot be read or written.
     """
+    held: list[str] = []
+    if wait_seconds > 0:
+        steps = job.template.regular_steps + job.template.finally_steps
+        held = wait_tasks_released(store, job, run_id, steps, timeout=wait_seconds)
     with store.run_lock(job.job_key, run_id):
         run = require_run(store, job, run_id)
         reap_run(store, run)  # nothing of the attempt is left running on this host
@@ -350,4 +425,4 @@ def finish_attempt(
             # After the record: a crash in between leaves files for gc, never a run that
             # looks unfinished with its checkpoints gone.
             store.delete_checkpoints(run)
-    return RunOutcome(status, cond, code, mode, list(skipped), failed_steps, finally_failed)
+    return RunOutcome(status, cond, code, mode, list(skipped), failed_steps, finally_failed, held)

@@ -8,11 +8,17 @@ values: only its size in bytes. Pure functions of stored records (``core._store`
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ._records import CheckpointData, TaskRecord
 
+if TYPE_CHECKING:
+    from ._job import TaskSpec
+
 __all__ = (
+    "describe_plan",
     "CheckpointSummary",
     "TaskSummary",
     "summarize_checkpoint",
@@ -104,3 +110,41 @@ def summarize_task(rec: TaskRecord) -> TaskSummary:
         updated_at=rec.updated_at,
         checkpoint=summarize_checkpoint(rec.checkpoint) if rec.checkpoint is not None else None,
     )
+
+
+def describe_plan(
+    originals: Sequence[TaskSpec], specs: Sequence[TaskSpec], *, again: bool = False
+) -> list[str]:
+    """What an attempt does with a group of a step's original tasks, one line per task for the
+    log (every runner says the same): finished in an earlier try and not run again, resumed
+    from which checkpoint generation (state size, files, the attempt that saved it, frames
+    skipped), frames finished earlier skipped, or (``again``: a later try or attempt) run from
+    the top for want of a checkpoint.
+
+    Args:
+        originals: the group's tasks as first planned (``PreparedJob.plan_step`` with no
+            records). specs: what runs now (``plan_group``).
+    """
+    lines: list[str] = []
+    base_keys = {s.task_key.split("#", 1)[0] for s in specs}
+    for orig in originals:
+        if orig.task_key not in base_keys:
+            lines.append(f"{orig.label}: finished in an earlier try; not run again")
+    by_key = {o.task_key: o for o in originals}
+    for spec in specs:
+        first = by_key.get(spec.task_key.split("#")[0])
+        skipped = len(first.chunk_frames - spec.chunk_frames) if first else 0
+        if spec.resume is not None:
+            ck = spec.resume
+            files = len(ck.files) + (1 if ck.file else 0)
+            lines.append(
+                f"{spec.label}: resuming from checkpoint generation {ck.generation} "
+                f"({len((ck.state or '').encode())} bytes of state, {files} file(s)"
+                f"{' kept by the store' if ck.manifest else ''}, saved by attempt {ck.attempt})"
+                + (f"; {skipped} frame(s) skipped" if skipped else "")
+            )
+        elif skipped:
+            lines.append(f"{spec.label}: {skipped} frame(s) finished earlier are skipped")
+        elif again:
+            lines.append(f"{spec.label}: no checkpoint stored; running from the top")
+    return lines

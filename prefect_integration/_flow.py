@@ -251,8 +251,7 @@ def _submit_step(
     attempt: int,
 ) -> list[PrefectFuture[Any]]:
     originals = job.plan_step(step)
-    # finally steps run again on every attempt: their results must not be reused
-    attempt_part = attempt if job.template.is_finally(step) else None
+    attempt_part = attempt if job.template.is_finally(step) else None  # see group_result_key
     tags = sorted(
         {t for r in _requirements(job, step) for t in config.host_requirements.get(r, [])}
     )
@@ -471,7 +470,7 @@ def _flow_body(
                 watcher.request(early)
             regular, n = job.template.regular_steps, attempt.attempt
             _run_steps(config, job, run_id, store, regular, stopping, n)
-            decision = core.enter_finally(store, job, run_id)
+            decision = core.start_finally(store, job, run_id)
             if decision.run_finally:
                 logger.info("running finally steps (Job.Status=%s)", decision.job_status)
                 finally_steps = job.template.finally_steps

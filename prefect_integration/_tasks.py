@@ -9,7 +9,6 @@ interrupted chunks keep their unfinished frames) and runs it in one OpenJD sessi
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 from collections.abc import Sequence
@@ -55,11 +54,7 @@ def cache_key(
     """The result key of a group: the core run id and the group's task identities (and the
     attempt, for finally steps, which run again on every attempt). A new core run never matches
     it; a retry (or an operator resume) of the same core run does."""
-    digest = hashlib.sha256(
-        "\n".join([step, *(s.task_key for s in specs)]).encode("utf-8")
-    ).hexdigest()[:24]
-    suffix = f"/attempt-{attempt}" if attempt is not None else ""
-    return f"openjd-checkpoint/{job_key}/{run_id}/{digest}{suffix}"
+    return core.group_result_key(job_key, run_id, step, specs, attempt=attempt)
 
 
 def _cache_key_fn(context: Any, parameters: dict[str, Any]) -> str:
@@ -134,15 +129,13 @@ def run_group(
     sources, poll = _notice_settings(interruption_notices, notice_poll_seconds)
     store = CheckpointStore(store_location, files=files, file_roots=file_roots or ())
     job = job_for(store, job_key, run_id)
-    specs = core.plan_group(store, job, run_id, [TaskSpec.from_dict(d) for d in originals])
+    originals_specs = [TaskSpec.from_dict(d) for d in originals]
+    specs = core.plan_group(store, job, run_id, originals_specs)
     if not specs:
         logger.info("%s: every task of this group has finished already", step)
         return {"step": step, "ran": []}
-    for spec in specs:
-        if spec.resume is not None:
-            logger.info(
-                "%s: resuming from checkpoint generation %s", spec.label, spec.resume.generation
-            )
+    for line in core.describe_plan(originals_specs, specs):
+        logger.info("%s", line)
 
     def on_output(execution: core.TaskExecution, lines: list[str]) -> None:
         for line in lines:

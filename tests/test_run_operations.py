@@ -908,3 +908,76 @@ def test_a_task_whose_lease_expires_is_canceled(tmp_path: Path, monkeypatch) -> 
     assert result.outcome.value == "canceled", (result.message, notes)
     assert time.monotonic() - begun < 50  # well before the task's own 60 s
     assert any("could not be renewed for its whole ttl" in n for n in notes), notes
+
+
+def test_start_finally_waits_for_regular_tasks_then_enters_finally(tmp_path: Path) -> None:
+    import threading
+
+    from core import run_tasks, start_finally
+
+    st = CheckpointStore(tmp_path / "store")
+    job = prepare_job(DATA / "finally.yaml", {"LongSeconds": "2"})
+    attempt = begin_attempt(st, job, external_key="finally-wait")
+    regular = job.template.regular_steps[0]
+    started = threading.Event()
+    ended: list[float] = []
+
+    def work() -> None:
+        run_tasks(
+            st, job, attempt.run_id, job.plan_step(regular), on_start=lambda ex: started.set()
+        )
+        ended.append(time.monotonic())
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    assert started.wait(10)
+    time.sleep(0.3)
+    early = start_finally(st, job, attempt.run_id, wait_seconds=0)
+    assert early.still_running  # the regular task still runs: said, not waited for
+    worker.join()
+    st2 = CheckpointStore(tmp_path / "store2")
+    attempt2 = begin_attempt(st2, job, external_key="finally-wait-2")
+    started.clear()
+    worker = threading.Thread(
+        target=lambda: run_tasks(
+            st2, job, attempt2.run_id, job.plan_step(regular), on_start=lambda ex: started.set()
+        )
+    )
+    worker.start()
+    assert started.wait(10)
+    time.sleep(0.3)  # its record says running (the wait reads records, then their leases)
+    decision = start_finally(st2, job, attempt2.run_id, wait_seconds=60)
+    [long_task] = st2.read_tasks(job.job_key, attempt2.run_id)[0]
+    assert long_task.status.value == "succeeded"  # the phase began only once it had ended
+    assert decision.still_running == ()
+    worker.join()
+    # Later never ran: the run failed, and the finally steps are told so
+    assert decision.run_finally and decision.job_status == "Failed"
+    assert decision.describe() == "Job.Status Failed"
+    assert st2.read_run(job.job_key, attempt2.run_id).phase == "finally"
+
+
+def test_declare_done_records_each_task_and_says_so(tmp_path: Path) -> None:
+    from core import declare_done, plan_group
+
+    out = tmp_path / "out"
+    out.mkdir()
+    st = CheckpointStore(tmp_path / "store")
+    job = prepare_job(THREE, {"Out": str(out), "FailFrame": 3, "FrameSeconds": 0.01})
+    attempt = begin_attempt(st, job, external_key="declared")
+    originals = job.plan_step("Render")
+    lines = declare_done(st, job, attempt.run_id, originals[1:], "marked success in Airflow")
+    assert lines == [
+        "Render[Frame=3-4]: recorded as done (marked success in Airflow); not resumable",
+        "Render[Frame=5-6]: recorded as done (marked success in Airflow); not resumable",
+    ]
+    assert [s.label for s in plan_group(st, job, attempt.run_id, originals)] == [
+        "Render[Frame=1-2]"
+    ]
+    lease = st.acquire_task_lease(job.job_key, attempt.run_id, "Render", originals[0].task_key)
+    assert lease is not None
+    try:  # held by another process: said as a warning, the call does not raise
+        [line] = declare_done(st, job, attempt.run_id, originals[:1], "marked success")
+    finally:
+        lease.release()
+    assert line.startswith("warning: Render[Frame=1-2]: not recorded as done:")

@@ -45,3 +45,49 @@ def test_finished_frames_make_an_unfinished_task_resumable_but_not_a_succeeded_o
     assert bare.label == "Render" and not bare.resumable
     shared = summarize_checkpoint(CheckpointData(generation=1, saved_at=1.0, attempt=1))
     assert shared.files_mode == "shared" and shared.state_bytes == 0 and shared.named == 0
+
+
+def test_describe_plan_says_what_each_original_task_does_in_this_try(tmp_path) -> None:
+    from conftest import DATA
+
+    from core import (
+        CheckpointStore,
+        begin_attempt,
+        describe_plan,
+        group_result_key,
+        plan_group,
+        prepare_job,
+    )
+
+    out = tmp_path / "out"
+    out.mkdir()
+    st = CheckpointStore(tmp_path / "store")
+    job = prepare_job(DATA / "three_steps.yaml", {"Out": str(out), "FrameSeconds": 0.01})
+    attempt = begin_attempt(st, job, external_key="plan-lines")
+    originals = job.plan_step("Render")
+    assert describe_plan(originals, originals) == []  # a first try: nothing to say
+    assert describe_plan(originals, originals[:1], again=True) == [
+        "Render[Frame=3-4]: finished in an earlier try; not run again",
+        "Render[Frame=5-6]: finished in an earlier try; not run again",
+        "Render[Frame=1-2]: no checkpoint stored; running from the top",
+    ]
+    first = originals[0]
+    ckpt = CheckpointData(generation=2, state="abc", files=["/w/a"], saved_at=1.0, attempt=1)
+    rec = job.new_task_record(first, attempt.run_id, status="interrupted", checkpoint=ckpt)
+    rec.completed_frames = [1]
+    st.write_task(rec)
+    [resumed] = plan_group(st, job, attempt.run_id, originals[:1])
+    [line] = describe_plan(originals[:1], [resumed])
+    assert line == (
+        "Render[Frame=2]: resuming from checkpoint generation 2 (3 bytes of state, 1 file(s), "
+        "saved by attempt 1); 1 frame(s) skipped"
+    )
+    # A group's result key: the run and the group's tasks; a finally group's, the attempt too.
+    key = group_result_key(job.job_key, attempt.run_id, "Render", originals)
+    assert key.startswith(f"openjd-checkpoint/{job.job_key}/{attempt.run_id}/")
+    assert key != group_result_key(job.job_key, attempt.run_id, "Render", originals[:1])
+    assert group_result_key(job.job_key, "other-run", "Render", originals) != key
+    assert (
+        group_result_key(job.job_key, attempt.run_id, "Render", originals, attempt=2)
+        == key + "/attempt-2"
+    )
