@@ -26,7 +26,6 @@ CLASS_LINES = 400
 
 CEILINGS: dict[str, int] = {
     # module path or "path::Class" -> its size in lines when the check came; only ever lowered
-    "core/cli/_main.py": 914,
     "core/_capture.py::FileCapture": 478,
     "core/_job.py": 1170,
     "core/_session.py::Session": 475,
