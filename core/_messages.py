@@ -15,7 +15,9 @@ openjd-sessions' filter is a closed regex over its own kinds and cannot be taugh
 whole protocol is parsed here. The parser is pure (no I/O): ``parse_line`` takes one complete
 line and returns an event, ``None`` for ordinary output, or a ``MessageWarning`` naming what was
 wrong. Rules that need the running context (the chunk parameter's name and frames, whether this is
-the resume action) are checked by ``MessageContext.check``.
+the resume action) are checked by ``MessageContext.check``. ``read_line`` does the whole of one
+output line as the reader hands it over (its bytes, or only its size when it was over the line
+cap): decoding, parsing, the context's rules and the masking of secrets.
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ __all__ = (
     "EnvSet",
     "EnvUnset",
     "Fail",
+    "REDACTED",
     "FilesMode",
+    "LineReading",
     "MessageContext",
     "MessageEvent",
     "MessageWarning",
@@ -43,6 +47,7 @@ __all__ = (
     "Status",
     "TaskComplete",
     "parse_line",
+    "read_line",
 )
 
 DEFAULT_MAX_LINE_BYTES = 4 * 1024 * 1024
@@ -54,6 +59,9 @@ DEFAULT_MAX_STATE_BYTES = 128 * 1024 - 1
 but ``{{Task.Checkpoint.State}}`` reaches the task as one command-line argument of
 ``onCheckpointResume``, and Linux takes at most 128 KiB (MAX_ARG_STRLEN, with its NUL) for one:
 a larger state could be saved but never resumed. See docs/decisions.md."""
+
+REDACTED = "********"
+"""What a secret is shown as in the task's output."""
 
 
 class FilesMode(str, Enum):
@@ -410,3 +418,84 @@ class MessageContext:
                 "the template does not declare the REDACTED_ENV_VARS extension",
             )
         return None
+
+
+@dataclass(frozen=True)
+class LineReading:
+    """What one output line of an action is to the task.
+
+    Attributes:
+        text: the line as it may be shown (every secret masked), or None for a line that was
+            dropped (over the line cap).
+        event: the message the line carries, valid in its context, or None.
+        warning: what was wrong with the line, naming its number, or None.
+    """
+
+    text: str | None
+    event: MessageEvent | None = None
+    warning: str | None = None
+
+
+def read_line(
+    data: bytes,
+    *,
+    number: int,
+    context: MessageContext,
+    secrets: set[str],
+    max_state_bytes: int = DEFAULT_MAX_STATE_BYTES,
+    dropped_size: int | None = None,
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+) -> LineReading:
+    """Read one whole output line (no I/O).
+
+    Args:
+        data: the line's bytes, without its newline.
+        number: its 1-based number in the action's output, for the warning.
+        context: what a message is checked against.
+        secrets: the values declared secret so far; the value of a well-formed
+            ``openjd_redacted_env`` is added to it (this line's text is masked with it too).
+        max_state_bytes: the cap on a checkpoint ``state``.
+        dropped_size: the line's size in bytes when the reader dropped it for being over
+            ``max_line_bytes`` (then ``data`` is ignored); None for a line read whole.
+        max_line_bytes: the line cap, named in the warning about a dropped line.
+    """
+    if dropped_size is not None:
+        return LineReading(
+            text=None,
+            warning=f"output line {number}: {dropped_size} bytes is over the "
+            f"{max_line_bytes}-byte line cap; the line was dropped and not parsed",
+        )
+    event: MessageEvent | None = None
+    warning: str | None = None
+    try:
+        text = data.decode("utf-8")
+        bad_utf8 = False
+    except UnicodeDecodeError:
+        text = data.decode("utf-8", errors="replace")
+        bad_utf8 = True
+    stripped = data.lstrip()
+    if stripped.startswith(b"openjd_"):
+        if bad_utf8:
+            if stripped.startswith(b"openjd_redacted_env"):
+                text = "openjd_redacted_env: " + REDACTED
+            warning = f"output line {number}: not valid UTF-8; the message was ignored"
+        else:
+            result = parse_line(text, max_state_bytes=max_state_bytes)
+            if isinstance(result, MessageWarning):
+                if result.kind == "openjd_redacted_env":
+                    text = "openjd_redacted_env: " + REDACTED
+                warning = result.describe(number)
+            elif result is not None:
+                problem = context.check(result)
+                if isinstance(result, EnvSet) and result.redacted:
+                    secrets.add(result.value)
+                    text = f"openjd_redacted_env: {result.name}={REDACTED}"
+                if problem is not None:
+                    warning = problem.describe(number)
+                else:
+                    event = result
+    if secrets:
+        for secret in secrets:
+            if secret:
+                text = text.replace(secret, REDACTED)
+    return LineReading(text=text, event=event, warning=warning)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,44 +25,15 @@ from typing import Any
 
 from openjd.model import ParameterValueType, SymbolTable
 
-from ._action import (
-    STOP_KILL_MARGIN_SECONDS,
-    StopIntent,
-    StopState,
-    supervise,
-)
-from ._capture import CaptureStats, FileCapture
-from ._errors import StoreError
+from ._action import StopIntent, StopState, supervise
+from ._capture import CaptureStats
 from ._expr import resolve_args, resolve_cancelation, resolve_int_field
-from ._files import RestoreError
-from ._host import FileDataFlow, host_id
 from ._job import PreparedJob, TaskSpec
-from ._messages import (
-    DEFAULT_MAX_LINE_BYTES,
-    DEFAULT_MAX_STATE_BYTES,
-    CheckpointFiles,
-    CheckpointSave,
-    EnvSet,
-    EnvUnset,
-    Fail,
-    FilesMode,
-    MessageContext,
-    MessageEvent,
-    MessageWarning,
-    Progress,
-    ResumeStatus,
-    Status,
-    TaskComplete,
-    parse_line,
-)
-from ._process import (
-    MARKER_VARIABLE,
-    ActionProcess,
-    OutputLine,
-    new_marker,
-)
-from ._records import CheckpointData, ProcessInfo, TaskRecord, TaskStatus
-from ._restore import RestoreResult, restore_checkpoint
+from ._messages import DEFAULT_MAX_LINE_BYTES, DEFAULT_MAX_STATE_BYTES, MessageContext
+from ._process import MARKER_VARIABLE, ActionProcess, OutputLine, new_marker
+from ._protocol import TaskOutput
+from ._recorder import TaskRecorder
+from ._records import TaskRecord, TaskStatus
 from ._session import Session
 from ._store import CheckpointStore
 from ._template import (
@@ -82,8 +52,6 @@ __all__ = (
     "TaskOutcome",
     "TaskResult",
 )
-
-REDACTED = "********"
 
 DEFAULT_MAX_OUTPUT_WARNINGS = 100
 """How many warnings about a task's output lines (malformed or refused messages, oversized
@@ -143,6 +111,10 @@ class TaskExecution:
     """One attempt at one task. Thread-safe: ``stop()`` and the read-only properties may be used
     from any thread while ``run()`` blocks in another.
 
+    It composes one action at a time (``_action.supervise`` over an ``ActionProcess``), the
+    stdout protocol (``_messages.read_line``) and the ``TaskRecorder`` that stores what the
+    protocol's events mean, and decides the task's outcome.
+
     Args:
         job: the prepared job.
         spec: which task, with which parameters, resumed from which checkpoint.
@@ -196,41 +168,29 @@ class TaskExecution:
         self._working_root = working_root
         self._os_env = dict(os.environ if os_env is None else os_env)
         self._max_line = max_line_bytes
-        self._max_state = max_state_bytes
-        self._max_output_warnings = max_output_warnings
-        self._output_warnings = 0
-        """Warnings about output lines so far, kept or not."""
-        self._output_warnings_told = 0
-        """Of those over the cap, how many a summary warning has already counted."""
-        self._lock = threading.RLock()
         self._stop = StopState()
-        self._progress: float | None = None
-        self._status: str | None = None
-        self._fail_message: str | None = None
-        self._redacted: set[str] = set()
-        self._record = record or job.new_task_record(spec, run_id)
+        self._recorder = TaskRecorder(
+            record or job.new_task_record(spec, run_id),
+            store=store,
+            attempt=attempt,
+            warn=self._warn,
+            emit=self._emit,
+        )
+        self._output = TaskOutput(
+            self._recorder,
+            max_line_bytes=max_line_bytes,
+            max_state_bytes=max_state_bytes,
+            max_warnings=max_output_warnings,
+            warn=self._warn,
+            emit=self._emit,
+            on_output=None if on_output is None else (lambda texts: on_output(self, texts)),
+            working_dir=lambda: self._session.working_dir if self._session is not None else None,
+        )
         self._marker = new_marker()
-        self._dirty = False
-        self._pending_save: CheckpointSave | None = None
-        # The checkpoint's file dataset so far, as insertion-ordered sets. The record's
-        # pending_files/pending_dirs are synced from them when a checkpoint is committed and
-        # when the action ends, not on every message: a message costs O(its paths).
-        self._files: dict[str, None] = dict.fromkeys(self._record.pending_files)
-        self._dirs: dict[str, None] = dict.fromkeys(self._record.pending_dirs)
-        self._dataset_changed = False
-        self._save_dataset: tuple[list[str], list[str]] | None = None
-        """The dataset as it was at the pending save, if a later message changed it since."""
-        self._capture: FileCapture | None = None
-        """Managed file data flow: uploads declared files while the task action runs."""
-        self._outputs_written = 0.0
         self._ran_resume = False
         """True once ``onCheckpointResume`` (not ``onRun``) was started."""
         self._action_exit: int | None = None
         """The task action's process's own exit code (None: it never started)."""
-        self.file_stats = CaptureStats()
-        """Managed file data flow: bytes and files uploaded, and files whose content the store
-        already had, over this execution."""
-        self._outputs: dict[str, tuple[str, int]] | None = None
         self.warnings: list[str] = []
         """Warnings so far; those about output lines are capped (``max_output_warnings``)."""
 
@@ -238,18 +198,18 @@ class TaskExecution:
     @property
     def progress(self) -> float | None:
         """Last ``openjd_progress`` (0..100), or None."""
-        return self._progress
+        return self._output.progress
 
     @property
     def status_message(self) -> str | None:
         """Last ``openjd_status`` text, or None."""
-        return self._status
+        return self._output.status
 
     @property
     def redacted_values(self) -> frozenset[str]:
         """Values declared secret so far (``openjd_redacted_env``, REDACTED_ENV_VARS), in this
         task or earlier in its session: an adapter masks them in its framework's logs."""
-        return frozenset(self._redacted)
+        return frozenset(self._output.secrets)
 
     @property
     def stop_intent(self) -> StopIntent | None:
@@ -259,8 +219,14 @@ class TaskExecution:
     def record(self) -> TaskRecord:
         """A copy of the task's record. While an action runs, its ``pending_files`` and
         ``pending_dirs`` are those of the last save; they are brought up to date when it ends."""
-        with self._lock:
-            return self._record.model_copy(deep=True)
+        with self._recorder.lock:
+            return self._recorder.record.model_copy(deep=True)
+
+    @property
+    def file_stats(self) -> CaptureStats:
+        """Managed file data flow: bytes and files uploaded, and files whose content the store
+        already had, over this execution."""
+        return self._recorder.file_stats
 
     def stop(
         self, intent: StopIntent, *, force: bool = False, deadline: float | None = None
@@ -286,7 +252,7 @@ class TaskExecution:
     def run(self) -> TaskResult:
         """Run the task to its end in this thread. Never raises for task failures; raises
         ``StoreError`` only if the store cannot be written when the task starts."""
-        rec = self._record
+        rec = self._recorder.record
         rec.status = TaskStatus.RUNNING
         rec.attempt = max(rec.attempt, 0) + 1
         rec.run_attempt = self.attempt
@@ -295,7 +261,7 @@ class TaskExecution:
             rec.resume_status = None
         # Written with the task's process (one durable write instead of two), or before an
         # environment action, whichever comes first; _finish writes it in any case.
-        self._dirty = True
+        self._recorder.changed()
         self._emit("started", self.spec.resume.generation if self.spec.resume else None)
         session = self._session
         private = session is None
@@ -309,8 +275,10 @@ class TaskExecution:
                 job_status=self.job_status,
             )
             self._session = session
-        session.redacted.update(self._redacted)
-        self._redacted = session.redacted  # secrets of the session's onEnter hold for this task
+        session.redacted.update(self._output.secrets)
+        self._output.secrets = (
+            session.redacted
+        )  # secrets of the session's onEnter hold for this task
         exit_code: int | None = None
         message = ""
         failed = False
@@ -349,7 +317,7 @@ class TaskExecution:
         action = getattr(getattr(env_model.script, "actions", None), which, None)
         if action is None:
             return 0, ""
-        self._persist()  # the task's start, if not yet written: environments may take long
+        self._recorder.persist()  # the task's start, if not yet written: environments may take long
         session = self._session
         assert session is not None and session.working_dir is not None
         return self._run_action(
@@ -358,41 +326,19 @@ class TaskExecution:
             symtab,
             env,
             session.working_dir,
-            MessageContext(in_task_action=False, redaction_enabled=self._redaction()),
+            MessageContext(in_task_action=False, redaction_enabled=_REDACTION),
             env_action=True,
             stoppable=which not in ("onExit", "onWrapEnvExit"),
             marker=marker,
         )
 
     def _finish(self, exit_code: int | None, failed: bool, message: str) -> TaskResult:
-        with self._lock:
-            rec = self._record
+        """Decide the task's outcome and store its record as the task ends."""
+        with self._recorder.lock:
+            rec = self._recorder.record
             rec.process = None
-            intent = self._stop.intent
-            if intent == StopIntent.CHECKPOINT:
-                has = rec.checkpoint is not None or bool(rec.completed_frames)
-                outcome = (
-                    TaskOutcome.INTERRUPTED_WITH_CHECKPOINT if has else TaskOutcome.INTERRUPTED
-                )
-                rec.status = TaskStatus.INTERRUPTED
-                if rec.checkpoint is not None:
-                    message = f"interrupted; checkpoint generation {rec.checkpoint.generation} kept"
-                elif rec.completed_frames:
-                    message = f"interrupted; {len(rec.completed_frames)} finished frame(s) kept"
-                else:  # the action's own exit (a failure, to it) is what the stop asked for
-                    message = "interrupted; nothing to resume from (it runs from its start again)"
-            elif intent == StopIntent.CANCEL:
-                outcome, rec.status = TaskOutcome.CANCELED, TaskStatus.CANCELED
-                message = "canceled"
-            elif failed:
-                outcome, rec.status = TaskOutcome.FAILED, TaskStatus.FAILED
-                message = self._fail_message or message or "failed"
-            else:
-                outcome, rec.status = TaskOutcome.SUCCEEDED, TaskStatus.SUCCEEDED
-                if self.spec.chunk_parameter:
-                    rec.completed_frames = sorted(
-                        set(rec.completed_frames) | self.spec.chunk_frames
-                    )
+            fail = (self._output.fail_message or message) if failed else message
+            outcome, message = _outcome(rec, self.spec, self._stop.intent, failed, fail)
             unknown = self._ran_resume and rec.resume_status is None and exit_code is not None
             if unknown:
                 rec.resume_status = "UNKNOWN"
@@ -403,59 +349,12 @@ class TaskExecution:
             # Action paths are keyed by the combined step index; a person reads finally[j].
             message = _relabel(message, len(self.job.template.regular_steps))
             rec.message = message
-            self._persist(force=True)
+            self._recorder.persist(force=True)
             result = TaskResult(outcome, exit_code, message, rec.model_copy(deep=True))
         if unknown:  # reported as RESUMED and DISCARDED are, once recorded (outside the lock)
             self._emit("resume_status", "UNKNOWN")
         self._emit("ended", result)
         return result
-
-    def _extensions(self) -> list[str]:
-        from ._template import MODEL_EXTENSIONS
-
-        return sorted(e for e in self.job.template.extensions if e in MODEL_EXTENSIONS)
-
-    def _effective_spec(self, action: Any, path: str, symtab: SymbolTable) -> ActionCheckpointSpec:
-        """The action's CHECKPOINT parts with a ``cancelation`` given by format strings
-        (FEATURE_BUNDLE_1: a ``mode`` or ``notifyPeriodInSeconds``, as WRAP_ACTIONS forwards
-        them) resolved now, against the scope the command resolved in: a value that cannot be
-        resolved fails the action before it starts, as in openjd-sessions.
-
-        Raises:
-            ValueError: the cancelation does not resolve to a valid one.
-        """
-        spec = self.job.template.action_spec(path)
-        cancel = getattr(action, "cancelation", None)
-        if cancel is None or (
-            path in self.job.template.actions
-            and isinstance(getattr(cancel, "mode", None), Enum)
-            and not hasattr(getattr(cancel, "notifyPeriodInSeconds", None), "resolve_value")
-        ):
-            return spec  # literal values of the job template: validated with it
-        # Format strings, or an external environment template's action (not in the job
-        # template's table): taken from the action's own model.
-        mode, period = resolve_cancelation(cancel, symtab)
-        if mode != "NOTIFY_THEN_TERMINATE":
-            method = CancelMethod()
-        else:
-            default = (
-                DEFAULT_NOTIFY_PERIOD_SECONDS
-                if path.endswith((".onRun", ".onCheckpointResume", ".onWrapTaskRun"))
-                else 30
-            )
-            method = dataclasses.replace(
-                spec.cancelation,
-                mode=mode,
-                notify_period_seconds=float(period if period is not None else default),
-                notify_period_text=None,
-            )
-        return dataclasses.replace(spec, cancelation=method)
-
-    def _redaction(self) -> bool:
-        """``openjd_redacted_env`` is honoured whether or not the template declares
-        REDACTED_ENV_VARS, as openjd-sessions 0.14 does: a secret is never shown because of a
-        missing declaration (docs/decisions.md, "Extensions")."""
-        return True
 
     def _run_task_action(self, session: Session) -> tuple[int, str]:
         step = self.job.step(self.spec.step_name)
@@ -472,25 +371,9 @@ class TaskExecution:
             return 1, f"steps[{idx}].script: {exc}"
         session_dir = session.open()
         env = dict(session.env)
-        resume = self.spec.resume
-        store = self.store
-        if store is not None and self._file_flow(store) == FileDataFlow.MANAGED:
-            self._capture = FileCapture(
-                store, session_dir, store.file_roots, self._warn, on_uploaded=self._uploaded
-            )
-        checkpoint_file = resume.file if resume is not None else None
-        if resume is not None and resume.manifest:
-            restored = self._restore(resume, session_dir)
-            if restored is None:
-                resume = None
-            else:
-                resume, result = restored
-                checkpoint_file = result.file
-        if resume is None and self._capture is not None:
-            with self._lock:  # from the top: paths of an earlier session are gone
-                self._files.clear()
-                self._dirs.clear()
-                self._dataset_changed = True
+        recorder = self._recorder
+        recorder.start_capture(session_dir, self.job.job_key, self.run_id)
+        resume, checkpoint_file = recorder.resume_from(self.spec.resume, session_dir)
         self._ran_resume = resume is not None
         if resume is not None:
             action = self.job.template.resume_actions[self.spec.step_name]
@@ -508,7 +391,7 @@ class TaskExecution:
             chunk_frames=self.spec.chunk_frames,
             in_resume_action=resume is not None,
             in_task_action=True,
-            redaction_enabled=self._redaction(),
+            redaction_enabled=_REDACTION,
         )
         wrapped_path: str | None = None
         wrapper = session.wrapper("onRun")
@@ -532,118 +415,7 @@ class TaskExecution:
                 action, path, symtab, env, session_dir, ctx, wrapped_path=wrapped_path
             )
         finally:
-            if self._capture is not None:
-                self._capture.close()
-                self.file_stats = self._capture.stats
-                self._capture = None
-
-    def _file_flow(self, store: CheckpointStore) -> FileDataFlow:
-        """The run's own file data flow (fixed when the run was created), else the store's."""
-        try:
-            run = store.read_run(self.job.job_key, self.run_id)
-            if run is not None and run.files_mode:
-                return FileDataFlow(run.files_mode)
-        except (StoreError, ValueError):
-            pass
-        return store.file_flow
-
-    def _restore(
-        self, resume: CheckpointData, session_dir: str
-    ) -> tuple[CheckpointData, RestoreResult] | None:
-        """Restore the files of ``resume`` (managed file data flow) into the session; on a
-        failure, warn and try the older generations still stored. None: nothing restorable,
-        the task runs ``onRun`` from the top."""
-        assert self.store is not None
-        candidates = [resume]
-        try:
-            older = self.store.list_generations(self._record)
-        except StoreError:
-            older = []
-        candidates += sorted(
-            (g for g in older if g.generation < resume.generation), key=lambda g: -g.generation
-        )
-        for data in candidates:
-            if not data.manifest:
-                return data, RestoreResult(
-                    file=data.file, files=data.files, dirs=data.dirs, entries=[]
-                )
-            started = time.monotonic()
-            try:
-                result = restore_checkpoint(
-                    self.store, data.manifest, session_dir, self.store.file_roots
-                )
-            except RestoreError as exc:
-                self._warn(
-                    f"checkpoint generation {data.generation} cannot be restored: {exc}; "
-                    "trying the one before"
-                )
-                continue
-            self._emit(
-                "status",
-                f"restored {len(result.entries)} checkpoint file(s), {result.restored_bytes:,} "
-                f"bytes, of generation {data.generation} in {time.monotonic() - started:.1f} s",
-            )
-            with self._lock:
-                # The dataset goes on from where the files are now.
-                self._files = dict.fromkeys(result.files)
-                self._dirs = dict.fromkeys(result.dirs)
-                self._dataset_changed = True
-            if self._capture is not None:
-                declared = set(result.files)
-                folders = [d.rstrip(os.sep) + os.sep for d in result.dirs]
-                for target, entry in result.entries:
-                    output = target in declared or target.startswith(tuple(folders))
-                    self._capture.adopt(target, entry, output=output)
-            return data, result
-        self._warn(
-            "no stored checkpoint generation of this task could be restored; it runs from the top"
-        )
-        return None
-
-    def _uploaded(self, outputs: dict[str, tuple[str, int]]) -> None:
-        """Early outputs: the files declared so far, in the store while the task runs (written
-        at most once a second, and when the action ends)."""
-        self._outputs = outputs
-        now = time.monotonic()
-        if now - self._outputs_written >= 1.0:
-            self._outputs_written = now
-            self._write_outputs()
-
-    def _write_outputs(self) -> None:
-        if self.store is None or not self._outputs:
-            return
-        try:
-            self.store.write_outputs(self._record, self._outputs)
-        except StoreError as exc:
-            self._warn(f"early outputs not stored: {exc}")
-
-    def _drain_capture(self) -> None:
-        """Wait for the files being captured and the saves being committed, at most until the
-        stop deadline."""
-        capture = self._capture
-        if capture is None:
-            return
-        while not capture.drain(0.1):
-            deadline = self._stop.deadline
-            if (
-                self._stop.intent == StopIntent.CANCEL
-                or self._stop.force
-                or (deadline is not None and time.time() >= deadline - STOP_KILL_MARGIN_SECONDS)
-            ):
-                capture.abandon()
-                why = (
-                    "the task was canceled"
-                    if self._stop.intent == StopIntent.CANCEL
-                    else "the task was stopped at once"
-                    if self._stop.force
-                    else "the stop deadline came"
-                )
-                self._warn(
-                    f"{why} before every checkpoint file was stored: the saves still uploading "
-                    "were not committed, the previous generation stays"
-                )
-                break
-        self._write_outputs()
+            recorder.close_capture()
 
     # --- one action -------------------------------------------------------------------------------
     def _run_action(
@@ -665,25 +437,15 @@ class TaskExecution:
         hook's process group, so the wrapped process gets the notify signal too), while a
         cancel or a time-out uses the hook's own ``cancelation``."""
         try:
-            argv = [action.command.resolve(symtab=symtab)] + resolve_args(action.args, symtab)
-            timeout = resolve_int_field(
-                getattr(action, "timeout", None), symtab, ge=1, description="timeout"
-            )
-            spec = self._effective_spec(action, path, symtab)
-            if wrapped_path is not None:
-                spec = dataclasses.replace(
-                    spec,
-                    checkpoint_cancelation=self.job.template.action_spec(
-                        wrapped_path
-                    ).checkpoint_cancelation,
-                )
+            argv, timeout, spec = _resolve_action(self.job, action, path, symtab, wrapped_path)
         except ValueError as exc:  # FormatStringError, ExpressionError, a bad resolved value
             return 1, f"{path}: {exc}"
         env_changes: dict[str, str | None] = {}
-        self._fail_message = None
+        output = self._output
+        output.fail_message = None
 
         def on_lines(lines: list[OutputLine]) -> None:
-            self._handle_lines(lines, ctx, env_changes if env_action else None)
+            output.handle(lines, ctx, env_changes if env_action else None)
 
         marker = marker or self._marker
         proc = ActionProcess(
@@ -699,22 +461,14 @@ class TaskExecution:
         except OSError as exc:
             return 1, f"{path}: cannot start {argv[0]!r}: {exc}"
         if not env_action:  # environments' processes are the session's to record
-            with self._lock:
-                self._record.process = ProcessInfo(
-                    pid=ident.pid,
-                    pgid=ident.pgid,
-                    start_time=ident.start_time,
-                    host=host_id(),
-                    marker=marker,
-                )
-            self._persist(force=True)
+            self._recorder.process_started(ident, marker)
         self._emit("action_started", path)
         timed_out = supervise(
             proc,
             path=path,
             spec=spec,
             symtab=symtab,
-            extensions=self._extensions(),
+            extensions=_extensions(self.job),
             stop=self._stop,
             stoppable=stoppable,
             timeout=timeout,
@@ -723,18 +477,11 @@ class TaskExecution:
         )
         # What an environment's onEnter leaves running (a daemon) lives until its onExit.
         code = proc.finish(kill_leftovers=not (env_action and stoppable))
-        self._flush_pending()
+        self._recorder.flush()
         if not env_action:
             self._action_exit = code
-            self._drain_capture()
-            with self._lock:
-                self._record.process = None
-                self._sync_dataset()
-                # Written by the next persist: _finish's, as the task ends (one durable write
-                # instead of two). A runner killed in between leaves the record naming a
-                # process that has exited, which the next run's reaping finds gone.
-                self._dirty = True
-        self._tell_dropped_warnings()
+            self._recorder.process_ended(self._stop)
+        output.tell_dropped()
         self._emit("action_ended", code)
         if env_action and code == 0:
             for name, value in env_changes.items():
@@ -744,284 +491,9 @@ class TaskExecution:
                     env[name] = value
         if timed_out:
             return (code if code != 0 else 1), f"{path}: timed out after {timeout:g} s"
-        if env_action and code and not self._fail_message:  # no task exit code is shown for it
+        if env_action and code and not output.fail_message:  # no task exit code is shown for it
             return code, f"{path} failed: {describe_exit(code)}"
-        return code, (self._fail_message or (f"{path} failed" if code else ""))
-
-    # --- output and messages ----------------------------------------------------------------------
-    def _handle_lines(
-        self,
-        lines: list[OutputLine],
-        ctx: MessageContext,
-        env_changes: dict[str, str | None] | None,
-    ) -> None:
-        texts: list[str] = []
-        for line in lines:
-            if line.oversized:
-                self._warn_line(
-                    f"output line {line.number}: {line.size} bytes is over the "
-                    f"{self._max_line}-byte line cap; the line was dropped and not parsed"
-                )
-                continue
-            data = line.data
-            try:
-                text = data.decode("utf-8")
-                bad_utf8 = False
-            except UnicodeDecodeError:
-                text = data.decode("utf-8", errors="replace")
-                bad_utf8 = True
-            stripped = data.lstrip()
-            if stripped.startswith(b"openjd_"):
-                if bad_utf8:
-                    if stripped.startswith(b"openjd_redacted_env"):
-                        text = "openjd_redacted_env: " + REDACTED
-                    self._warn_line(
-                        f"output line {line.number}: not valid UTF-8; the message was ignored"
-                    )
-                else:
-                    result = parse_line(text, max_state_bytes=self._max_state)
-                    if isinstance(result, MessageWarning):
-                        if result.kind == "openjd_redacted_env":
-                            text = "openjd_redacted_env: " + REDACTED
-                        self._warn_line(result.describe(line.number))
-                    elif result is not None:
-                        problem = ctx.check(result)
-                        if isinstance(result, EnvSet) and result.redacted:
-                            self._redacted.add(result.value)
-                            text = f"openjd_redacted_env: {result.name}={REDACTED}"
-                        if problem is not None:
-                            self._warn_line(problem.describe(line.number))
-                        else:
-                            self._apply(result, line.number, env_changes)
-            if self._redacted:
-                for secret in self._redacted:
-                    if secret:
-                        text = text.replace(secret, REDACTED)
-            texts.append(text)
-        self._flush_pending()
-        if self._dirty:
-            self._persist()
-        if texts and self._on_output is not None:
-            self._on_output(self, texts)
-
-    def _apply(
-        self, event: MessageEvent, number: int, env_changes: dict[str, str | None] | None
-    ) -> None:
-        rec = self._record
-        if isinstance(event, Progress):
-            self._progress = event.percent
-            self._emit("progress", event.percent)
-        elif isinstance(event, Status):
-            self._status = event.message
-            self._emit("status", event.message)
-        elif isinstance(event, Fail):
-            self._fail_message = event.message
-            self._emit("fail", event.message)
-        elif isinstance(event, (EnvSet, EnvUnset)):
-            if env_changes is None:
-                self._warn_line(
-                    f"output line {number}: environment variables can only be changed by an "
-                    "environment's onEnter; ignored"
-                )
-            elif isinstance(event, EnvSet):
-                env_changes[event.name] = event.value
-            else:
-                env_changes[event.name] = None
-        elif isinstance(event, CheckpointFiles):
-            refused = self._files_refusal(event.files, event.dirs)
-            if refused is not None:
-                self._warn_line(
-                    f"output line {number}: openjd_checkpoint_files names {refused}; the "
-                    "message was ignored"
-                )
-                return
-            if self._capture is not None:
-                self._capture.declare(event.files, event.dirs)
-            with self._lock:
-                if self._pending_save is not None and self._save_dataset is None:
-                    # A save waits for the end of this batch: it keeps the dataset it saw.
-                    self._save_dataset = (list(self._files), list(self._dirs))
-                if event.mode == FilesMode.RESET:
-                    self._files.clear()
-                    self._dirs.clear()
-                self._files.update(dict.fromkeys(event.files))
-                self._dirs.update(dict.fromkeys(event.dirs))
-                self._dataset_changed = True
-        elif isinstance(event, TaskComplete):
-            with self._lock:
-                if event.frame not in rec.completed_frames:
-                    rec.completed_frames.append(event.frame)
-                    rec.completed_frames.sort()
-                    self._dirty = True
-            self._emit("frame_complete", event.frame)
-        elif isinstance(event, CheckpointSave):
-            if event.file is not None and self._capture is not None:
-                problem = self._capture.refusal(event.file)
-                if problem is not None:
-                    self._warn_line(
-                        f"output line {number}: openjd_checkpoint_save names file "
-                        f"{event.file!r}, which a managed store does not capture: {problem}; "
-                        "nothing was saved and the previous checkpoint stays"
-                    )
-                    return
-            elif (
-                event.file is not None
-                and self._session is not None
-                and self._session.working_dir is not None
-                and os.path.realpath(event.file).startswith(
-                    os.path.realpath(self._session.working_dir) + os.sep
-                )
-            ):
-                self._warn_line(
-                    f"output line {number}: openjd_checkpoint_save names file {event.file!r} in "
-                    "the session working directory, which is deleted when the task ends; "
-                    "nothing was saved and the previous checkpoint stays"
-                )
-                return
-            if event.file is not None and not os.path.exists(event.file):
-                self._warn_line(
-                    f"output line {number}: openjd_checkpoint_save names file {event.file!r}, "
-                    "which does not exist; nothing was saved and the previous checkpoint stays"
-                )
-                return
-            if any(s and s in (event.state or "") for s in self._redacted):
-                self._warn_line(
-                    f"output line {number}: the checkpoint state holds a redacted value; "
-                    "nothing was saved and the previous checkpoint stays"
-                )
-                return
-            with self._lock:
-                self._pending_save = event  # committed once per batch of lines: the latest wins
-                self._save_dataset = None
-        elif isinstance(event, ResumeStatus):
-            with self._lock:
-                rec.resume_status = event.status.value
-                self._dirty = True
-            self._emit("resume_status", event.status.value)
-
-    def _files_refusal(self, files: tuple[str, ...], dirs: tuple[str, ...]) -> str | None:
-        """Why an ``openjd_checkpoint_files`` message is refused whole, or None: in managed
-        mode a path the store may not capture; in shared mode a path inside the session working
-        directory, which is deleted when the task ends."""
-        if self._capture is not None:
-            for path in [*files, *dirs]:
-                problem = self._capture.refusal(path)
-                if problem is not None:
-                    return f"{path!r}, which a managed store does not capture: {problem}"
-            return None
-        session_dir = self._session.working_dir if self._session is not None else None
-        if session_dir is None:
-            return None
-        real_dir = os.path.realpath(session_dir)
-        for path in [*files, *dirs]:
-            real = os.path.realpath(path)
-            if real == real_dir or real.startswith(real_dir + os.sep):
-                return (
-                    f"{path!r} in the session working directory, which is deleted when the "
-                    "task ends (use a managed store, --files managed, to keep such files)"
-                )
-        return None
-
-    def _flush_pending(self) -> None:
-        save = self._pending_save
-        if save is None:
-            return
-        with self._lock:
-            self._pending_save = None
-            files, dirs = self._save_dataset or (list(self._files), list(self._dirs))
-            self._save_dataset = None
-            if self._capture is not None:
-                self._capture.save(save.file, files, dirs, self._committer(save, files, dirs))
-                return
-            rec = self._record
-            gen = (rec.checkpoint.generation if rec.checkpoint else 0) + 1
-            data = CheckpointData(
-                generation=gen,
-                state=save.state,
-                file=save.file,
-                files=files,
-                dirs=dirs,
-                saved_at=time.time(),
-                attempt=self.attempt,
-            )
-            self._sync_dataset()
-            if self.store is not None:
-                try:
-                    self.store.commit_checkpoint(rec, data)
-                except StoreError as exc:
-                    self._warn(f"checkpoint generation {gen} was not stored: {exc}")
-                    return
-            else:
-                rec.checkpoint = data
-            self._dirty = False
-        self._emit("checkpoint_saved", gen)
-
-    def _committer(
-        self, save: CheckpointSave, files: list[str], dirs: list[str]
-    ) -> Callable[[str, str | None], None]:
-        """The commit of a save once its files are in the store (run on the capture thread)."""
-
-        def commit(manifest: str, file: str | None) -> None:
-            with self._lock:
-                rec = self._record
-                gen = (rec.checkpoint.generation if rec.checkpoint else 0) + 1
-                data = CheckpointData(
-                    generation=gen,
-                    state=save.state,
-                    file=file,
-                    files=files,
-                    dirs=dirs,
-                    saved_at=time.time(),
-                    attempt=self.attempt,
-                    manifest=manifest,
-                )
-                self._sync_dataset()
-                assert self.store is not None
-                try:
-                    self.store.commit_checkpoint(rec, data)
-                except StoreError as exc:
-                    self._warn(f"checkpoint generation {gen} was not stored: {exc}")
-                    return
-                self._dirty = False
-            self._emit("checkpoint_saved", gen)
-
-        return commit
-
-    def _persist(self, force: bool = False) -> None:
-        if self.store is None:
-            self._dirty = False
-            return
-        with self._lock:
-            if not (force or self._dirty):
-                return
-            try:
-                self.store.write_task(self._record)
-                self._dirty = False
-            except StoreError as exc:
-                self._warn(f"task record not stored: {exc}")
-
-    def _sync_dataset(self) -> None:
-        """Copy the file dataset into the record (under the lock), if it changed since."""
-        if self._dataset_changed:
-            self._record.pending_files = list(self._files)
-            self._record.pending_dirs = list(self._dirs)
-            self._dataset_changed = False
-            self._dirty = True
-
-    def _warn_line(self, text: str) -> None:
-        """A warning about one output line: kept and reported only up to the cap."""
-        self._output_warnings += 1
-        if self._output_warnings <= self._max_output_warnings:
-            self._warn(text)
-
-    def _tell_dropped_warnings(self) -> None:
-        over = self._output_warnings - self._max_output_warnings - self._output_warnings_told
-        if over > 0:
-            self._output_warnings_told += over
-            self._warn(
-                f"... and {over:,} more output line warning(s), not shown: only the first "
-                f"{self._max_output_warnings:,} are kept"
-            )
+        return code, (output.fail_message or (f"{path} failed" if code else ""))
 
     def _warn(self, text: str) -> None:
         self.warnings.append(text)
@@ -1033,3 +505,104 @@ class TaskExecution:
                 self._on_event(self, TaskEvent(kind, value))
             except Exception:  # a display must never break a task
                 pass
+
+
+def _outcome(
+    rec: TaskRecord, spec: TaskSpec, intent: StopIntent | None, failed: bool, message: str
+) -> tuple[TaskOutcome, str]:
+    """The task's outcome and its message (``message``: why it failed, when ``failed``), with
+    the record's status set to match."""
+    if intent == StopIntent.CHECKPOINT:
+        has = rec.checkpoint is not None or bool(rec.completed_frames)
+        rec.status = TaskStatus.INTERRUPTED
+        if rec.checkpoint is not None:
+            message = f"interrupted; checkpoint generation {rec.checkpoint.generation} kept"
+        elif rec.completed_frames:
+            message = f"interrupted; {len(rec.completed_frames)} finished frame(s) kept"
+        else:  # the action's own exit (a failure, to it) is what the stop asked for
+            message = "interrupted; nothing to resume from (it runs from its start again)"
+        return (
+            TaskOutcome.INTERRUPTED_WITH_CHECKPOINT if has else TaskOutcome.INTERRUPTED
+        ), message
+    if intent == StopIntent.CANCEL:
+        rec.status = TaskStatus.CANCELED
+        return TaskOutcome.CANCELED, "canceled"
+    if failed:
+        rec.status = TaskStatus.FAILED
+        return TaskOutcome.FAILED, message or "failed"
+    rec.status = TaskStatus.SUCCEEDED
+    if spec.chunk_parameter:
+        rec.completed_frames = sorted(set(rec.completed_frames) | spec.chunk_frames)
+    return TaskOutcome.SUCCEEDED, message
+
+
+_REDACTION = True
+"""``openjd_redacted_env`` is honoured whether or not the template declares REDACTED_ENV_VARS,
+as openjd-sessions 0.14 does: a secret is never shown because of a missing declaration
+(docs/decisions.md, "Extensions")."""
+
+
+def _extensions(job: PreparedJob) -> list[str]:
+    from ._template import MODEL_EXTENSIONS
+
+    return sorted(e for e in job.template.extensions if e in MODEL_EXTENSIONS)
+
+
+def _resolve_action(
+    job: PreparedJob, action: Any, path: str, symtab: SymbolTable, wrapped_path: str | None
+) -> tuple[list[str], int | None, ActionCheckpointSpec]:
+    """An action's command line, timeout and CHECKPOINT parts, resolved against ``symtab``.
+
+    Raises:
+        ValueError: a format string, an expression or a resolved value is not valid.
+    """
+    argv = [action.command.resolve(symtab=symtab)] + resolve_args(action.args, symtab)
+    timeout = resolve_int_field(
+        getattr(action, "timeout", None), symtab, ge=1, description="timeout"
+    )
+    spec = _effective_spec(job, action, path, symtab)
+    if wrapped_path is not None:
+        spec = dataclasses.replace(
+            spec,
+            checkpoint_cancelation=job.template.action_spec(wrapped_path).checkpoint_cancelation,
+        )
+    return argv, timeout, spec
+
+
+def _effective_spec(
+    job: PreparedJob, action: Any, path: str, symtab: SymbolTable
+) -> ActionCheckpointSpec:
+    """The action's CHECKPOINT parts with a ``cancelation`` given by format strings
+    (FEATURE_BUNDLE_1: a ``mode`` or ``notifyPeriodInSeconds``, as WRAP_ACTIONS forwards
+    them) resolved now, against the scope the command resolved in: a value that cannot be
+    resolved fails the action before it starts, as in openjd-sessions.
+
+    Raises:
+        ValueError: the cancelation does not resolve to a valid one.
+    """
+    spec = job.template.action_spec(path)
+    cancel = getattr(action, "cancelation", None)
+    if cancel is None or (
+        path in job.template.actions
+        and isinstance(getattr(cancel, "mode", None), Enum)
+        and not hasattr(getattr(cancel, "notifyPeriodInSeconds", None), "resolve_value")
+    ):
+        return spec  # literal values of the job template: validated with it
+    # Format strings, or an external environment template's action (not in the job
+    # template's table): taken from the action's own model.
+    mode, period = resolve_cancelation(cancel, symtab)
+    if mode != "NOTIFY_THEN_TERMINATE":
+        method = CancelMethod()
+    else:
+        default = (
+            DEFAULT_NOTIFY_PERIOD_SECONDS
+            if path.endswith((".onRun", ".onCheckpointResume", ".onWrapTaskRun"))
+            else 30
+        )
+        method = dataclasses.replace(
+            spec.cancelation,
+            mode=mode,
+            notify_period_seconds=float(period if period is not None else default),
+            notify_period_text=None,
+        )
+    return dataclasses.replace(spec, cancelation=method)
