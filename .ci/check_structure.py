@@ -26,10 +26,7 @@ CLASS_LINES = 400
 
 CEILINGS: dict[str, int] = {
     # module path or "path::Class" -> its size in lines when the check came; only ever lowered
-    "core/_capture.py::FileCapture": 478,
     "core/_job.py": 1170,
-    "core/_store.py": 1900,
-    "core/_store.py::CheckpointStore": 1141,
     "core/_template.py": 824,
 }
 

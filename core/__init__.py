@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from ._escalation import Escalation, StopEscalation
     from ._executor import StepRun, TaskExecutor, run_task, run_tasks
     from ._feed import AdaptiveFeed, TaskFeed, step_feed
+    from ._fs import MAX_RECORD_BYTES
     from ._gc import DEFAULT_GC_GRACE_SECONDS, collect_file_garbage
     from ._groups import group_label, group_result_key, group_tasks
     from ._host import host_id
@@ -87,7 +88,7 @@ if TYPE_CHECKING:
     )
     from ._resume import RefusalCode, ResumeHow, ResumeRefusedError
     from ._session import Session, clean_stale_sessions
-    from ._store import MAX_RECORD_BYTES, CheckpointStore, default_store_location
+    from ._store import CheckpointStore, default_store_location
     from ._summary import (
         CheckpointSummary,
         TaskSummary,
@@ -134,7 +135,7 @@ _EXPORTS = {
     "EXIT_CODES": "._phases",
     "FinallyDecision": "._phases",
     "JOB_STATUS_PARAMETER": "._template",
-    "MAX_RECORD_BYTES": "._store",
+    "MAX_RECORD_BYTES": "._fs",
     "MessageContext": "._messages",
     "MessageWarning": "._messages",
     "NOTICES_ENV": "._notices",

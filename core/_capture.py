@@ -128,7 +128,7 @@ class FileCapture:
         warn: Callable[[str], None],
         on_uploaded: Callable[[dict[str, tuple[str, int]]], None] | None = None,
     ) -> None:
-        self._blobs = Blobs(store)
+        self._blobs = Blobs(store.fs)
         self.session_dir = session_dir
         self.roots = list(roots)
         self._warn = warn

@@ -57,7 +57,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ._errors import StoreError
 
 if TYPE_CHECKING:
-    from ._store import CheckpointStore
+    from ._fs import StoreFS
 
 __all__ = (
     "CHUNK_BYTES",
@@ -172,27 +172,28 @@ def locate(path: str, session_dir: str | None, roots: Iterable[str]) -> PathRef 
 
 # --- blobs in the store ------------------------------------------------------------------------
 class Blobs:
-    """Content-addressed files in a ``CheckpointStore``, confined to its root."""
+    """Content-addressed files on a store's file system (``CheckpointStore.fs``), confined to
+    its root."""
 
-    def __init__(self, store: CheckpointStore) -> None:
-        self.store = store
-        self.fs = store.fs
-        self.local = store.is_local
+    def __init__(self, fs: StoreFS) -> None:
+        self.fs = fs
+        self.backend = fs.backend
+        self.local = fs.is_local
 
     def path(self, key: str) -> str:
-        return self.store.confined(posixpath.join(self.store.root, key))
+        return self.fs.confined(posixpath.join(self.fs.root, key))
 
     def exists(self, key: str) -> bool:
         path = self.path(key)
         try:
             if self.local:
-                self.store.confined(path, whole=True)
+                self.fs.confined(path, whole=True)
                 return stat.S_ISREG(os.lstat(path).st_mode)
-            return bool(self.fs.exists(path))
+            return bool(self.backend.exists(path))
         except FileNotFoundError:
             return False
         except OSError as exc:
-            raise StoreError(f"cannot check {self.store.where(path)}: {exc}") from None
+            raise StoreError(f"cannot check {self.fs.where(path)}: {exc}") from None
 
     def touch(self, key: str) -> None:
         """Mark reused content as recently used, so that ``gc``'s grace period protects it
@@ -215,7 +216,7 @@ class Blobs:
         tmp = self.path(f"blobs/tmp/{uuid.uuid4().hex}")
         final = self.path(key)
         try:
-            self.store.makedirs_confined(posixpath.dirname(tmp))
+            self.fs.makedirs_confined(posixpath.dirname(tmp))
             if self.local:
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
                 with os.fdopen(fd, "wb") as out:
@@ -223,20 +224,20 @@ class Blobs:
                     out.flush()
                     os.fsync(out.fileno())
             else:
-                with self.fs.open(tmp, "wb") as out:
+                with self.backend.open(tmp, "wb") as out:
                     got, size = _copy_hashing(source_fd, out)
             if got != digest:
                 self._discard(tmp)
                 raise RestoreError("its content changed while it was being stored")
             if self.local:
-                self.store.makedirs_confined(posixpath.dirname(final))
+                self.fs.makedirs_confined(posixpath.dirname(final))
                 os.replace(tmp, final)
             else:
-                self.fs.mv(tmp, final)
+                self.backend.mv(tmp, final)
             return size
         except OSError as exc:
             self._discard(tmp)
-            raise StoreError(f"cannot store {self.store.where(final)}: {exc}") from None
+            raise StoreError(f"cannot store {self.fs.where(final)}: {exc}") from None
 
     def stage(self, source_fd: int) -> tuple[str, str, int]:
         """Local stores: copy the open file ``source_fd`` (from its start) to a temporary file
@@ -249,13 +250,13 @@ class Blobs:
         """
         tmp = self.path(f"blobs/tmp/{uuid.uuid4().hex}")
         try:
-            self.store.makedirs_confined(posixpath.dirname(tmp))
+            self.fs.makedirs_confined(posixpath.dirname(tmp))
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             with os.fdopen(fd, "wb") as out:
                 digest, size = _copy_hashing(source_fd, out)
         except OSError as exc:
             self._discard(tmp)
-            raise StoreError(f"cannot store {self.store.where(tmp)}: {exc}") from None
+            raise StoreError(f"cannot store {self.fs.where(tmp)}: {exc}") from None
         return tmp, digest, size
 
     def commit_staged(self, tmp: str, key: str) -> None:
@@ -271,11 +272,11 @@ class Blobs:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            self.store.makedirs_confined(posixpath.dirname(final))
+            self.fs.makedirs_confined(posixpath.dirname(final))
             os.replace(tmp, final)
         except OSError as exc:
             self._discard(tmp)
-            raise StoreError(f"cannot store {self.store.where(final)}: {exc}") from None
+            raise StoreError(f"cannot store {self.fs.where(final)}: {exc}") from None
 
     def discard(self, path: str) -> None:
         """Remove a staged file (no error if it is gone)."""
@@ -285,18 +286,18 @@ class Blobs:
         try:
             if self.local:
                 os.unlink(path)
-            elif self.fs.exists(path):
-                self.fs.rm(path)
+            elif self.backend.exists(path):
+                self.backend.rm(path)
         except OSError:
             pass
 
     def put_bytes(self, key: str, data: bytes) -> None:
         path = self.path(key)
         try:
-            self.store.makedirs_confined(posixpath.dirname(path))
+            self.fs.makedirs_confined(posixpath.dirname(path))
             if self.local:
                 tmp = self.path(f"blobs/tmp/{uuid.uuid4().hex}")
-                self.store.makedirs_confined(posixpath.dirname(tmp))
+                self.fs.makedirs_confined(posixpath.dirname(tmp))
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
                 with os.fdopen(fd, "wb") as out:
                     out.write(data)
@@ -304,9 +305,9 @@ class Blobs:
                     os.fsync(out.fileno())
                 os.replace(tmp, path)
             else:
-                self.fs.pipe_file(path, data)
+                self.backend.pipe_file(path, data)
         except OSError as exc:
-            raise StoreError(f"cannot write {self.store.where(path)}: {exc}") from None
+            raise StoreError(f"cannot write {self.fs.where(path)}: {exc}") from None
 
     def open_read(self, key: str) -> Any:
         """A binary file object of ``key``'s content (caller closes).
@@ -318,17 +319,17 @@ class Blobs:
         path = self.path(key)
         try:
             if self.local:
-                self.store.confined(path, whole=True)
+                self.fs.confined(path, whole=True)
                 fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
                 if not stat.S_ISREG(os.fstat(fd).st_mode):
                     os.close(fd)
-                    raise StoreError(f"{self.store.where(path)} is not a regular file")
+                    raise StoreError(f"{self.fs.where(path)} is not a regular file")
                 return os.fdopen(fd, "rb")
-            return self.fs.open(path, "rb")
+            return self.backend.open(path, "rb")
         except FileNotFoundError:
             raise
         except OSError as exc:
-            raise StoreError(f"cannot read {self.store.where(path)}: {exc}") from None
+            raise StoreError(f"cannot read {self.fs.where(path)}: {exc}") from None
 
     def read_manifest(self, digest: str) -> Manifest:
         """The manifest named ``digest``, verified.

@@ -57,12 +57,13 @@ def _mtime(info: dict[str, Any]) -> float:
 
 def _list_files(store: CheckpointStore, prefix: str) -> list[tuple[str, dict[str, Any]]]:
     """(path, info with ``size`` and a modification time) of every file under ``prefix``."""
-    base = posixpath.join(store.root, prefix)
+    fs = store.fs
+    base = posixpath.join(fs.root, prefix)
     out: list[tuple[str, dict[str, Any]]] = []
-    if store.is_local:
+    if fs.is_local:
         if not os.path.isdir(base):
             return out
-        store.confined(base, whole=True)
+        fs.confined(base, whole=True)
         for current, _folders, names in os.walk(base, followlinks=False):
             for name in names:
                 path = os.path.join(current, name)
@@ -73,7 +74,7 @@ def _list_files(store: CheckpointStore, prefix: str) -> list[tuple[str, dict[str
                 out.append((path, {"size": st.st_size, "mtime": st.st_mtime}))
         return out
     try:
-        found = store.fs.find(base, detail=True)
+        found = fs.backend.find(base, detail=True)
     except FileNotFoundError:
         return out
     for path, info in found.items():
@@ -132,7 +133,7 @@ def collect_file_garbage(
     report.warnings.extend(run_warnings)
     kept_manifests, warnings = referenced_manifests(store, runs)
     report.warnings.extend(warnings)
-    blobs = Blobs(store)
+    blobs = Blobs(store.fs)
     live_blobs: set[str] = set()
     for digest in sorted(kept_manifests):
         try:
@@ -156,7 +157,7 @@ def collect_file_garbage(
         if dry_run:
             return
         try:
-            store.remove_file(store.confined(path))
+            store.fs.remove_file(store.fs.confined(path))
         except OSError as exc:
             report.warnings.append(f"cannot remove {path}: {exc}")
 

@@ -99,7 +99,7 @@ def restore_checkpoint(
         RestoreError: the manifest is missing, edited or unsafe, a file's content is missing or
             does not match its hash, or a file cannot be written.
     """
-    blobs = Blobs(store)
+    blobs = Blobs(store.fs)
     manifest = blobs.read_manifest(manifest_digest)
     refs: list[PathRef | ManifestEntry] = [*manifest.entries, *manifest.files, *manifest.dirs]
     if manifest.file is not None:

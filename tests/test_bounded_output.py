@@ -93,13 +93,13 @@ def test_20000_checkpoint_files_messages_all_committed_with_reset_semantics(
 ) -> None:
     store = CheckpointStore(tmp_path / "store")
     writes: list[int] = []
-    write_task = store.write_task
+    write_task = store.tasks.write_task
 
     def counting_write_task(record: Any) -> None:
         writes.append(len(record.pending_files))
         write_task(record)
 
-    store.write_task = counting_write_task  # type: ignore[method-assign]
+    store.tasks.write_task = counting_write_task  # type: ignore[method-assign]
     n = 20_000
     script = (
         "import json\n"

@@ -13,10 +13,12 @@ import time
 import pytest
 from conftest import ROOT, run_cli
 
-import core._store as store_module
+import core._lease as lease_module
+import core._s3 as s3_module
 from core import CheckpointStore, RunRecord, StoreError, TaskRecord
+from core._fs import redact_location
 from core._records import StopRequest
-from core._store import _S3Support, redact_location
+from core._s3 import S3Support
 
 JK = "0123456789abcdef"
 RID = "20260101-000000-abcdef"
@@ -50,7 +52,7 @@ def _abandoned(store: str, ttl: float) -> None:
     dropped, as when its process dies)."""
     lease = take(store, ttl=ttl)
     assert lease is not None
-    store_module._KEEPER.discard(lease)
+    lease_module._KEEPER.discard(lease)
     if lease._fd is not None:
         lease.release()
 
@@ -119,7 +121,7 @@ def test_a_lease_lives_as_long_as_its_process_and_then_its_ttl(store_url: str) -
 def test_a_lost_lease_says_so_and_leaves_the_new_holder_alone(store_url: str, ttl: float) -> None:
     stalled = take(store_url, ttl=ttl)
     assert stalled is not None
-    store_module._KEEPER.discard(stalled)  # its process stalls: nothing renews it
+    lease_module._KEEPER.discard(stalled)  # its process stalls: nothing renews it
     time.sleep(ttl + 1.2)
     winner = take(store_url)
     assert winner is not None
@@ -172,7 +174,7 @@ def _lock_and_die(store: str) -> None:
 def test_a_run_lock_left_by_a_dead_process_is_taken_over_when_stale(
     store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(store_module, "LOCK_STALE_SECONDS", 1.0)
+    monkeypatch.setattr(lease_module, "LOCK_STALE_SECONDS", 1.0)
     dead = FORK.Process(target=_lock_and_die, args=(store_url,))
     dead.start()
     dead.join(30)
@@ -213,9 +215,9 @@ def test_what_another_process_writes_is_seen_at_once(store_url: str) -> None:
 def test_a_server_without_conditional_writes_gets_best_effort_leases_and_a_warning(
     store_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(store_module, "_S3_SUPPORT", {})
+    monkeypatch.setattr(s3_module, "S3_SUPPORT", {})
     monkeypatch.setattr(
-        store_module._S3Objects, "probe", lambda self, path: _S3Support(writes=False, deletes=False)
+        s3_module.S3Objects, "probe", lambda self, path: S3Support(writes=False, deletes=False)
     )
     caplog.set_level(logging.WARNING, logger="core._store")
     first = take(store_url)
@@ -256,7 +258,7 @@ def test_client_errors_become_os_errors_without_the_secret(monkeypatch) -> None:
 
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "hush-hush-secret")
     with pytest.raises(OSError) as info:
-        with store_module._os_errors(object()):
+        with s3_module.os_errors(object()):
             raise EndpointConnectionError(endpoint_url="http://host/?k=hush-hush-secret")
     assert "EndpointConnectionError" in str(info.value)
     assert "hush-hush-secret" not in str(info.value)

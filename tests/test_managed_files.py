@@ -121,20 +121,20 @@ def managed_store(store_url: str):
 
 def get(store, key: str) -> bytes:
     """The bytes of ``key`` below the store's root, whatever the backend."""
-    return bytes(store.fs.cat_file(posixpath.join(store.root, key)))
+    return bytes(store.fs.backend.cat_file(posixpath.join(store.root, key)))
 
 
 def put(store, key: str, data: bytes) -> None:
     path = posixpath.join(store.root, key)
-    store.fs.makedirs(posixpath.dirname(path), exist_ok=True)
-    store.fs.pipe_file(path, data)
+    store.fs.backend.makedirs(posixpath.dirname(path), exist_ok=True)
+    store.fs.backend.pipe_file(path, data)
 
 
 def blob_names(store, folder: str = "blobs/sha256") -> list[str]:
     base = posixpath.join(store.root, folder)
     try:
-        store.fs.invalidate_cache()
-        return sorted(posixpath.basename(p) for p in store.fs.find(base))
+        store.fs.backend.invalidate_cache()
+        return sorted(posixpath.basename(p) for p in store.fs.backend.find(base))
     except FileNotFoundError:
         return []
 
@@ -412,10 +412,10 @@ def test_a_manifest_edited_to_point_outside_is_refused_whole(
     tampered = cp.model_copy(update={"manifest": _rewrite_manifest(store, cp.manifest, edit)})
     # Every generation is tampered: nothing can be restored, the task runs from the top.
     for gen in store.list_generations(result.record):
-        path = store._gen_path(job.job_key, RUN_ID, *_tid(result.record), gen.generation)
-        data = json.loads(store.fs.cat_file(path))
+        path = store.layout.gen_path(job.job_key, RUN_ID, *_tid(result.record), gen.generation)
+        data = json.loads(store.fs.backend.cat_file(path))
         data["manifest"] = tampered.manifest
-        store.fs.pipe_file(path, json.dumps(data).encode())
+        store.fs.backend.pipe_file(path, json.dumps(data).encode())
     second = Run(job, store, tmp_path / "host-b", record=result.record, resume=tampered)
     assert second.join().outcome == TaskOutcome.SUCCEEDED
     assert any("refused whole" in w for w in second.ex.warnings), second.ex.warnings
@@ -949,14 +949,14 @@ def test_a_session_folder_of_any_depth_is_removed(tmp_path: Path) -> None:
 
 
 def test_a_record_too_large_to_read_back_is_never_written(tmp_path: Path, monkeypatch) -> None:
-    import core._store as store_module
+    import core._fs as fs_module
     from core import StoreError
     from core._records import TaskRecord
 
     store = CheckpointStore(tmp_path / "store")
     rec = TaskRecord(job_key="0" * 16, run_id=RUN_ID, step="S", task_key="k", parameters={})
     store.write_task(rec)
-    monkeypatch.setattr(store_module, "MAX_RECORD_BYTES", 2000)
+    monkeypatch.setattr(fs_module, "MAX_RECORD_BYTES", 2000)
     rec.pending_files = [f"/data/{n:05d}" for n in range(200)]
     with pytest.raises(StoreError, match="could never be read back"):
         store.write_task(rec)

@@ -890,7 +890,7 @@ def test_a_task_whose_lease_expires_is_canceled(tmp_path: Path, monkeypatch) -> 
                       "time.sleep(60)")  # fmt: skip
     job = prepare_job(template)
     attempt = begin_attempt(st, job, external_key="dag/lease")
-    real_write = st._write
+    real_write = st.fs.write_json
 
     def refuse_leases(path, *args, **kwargs):
         if "/tasks/" in path and path.endswith(".lease.json") and started:
@@ -898,7 +898,7 @@ def test_a_task_whose_lease_expires_is_canceled(tmp_path: Path, monkeypatch) -> 
         return real_write(path, *args, **kwargs)
 
     started: list[bool] = []
-    monkeypatch.setattr(st, "_write", refuse_leases)
+    monkeypatch.setattr(st.fs, "write_json", refuse_leases)
     notes: list[str] = []
     begun = time.monotonic()
     [result] = run_tasks(
