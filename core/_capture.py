@@ -104,6 +104,118 @@ def _declared_key(path: str) -> tuple[int, int, int, int, int] | None:
         return None
 
 
+class _Content:
+    """Puts the content of one open file in the store, once: hashed and copied in one pass on a
+    local store (the copy kept only if the store lacks that content), hashed then uploaded
+    elsewhere; content the store has already is reused (and touched, for ``gc``'s grace).
+    Counts what it did in ``stats``."""
+
+    def __init__(self, blobs: Blobs, stats: CaptureStats) -> None:
+        self.blobs = blobs
+        self.stats = stats
+
+    def put(self, fd: int, key: tuple[int, int, int, int, int]) -> str:
+        """Store the content of ``fd`` (from its start), which must keep the size and times
+        ``key`` while it is read. Returns its SHA-256 (hex).
+
+        Raises:
+            _CaptureFailedError: it changed while it was read.
+            StoreError: the store cannot be written.
+        """
+        return self._local(fd, key) if self.blobs.local else self._remote(fd, key)
+
+    def _local(self, fd: int, key: tuple[int, int, int, int, int]) -> str:
+        """Hash and copy the file into a local store in one pass; keep the copy only if the
+        store does not have that content yet. Returns the digest."""
+        tmp: str | None
+        tmp, digest, size = self.blobs.stage(fd)
+        try:
+            self.stats.hashed_bytes += size
+            if _stat_key(os.fstat(fd)) != key:
+                raise _CaptureFailedError("it changed while it was being read")
+            if self.blobs.exists(blob_key(digest)):
+                self.stats.reused_files += 1
+                self.blobs.touch(blob_key(digest))
+            else:
+                staged, tmp = tmp, None
+                self.blobs.commit_staged(staged, blob_key(digest))
+                self.stats.uploaded_bytes += size
+                self.stats.uploaded_files += 1
+        finally:
+            if tmp is not None:
+                self.blobs.discard(tmp)
+        return digest
+
+    def _remote(self, fd: int, key: tuple[int, int, int, int, int]) -> str:
+        """Hash the file, then upload it unless the store has that content. Returns the
+        digest."""
+        h = hashlib.sha256()
+        for chunk in _chunks(fd):
+            h.update(chunk)
+            self.stats.hashed_bytes += len(chunk)
+        digest = h.hexdigest()
+        if _stat_key(os.fstat(fd)) != key:
+            raise _CaptureFailedError("it changed while it was being read")
+        if self.blobs.exists(blob_key(digest)):
+            self.stats.reused_files += 1
+            self.blobs.touch(blob_key(digest))
+        else:
+            try:
+                size = self.blobs.upload(fd, blob_key(digest), digest)
+            except RestoreError as exc:
+                raise _CaptureFailedError(str(exc)) from None
+            self.stats.uploaded_bytes += size
+            self.stats.uploaded_files += 1
+        return digest
+
+
+def _walk(
+    path: str, session_dir: str, roots: list[str], warn: Callable[[str], None]
+) -> tuple[list[str], list[str]]:
+    """The regular files and folders below the folder ``path`` (real paths), refusing
+    links that leave the roots and special files (with a warning each)."""
+    files: list[str] = []
+    folders: list[str] = []
+    stack = [os.path.realpath(path)]
+    while stack:
+        current = stack.pop()
+        folders.append(current)
+        try:
+            entries = sorted(os.scandir(current), key=lambda e: e.name)
+        except OSError as exc:
+            raise _CaptureFailedError(f"{current}: {exc.strerror or exc}") from None
+        for entry in entries:
+            full = os.path.join(current, entry.name)
+            try:
+                st = os.lstat(full)
+            except OSError:
+                continue
+            if stat.S_ISLNK(st.st_mode):
+                if locate(full, session_dir, roots) is None:
+                    warn(
+                        f"checkpoint file {full!r} was not captured: it is a symbolic link "
+                        "that leads outside the allowed roots"
+                    )
+                    continue
+                try:
+                    st = os.stat(full)
+                except OSError:
+                    continue
+                if stat.S_ISDIR(st.st_mode):
+                    warn(
+                        f"checkpoint folder {full!r} was not captured: links to folders "
+                        "are not followed"
+                    )
+                    continue
+            if stat.S_ISDIR(st.st_mode):
+                stack.append(full)
+            elif stat.S_ISREG(st.st_mode):
+                files.append(full)
+            else:
+                warn(f"checkpoint file {full!r} was not captured: it is {_kind(st.st_mode)}")
+    return files, folders
+
+
 class FileCapture:
     """Uploads a task's declared files in the background and commits its saves in order.
 
@@ -140,6 +252,7 @@ class FileCapture:
         """Real path -> its size and times when it was last declared (None: it did not exist)."""
         self._outputs: dict[str, tuple[str, int]] = {}
         self.stats = CaptureStats()
+        self._content = _Content(self._blobs, self.stats)
         self._idle = threading.Event()
         self._idle.set()
         self._pending = 0
@@ -353,10 +466,7 @@ class FileCapture:
                 if output:
                     self._outputs[path] = (known.sha256, known.size)
                 return known
-            if self._blobs.local:
-                digest = self._capture_local(fd, key)
-            else:
-                digest = self._capture_remote(fd, key)
+            digest = self._content.put(fd, key)
             cap = _Captured(digest, st.st_size, bool(st.st_mode & 0o100), key)
             self._captured[real] = cap
             if output:
@@ -365,96 +475,6 @@ class FileCapture:
         finally:
             if owned:
                 os.close(fd)
-
-    def _capture_local(self, fd: int, key: tuple[int, int, int, int, int]) -> str:
-        """Hash and copy the file into a local store in one pass; keep the copy only if the
-        store does not have that content yet. Returns the digest."""
-        tmp: str | None
-        tmp, digest, size = self._blobs.stage(fd)
-        try:
-            self.stats.hashed_bytes += size
-            if _stat_key(os.fstat(fd)) != key:
-                raise _CaptureFailedError("it changed while it was being read")
-            if self._blobs.exists(blob_key(digest)):
-                self.stats.reused_files += 1
-                self._blobs.touch(blob_key(digest))
-            else:
-                staged, tmp = tmp, None
-                self._blobs.commit_staged(staged, blob_key(digest))
-                self.stats.uploaded_bytes += size
-                self.stats.uploaded_files += 1
-        finally:
-            if tmp is not None:
-                self._blobs.discard(tmp)
-        return digest
-
-    def _capture_remote(self, fd: int, key: tuple[int, int, int, int, int]) -> str:
-        """Hash the file, then upload it unless the store has that content. Returns the
-        digest."""
-        h = hashlib.sha256()
-        for chunk in _chunks(fd):
-            h.update(chunk)
-            self.stats.hashed_bytes += len(chunk)
-        digest = h.hexdigest()
-        if _stat_key(os.fstat(fd)) != key:
-            raise _CaptureFailedError("it changed while it was being read")
-        if self._blobs.exists(blob_key(digest)):
-            self.stats.reused_files += 1
-            self._blobs.touch(blob_key(digest))
-        else:
-            try:
-                size = self._blobs.upload(fd, blob_key(digest), digest)
-            except RestoreError as exc:
-                raise _CaptureFailedError(str(exc)) from None
-            self.stats.uploaded_bytes += size
-            self.stats.uploaded_files += 1
-        return digest
-
-    def _walk(self, path: str) -> tuple[list[str], list[str]]:
-        """The regular files and folders below the folder ``path`` (real paths), refusing
-        links that leave the roots and special files (with a warning each)."""
-        files: list[str] = []
-        folders: list[str] = []
-        stack = [os.path.realpath(path)]
-        while stack:
-            current = stack.pop()
-            folders.append(current)
-            try:
-                entries = sorted(os.scandir(current), key=lambda e: e.name)
-            except OSError as exc:
-                raise _CaptureFailedError(f"{current}: {exc.strerror or exc}") from None
-            for entry in entries:
-                full = os.path.join(current, entry.name)
-                try:
-                    st = os.lstat(full)
-                except OSError:
-                    continue
-                if stat.S_ISLNK(st.st_mode):
-                    if locate(full, self.session_dir, self.roots) is None:
-                        self._warn(
-                            f"checkpoint file {full!r} was not captured: it is a symbolic link "
-                            "that leads outside the allowed roots"
-                        )
-                        continue
-                    try:
-                        st = os.stat(full)
-                    except OSError:
-                        continue
-                    if stat.S_ISDIR(st.st_mode):
-                        self._warn(
-                            f"checkpoint folder {full!r} was not captured: links to folders "
-                            "are not followed"
-                        )
-                        continue
-                if stat.S_ISDIR(st.st_mode):
-                    stack.append(full)
-                elif stat.S_ISREG(st.st_mode):
-                    files.append(full)
-                else:
-                    self._warn(
-                        f"checkpoint file {full!r} was not captured: it is {_kind(st.st_mode)}"
-                    )
-        return files, folders
 
     def _capture_dir(self, path: str, *, strict: bool) -> tuple[list[str], list[str]]:
         if locate(path, self.session_dir, self.roots) is None:
@@ -465,7 +485,7 @@ class FileCapture:
             raise _CaptureFailedError("it does not exist") from None
         if not stat.S_ISDIR(st.st_mode):
             raise _CaptureFailedError(f"it is {_kind(st.st_mode)}, not a folder")
-        files, folders = self._walk(path)
+        files, folders = _walk(path, self.session_dir, self.roots, self._warn)
         for file in files:
             if strict:
                 self._capture_file(file, output=True)
@@ -558,7 +578,7 @@ class FileCapture:
             dirs.append(ref)
             # A declared folder is captured as it is now: new or rewritten files in it are
             # captured at this save (only a folder that vanished fails it).
-            found, folders = self._walk(path)
+            found, folders = _walk(path, self.session_dir, self.roots, self._warn)
             for folder in folders:
                 fref = locate(folder, self.session_dir, self.roots)
                 if fref is not None:
