@@ -83,8 +83,7 @@ class StoreFS:
     """
 
     def __init__(self, location: str) -> None:
-        loc = location
-        self.url = loc
+        self.url = loc = location
         """The location as given. It may hold credentials: show ``location`` instead."""
         self.location = redact_location(loc)
         """The location to show: ``url`` with any credentials in it replaced by ``***``."""

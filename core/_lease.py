@@ -133,6 +133,11 @@ def take_lease(
 
 
 def take_lease_once(fs: StoreFS, base: str, ttl_seconds: float) -> Lease | None:
+    """One try of ``take_lease``: the lease, or None if a live holder has it.
+
+    Raises:
+        StoreError: the lease's file cannot be made, read or written.
+    """
     try:
         if fs.is_local:
             import fcntl
