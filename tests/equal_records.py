@@ -1,0 +1,267 @@
+"""One job, three runners, equal records (issue 24): the scenario of
+``tests/data/equal_records/job.yaml`` driven the same way on the CLI, Airflow and Prefect, and
+its stored records read back, normalized and compared with one golden file.
+
+Importable from all three suites (it imports only ``core``). The scenario, on every runner:
+
+1. ``Work[I=1]`` checkpoints and succeeds; ``Work[I=2]`` checkpoints (``2-started``) and waits.
+2. ``Conductor`` writes the interruption notice file (``file:`` source): ``Work[I=2]`` is asked
+   to checkpoint (``2-noticed``) and stops. The environment's ``onExit`` fails as the session
+   closes.
+3. The runner goes on the way it goes on after a notice (the CLI: run again, which resumes;
+   Airflow and Prefect: their task retry). ``Work[I=2]`` resumes (``2-resumed``) and waits.
+4. ``Conductor`` asks for ``CancelledRunFinally``: ``Work[I=2]`` is canceled, ``Cleanup``
+   (finally) runs, every session's ``onExit`` fails again.
+
+``load_records(store)`` reads every record of the store's runs through ``CheckpointStore``: the
+run record (its notices and environment failures included), its stop requests, its open
+sessions, its task records and every checkpoint generation of each task. ``normalize`` then
+takes out only what names a process, a host, a moment or an id, so that what is left must be
+equal field for field:
+
+- ``run_id`` (every record): a random id; written ``<run>`` (every record of the store names
+  its one run). ``job_key`` is kept: it is a hash of the template's name, equal everywhere.
+- ``created_at``, ``updated_at`` (run, task), ``saved_at`` (checkpoint, generation),
+  ``requested_at`` (stop request), a notice's ``received_at``, ``deadline`` and
+  ``stopped_after``, a stop request's ``deadline``: moments and durations of this one run.
+- ``runner`` (run), ``process`` (task), ``requested_by`` (stop request): pid, process group,
+  start time and host of the process that held the run or task or asked for the stop; the
+  ``host`` and ``pid`` of an open session record.
+- ``external_key``, ``attempt_key`` (run): the scheduler's own ids (an Airflow
+  ``dag_id/run_id``, a Prefect flow run id; None for the CLI).
+- the test's temporary folder (the notice file's path in a notice's ``detail``, the store's
+  path in messages) is written ``<tmp>``, and the clone's folder (in ``template_path``)
+  ``<repo>``: where the test happens to run.
+
+Nothing else is dropped: statuses, conditions and their messages, attempts, generations and
+their states, the notices' source, kind and attempt, the environment failures' messages, the
+stop requests' modes, phases and attempts, skipped and finally steps are compared as stored.
+
+Golden file: ``tests/data/equal_records/records.json``, written by the CLI's test
+(``tests/test_equal_records.py``) when ``OPENJD_REGEN_EQUAL_RECORDS=1`` is set::
+
+    OPENJD_REGEN_EQUAL_RECORDS=1 .venv/bin/python -m pytest tests/test_equal_records.py
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from core import CheckpointStore, request_termination
+
+__all__ = (
+    "GOLDEN",
+    "JOB",
+    "MODE",
+    "Conductor",
+    "assert_equal_records",
+    "load_records",
+    "normalize",
+)
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO / "tests" / "data" / "equal_records"
+JOB = DATA / "job.yaml"
+GOLDEN = DATA / "records.json"
+MODE = "CancelledRunFinally"
+REGEN = "OPENJD_REGEN_EQUAL_RECORDS"
+
+_MOMENTS = ("created_at", "updated_at", "saved_at", "requested_at")
+_NOTICE_MOMENTS = ("received_at", "deadline", "stopped_after")
+_PROCESSES = ("runner", "process", "requested_by")
+_EXTERNAL_IDS = ("external_key", "attempt_key")
+
+
+def load_records(location: str | Path) -> list[dict[str, Any]]:
+    """Every record of every run in the store, as JSON-ready dicts (one per run)."""
+    store = CheckpointStore(location)
+    runs, damaged = store.list_runs()
+    assert not damaged, f"damaged run records: {damaged}"
+    out = []
+    for run in sorted(runs, key=lambda r: r.created_at):
+        tasks, bad = store.read_tasks(run.job_key, run.run_id)
+        assert not bad, f"damaged task records: {bad}"
+        out.append(
+            {
+                "run": run.model_dump(mode="json"),
+                "stop_requests": [
+                    r.model_dump(mode="json")
+                    for r in store.read_stop_requests(run.job_key, run.run_id)
+                ],
+                "sessions": [
+                    s.model_dump(mode="json") for s in store.list_sessions(run.job_key, run.run_id)
+                ],
+                "tasks": [
+                    {
+                        "record": t.model_dump(mode="json"),
+                        "generations": [
+                            g.model_dump(mode="json") for g in store.list_generations(t)
+                        ],
+                    }
+                    for t in sorted(tasks, key=lambda t: (t.step, t.task_key))
+                ],
+            }
+        )
+    return out
+
+
+def normalize(records: list[dict[str, Any]], tmp: str | Path) -> list[dict[str, Any]]:
+    """``records`` without ids, moments and process facts (the module docstring lists them)."""
+    tmp = str(tmp)
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, dict):
+            out = {}
+            for key, item in value.items():
+                if key in _MOMENTS or key in _PROCESSES or key in _EXTERNAL_IDS:
+                    continue
+                if key == "run_id":
+                    out[key] = "<run>"
+                else:
+                    out[key] = walk(item)
+            return out
+        if isinstance(value, list):
+            return [walk(v) for v in value]
+        if isinstance(value, str):
+            return value.replace(tmp, "<tmp>").replace(str(REPO), "<repo>")
+        return value
+
+    normal = walk(records)
+    for entry in normal:
+        run = entry["run"]
+        run["notices"] = [
+            {k: v for k, v in n.items() if k not in _NOTICE_MOMENTS} for n in run["notices"]
+        ]
+        for request in entry["stop_requests"]:
+            request.pop("deadline", None)
+        for session in entry["sessions"]:
+            session.pop("host", None)
+            session.pop("pid", None)
+    return normal
+
+
+def _dump(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True) + "\n"
+
+
+def assert_equal_records(location: str | Path, tmp: str | Path, runner: str) -> None:
+    """The store's records, normalized, equal the golden file's; with ``OPENJD_REGEN_EQUAL_
+    RECORDS=1`` (the CLI's test only) they are written as the new golden file instead."""
+    got = normalize(load_records(location), tmp)
+    check_nontrivial(got)
+    if os.environ.get(REGEN) == "1" and runner == "cli":
+        GOLDEN.write_text(_dump(got))
+    want = json.loads(GOLDEN.read_text())
+    check_nontrivial(want)
+    if got != want:
+        diff = "".join(
+            difflib.unified_diff(
+                _dump(want).splitlines(keepends=True),
+                _dump(got).splitlines(keepends=True),
+                fromfile=f"golden ({GOLDEN.name}, the CLI's)",
+                tofile=runner,
+            )
+        )
+        raise AssertionError(f"the {runner}'s records differ from the golden file:\n{diff}")
+
+
+def check_nontrivial(records: list[dict[str, Any]]) -> None:
+    """The scenario happened: one run, with the notice, an onExit failure, the stop request,
+    the resumed task and the finally step (a golden file without them would prove nothing)."""
+    assert len(records) == 1, f"{len(records)} runs"
+    (entry,) = records
+    run = entry["run"]
+    assert [n["source"] for n in run["notices"]] == ["file"], run["notices"]
+    assert run["environment_failures"], "no onExit failure recorded"
+    assert all("onExit" in f["message"] for f in run["environment_failures"])
+    assert [r["mode"] for r in entry["stop_requests"]][-1:] == [MODE], entry["stop_requests"]
+    assert run["termination"] == MODE and run["finally_steps"] == ["Cleanup"]
+    states = {
+        (t["record"]["step"], t["record"]["parameters"].get("I", {}).get("value")): [
+            g["state"] for g in t["generations"]
+        ]
+        for t in entry["tasks"]
+    }
+    assert states.get(("Work", "2"), [])[-1:] == ["2-resumed"], states
+    assert "2-noticed" in states[("Work", "2")], states
+
+
+class Conductor:
+    """Watches the store from a thread of the test and does steps 2 and 4 of the scenario at
+    their moments: the notice once ``Work[I=1]`` succeeded and ``Work[I=2]`` checkpointed, the
+    termination request once ``Work[I=2]`` resumed. ``join()`` raises what went wrong."""
+
+    def __init__(self, location: str | Path, notice_file: Path, *, timeout: float = 90) -> None:
+        self.store = CheckpointStore(location)
+        self.notice_file = notice_file
+        self.timeout = timeout
+        self.error: BaseException | None = None
+        self.noticed = threading.Event()
+        self.requested = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="equal-records", daemon=True)
+
+    def start(self) -> Conductor:
+        self._thread.start()
+        return self
+
+    def join(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        if self.error is not None:
+            raise self.error
+        assert self.noticed.is_set(), "the notice was never written"
+        assert self.requested.is_set(), "the termination was never requested"
+
+    def _work(self) -> tuple[Any, dict[str, Any]] | None:
+        runs, _ = self.store.list_runs()
+        if len(runs) != 1:
+            return None
+        (run,) = runs
+        tasks, _ = self.store.read_tasks(run.job_key, run.run_id)
+        by_i = {t.parameters["I"]["value"]: t for t in tasks if t.step == "Work"}
+        return run, by_i
+
+    def _wait(self, ready: Any, what: str) -> Any:
+        end = time.monotonic() + self.timeout
+        while time.monotonic() < end and not self._stop.is_set():
+            seen = self._work()
+            if seen is not None and ready(*seen):
+                return seen
+            time.sleep(0.05)
+        raise TimeoutError(f"equal records: {what} never happened")
+
+    def _run(self) -> None:
+        try:
+            self._wait(
+                lambda run, by_i: (
+                    "1" in by_i
+                    and by_i["1"].status.value == "succeeded"
+                    and "2" in by_i
+                    and by_i["2"].status.value == "running"
+                    and by_i["2"].checkpoint is not None
+                    and by_i["2"].checkpoint.state == "2-started"
+                ),
+                "Work[I=2] checkpointed beside a finished Work[I=1]",
+            )
+            self.notice_file.write_text(f"{time.time() + 30}\n")
+            self.noticed.set()
+            run, _ = self._wait(
+                lambda run, by_i: (
+                    "2" in by_i
+                    and by_i["2"].status.value == "running"
+                    and by_i["2"].checkpoint is not None
+                    and by_i["2"].checkpoint.state == "2-resumed"
+                ),
+                "Work[I=2] resumed",
+            )
+            request_termination(self.store, run.job_key, run.run_id, MODE)
+            self.requested.set()
+        except BaseException as exc:  # raised again by join()
+            self.error = exc
