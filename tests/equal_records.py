@@ -60,6 +60,7 @@ __all__ = (
     "JOB",
     "MODE",
     "Conductor",
+    "RecordsDifferError",
     "assert_equal_records",
     "load_records",
     "normalize",
@@ -76,6 +77,10 @@ _MOMENTS = ("created_at", "updated_at", "saved_at", "requested_at")
 _NOTICE_MOMENTS = ("received_at", "deadline", "stopped_after")
 _PROCESSES = ("runner", "process", "requested_by")
 _EXTERNAL_IDS = ("external_key", "attempt_key")
+
+
+class RecordsDifferError(AssertionError):
+    """A runner's normalized records are not the golden file's (the message is the diff)."""
 
 
 def load_records(location: str | Path) -> list[dict[str, Any]]:
@@ -168,7 +173,7 @@ def assert_equal_records(location: str | Path, tmp: str | Path, runner: str) -> 
                 tofile=runner,
             )
         )
-        raise AssertionError(f"the {runner}'s records differ from the golden file:\n{diff}")
+        raise RecordsDifferError(f"the {runner}'s records differ from the golden file:\n{diff}")
 
 
 def check_nontrivial(records: list[dict[str, Any]]) -> None:
@@ -197,7 +202,15 @@ class Conductor:
     their moments: the notice once ``Work[I=1]`` succeeded and ``Work[I=2]`` checkpointed, the
     termination request once ``Work[I=2]`` resumed. ``join()`` raises what went wrong."""
 
-    def __init__(self, location: str | Path, notice_file: Path, *, timeout: float = 90) -> None:
+    def __init__(
+        self, location: str | Path, notice_file: Path, *, sessions: int, timeout: float = 90
+    ) -> None:
+        """``sessions``: how many sessions of the run are open when the notice is due. The
+        CLI keeps one per slot open to the end of the phase (2, ``--max-parallel 2``); Airflow
+        and Prefect close ``Work[I=1]``'s with its unit (1). A notice that reaches a unit while
+        its session exits, after its tasks succeeded, stops that unit too (it fails and is
+        retried): not this scenario's."""
+        self.sessions = sessions
         self.store = CheckpointStore(location)
         self.notice_file = notice_file
         self.timeout = timeout
@@ -226,6 +239,7 @@ class Conductor:
         (run,) = runs
         tasks, _ = self.store.read_tasks(run.job_key, run.run_id)
         by_i = {t.parameters["I"]["value"]: t for t in tasks if t.step == "Work"}
+        by_i["sessions"] = len(self.store.list_sessions(run.job_key, run.run_id))
         return run, by_i
 
     def _wait(self, ready: Any, what: str) -> Any:
@@ -238,18 +252,22 @@ class Conductor:
         raise TimeoutError(f"equal records: {what} never happened")
 
     def _run(self) -> None:
-        try:
-            self._wait(
-                lambda run, by_i: (
-                    "1" in by_i
-                    and by_i["1"].status.value == "succeeded"
-                    and "2" in by_i
-                    and by_i["2"].status.value == "running"
-                    and by_i["2"].checkpoint is not None
-                    and by_i["2"].checkpoint.state == "2-started"
-                ),
-                "Work[I=2] checkpointed beside a finished Work[I=1]",
+        def due(run: Any, by_i: dict[str, Any]) -> bool:
+            return (
+                "1" in by_i
+                and by_i["1"].status.value == "succeeded"
+                and "2" in by_i
+                and by_i["2"].status.value == "running"
+                and by_i["2"].checkpoint is not None
+                and by_i["2"].checkpoint.state == "2-started"
+                and by_i["sessions"] == self.sessions
             )
+
+        try:
+            what = f"Work[I=2] checkpointed beside a finished Work[I=1], {self.sessions} session(s)"
+            self._wait(due, what)
+            time.sleep(0.5)  # a unit that just closed its session has stopped watching by now
+            self._wait(due, what)
             self.notice_file.write_text(f"{time.time() + 30}\n")
             self.noticed.set()
             run, _ = self._wait(

@@ -22,7 +22,7 @@ def test_the_cli_records_equal_the_golden_file(tmp_path: Path) -> None:
         "run", str(JOB), "--store", str(store), "-q", "--max-parallel", "2",
         "--interruption-notices", f"file:{notice}", "--notice-poll-seconds", "0.1",
     )  # fmt: skip
-    conductor = Conductor(store, notice).start()
+    conductor = Conductor(store, notice, sessions=2).start()
     first = CliProcess(*args, cwd=ROOT)
     assert first.wait(90) == 75, first.stderr
     assert conductor.noticed.is_set()
