@@ -14,7 +14,12 @@ from prefect_integration import flow_from_template
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
-from equal_records import JOB, Conductor, RecordsDifferError, assert_equal_records  # noqa: E402  (tests/)
+from equal_records import (  # noqa: E402  (tests/)
+    JOB,
+    Conductor,
+    RecordsDifferError,
+    assert_equal_records,
+)
 
 # Known differences from the CLI's records (issue 24: the core is to make them equal; then drop
 # this mark, which fails the test as soon as the records are equal):
