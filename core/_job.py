@@ -586,10 +586,11 @@ def framework_parameter_values(
 ) -> dict[str, str]:
     """Job parameter values as a framework gives them (an Airflow DAG run's params, a Prefect
     flow run's parameters), ready for ``prepare_job``: values that are None are left out (the
-    default applies); a ``PATH`` or ``LIST[PATH]`` value equal to its default is left out, so
-    that openjd-model takes a relative default from the template's folder, as the CLI does
-    (a framework fills every default in, and a value given by the user is taken from the
-    current directory); lists are written as JSON and bools as ``true``/``false``.
+    default applies); a value equal to its default is left out too, so the run keeps the
+    template's default exactly as the CLI does (a framework fills every default in): a
+    relative ``PATH`` default is taken from the template's folder, not the current directory,
+    and a ``FLOAT`` default written ``40`` stays ``40``, not Python's ``40.0``; lists are
+    written as JSON and bools as ``true``/``false``.
 
     Args:
         values: name -> value (str, int, float, bool, or a list of them).
@@ -599,10 +600,12 @@ def framework_parameter_values(
         to refuse by name.
     """
     defaults: dict[str, Any] = {}
+    kind_of: dict[str, str] = {}
     for definition in template.template.parameterDefinitions or []:
         kind = str(getattr(definition.type, "value", definition.type))
+        kind_of[definition.name] = kind
         default = getattr(definition, "default", None)
-        if kind in ("PATH", "LIST[PATH]") and default is not None:
+        if default is not None:
             defaults[definition.name] = plain_value(default)
     out: dict[str, str] = {}
     for name, value in values.items():
@@ -612,8 +615,17 @@ def framework_parameter_values(
             plain = plain_value(value)
             if plain == defaults[name] or str(plain) == str(defaults[name]):
                 continue
+            if kind_of.get(name) == "FLOAT" and _same_float(plain, defaults[name]):
+                continue
         out[name] = _parameter_text(value)
     return out
+
+
+def _same_float(a: Any, b: Any) -> bool:
+    try:
+        return float(a) == float(b)
+    except (TypeError, ValueError):
+        return False
 
 
 def prepare_job(

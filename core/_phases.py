@@ -332,7 +332,8 @@ def finish_attempt(
 
     Args:
         finally_timeout: the message of an expired finally budget, if it expired.
-        skipped: the tasks not started, as labels (default: every task still planned).
+        skipped: the tasks not started, as labels (default: every task still planned that
+            no process started in this attempt; a task stopped while it ran is not skipped).
         wait_seconds: first wait this long at most for tasks still running elsewhere
             (``wait_tasks_released``; a framework whose last task may start while killed
             tasks still checkpoint). Those still held then are in ``still_running``.
@@ -368,13 +369,21 @@ def finish_attempt(
             for f in run.environment_failures
             if f.get("attempt") == run.attempt
         ]
-        left = [
-            spec.label
+        planned = [
+            spec
             for name in job.step_order()
             for spec in job.plan_step(name, [r for r in records if r.step == name])
         ]
-        if skipped is None:
-            skipped = left
+        left = [spec.label for spec in planned]
+        if skipped is None:  # still to run, and not started in this attempt (not stopped)
+            ran = {
+                (r.step, r.task_key.split("#", 1)[0])
+                for r in records
+                if r.run_attempt == run.attempt and r.status != TaskStatus.PENDING
+            }
+            skipped = [
+                s.label for s in planned if (s.step_name, s.task_key.split("#", 1)[0]) not in ran
+            ]
         if _moot(mode, records, bool(left)) and run.job_status not in ("Cancelled", "Stopped"):
             mode = None  # asked after every task had ended: the run ends as its tasks did
         if mode == TerminationMode.SUSPENDED:

@@ -145,6 +145,7 @@ parameterDefinitions:
 - {name: Frames, type: "LIST[INT]", default: [1]}
 - {name: Draft, type: BOOL, default: false}
 - {name: Note, type: STRING, default: x}
+- {name: Wait, type: FLOAT, default: 40}
 steps:
 - name: A
   script:
@@ -186,3 +187,7 @@ def test_framework_values_keep_relative_path_defaults_in_the_template_folder(
     # A value that differs from the default is the user's: taken from the current directory.
     other = prepare_job(template, framework_parameter_values(template, {"Scene": "s.blend"}))
     assert other.parameters["Scene"] == str(elsewhere / "s.blend")
+    # A FLOAT default keeps the template's spelling: a framework's 40.0 is the default 40.
+    assert framework_parameter_values(template, {"Wait": 40.0}) == {}
+    assert prepare_job(template, {}).parameters["Wait"] == "40"
+    assert framework_parameter_values(template, {"Wait": 40.5}) == {"Wait": "40.5"}
