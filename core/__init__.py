@@ -30,19 +30,15 @@ if TYPE_CHECKING:
         plan_step,
         prepare_run_job,
     )
-    from ._chunks import AdaptiveChunker
     from ._errors import OpenJDCheckpointError, RunError, StoreError, TemplateError
     from ._escalation import Escalation, StopEscalation
     from ._executor import StepRun, TaskExecutor, run_task, run_tasks
-    from ._feed import AdaptiveFeed, TaskFeed, step_feed
     from ._fs import MAX_RECORD_BYTES
     from ._gc import DEFAULT_GC_GRACE_SECONDS, collect_file_garbage
-    from ._groups import group_label, group_result_key, group_tasks
     from ._host import host_id
     from ._inputs import decode_json, load_document, read_input_file
     from ._job import (
         PreparedJob,
-        TaskSpec,
         framework_parameter_values,
         load_environment_template,
         load_path_mapping_rules,
@@ -78,6 +74,17 @@ if TYPE_CHECKING:
         start_finally,
         wait_tasks_released,
     )
+    from ._planning import (
+        AdaptiveChunker,
+        AdaptiveFeed,
+        TaskFeed,
+        TaskSpec,
+        group_label,
+        group_result_key,
+        group_tasks,
+        step_feed,
+        task_label,
+    )
     from ._records import (
         CheckpointData,
         RunCondition,
@@ -92,9 +99,9 @@ if TYPE_CHECKING:
     from ._summary import (
         CheckpointSummary,
         TaskSummary,
+        describe_plan,
         summarize_checkpoint,
         summarize_task,
-        task_label,
     )
     from ._task import TaskEvent, TaskExecution, TaskOutcome, TaskResult
     from ._template import (
@@ -114,15 +121,8 @@ if TYPE_CHECKING:
     )
 
 _EXPORTS = {
-    "RELEASE_WAIT_SECONDS": "._phases",
-    "declare_done": "._phases",
-    "start_finally": "._phases",
-    "describe_plan": "._summary",
-    "group_result_key": "._groups",
-    "Escalation": "._escalation",
-    "StopEscalation": "._escalation",
-    "AdaptiveChunker": "._chunks",
-    "AdaptiveFeed": "._feed",
+    "AdaptiveChunker": "._planning",
+    "AdaptiveFeed": "._planning",
     "Attempt": "._attempt",
     "CancelMethod": "._template",
     "CheckpointData": "._records",
@@ -133,6 +133,7 @@ _EXPORTS = {
     "DEFAULT_MAX_LINE_BYTES": "._messages",
     "DEFAULT_MAX_STATE_BYTES": "._messages",
     "EXIT_CODES": "._phases",
+    "Escalation": "._escalation",
     "FinallyDecision": "._phases",
     "JOB_STATUS_PARAMETER": "._template",
     "MAX_RECORD_BYTES": "._fs",
@@ -145,6 +146,7 @@ _EXPORTS = {
     "OUTCOME_WORDS": "._words",
     "OpenJDCheckpointError": "._errors",
     "PreparedJob": "._job",
+    "RELEASE_WAIT_SECONDS": "._phases",
     "RefusalCode": "._resume",
     "ResumeHow": "._resume",
     "ResumeRefusedError": "._resume",
@@ -156,16 +158,17 @@ _EXPORTS = {
     "Session": "._session",
     "SignalSource": "._notices",
     "StepRun": "._executor",
+    "StopEscalation": "._escalation",
     "StopIntent": "._action",
     "StoreError": "._errors",
     "TaskEvent": "._task",
     "TaskExecution": "._task",
     "TaskExecutor": "._executor",
-    "TaskFeed": "._feed",
+    "TaskFeed": "._planning",
     "TaskOutcome": "._task",
     "TaskRecord": "._records",
     "TaskResult": "._task",
-    "TaskSpec": "._job",
+    "TaskSpec": "._planning",
     "TaskStatus": "._records",
     "TaskSummary": "._summary",
     "TemplateError": "._errors",
@@ -175,15 +178,18 @@ _EXPORTS = {
     "begin_attempt": "._attempt",
     "clean_stale_sessions": "._session",
     "collect_file_garbage": "._gc",
+    "declare_done": "._phases",
     "decode_json": "._inputs",
     "default_store_location": "._store",
     "delete_run": "._attempt",
     "describe_exit": "._words",
+    "describe_plan": "._summary",
     "enter_finally": "._phases",
     "finish_attempt": "._phases",
     "framework_parameter_values": "._job",
-    "group_label": "._groups",
-    "group_tasks": "._groups",
+    "group_label": "._planning",
+    "group_result_key": "._planning",
+    "group_tasks": "._planning",
     "host_id": "._host",
     "load_document": "._inputs",
     "load_environment_template": "._job",
@@ -207,21 +213,15 @@ _EXPORTS = {
     "run_status_words": "._words",
     "run_task": "._executor",
     "run_tasks": "._executor",
-    "step_feed": "._feed",
+    "start_finally": "._phases",
+    "step_feed": "._planning",
     "summarize_checkpoint": "._summary",
     "summarize_task": "._summary",
-    "task_label": "._summary",
+    "task_label": "._planning",
     "wait_tasks_released": "._phases",
 }
 
 __all__ = (
-    "RELEASE_WAIT_SECONDS",
-    "declare_done",
-    "start_finally",
-    "describe_plan",
-    "group_result_key",
-    "Escalation",
-    "StopEscalation",
     "AdaptiveChunker",
     "AdaptiveFeed",
     "Attempt",
@@ -234,6 +234,7 @@ __all__ = (
     "DEFAULT_MAX_LINE_BYTES",
     "DEFAULT_MAX_STATE_BYTES",
     "EXIT_CODES",
+    "Escalation",
     "FinallyDecision",
     "JOB_STATUS_PARAMETER",
     "MAX_RECORD_BYTES",
@@ -246,6 +247,7 @@ __all__ = (
     "OUTCOME_WORDS",
     "OpenJDCheckpointError",
     "PreparedJob",
+    "RELEASE_WAIT_SECONDS",
     "RefusalCode",
     "ResumeHow",
     "ResumeRefusedError",
@@ -257,6 +259,7 @@ __all__ = (
     "Session",
     "SignalSource",
     "StepRun",
+    "StopEscalation",
     "StopIntent",
     "StoreError",
     "TaskEvent",
@@ -276,14 +279,17 @@ __all__ = (
     "begin_attempt",
     "clean_stale_sessions",
     "collect_file_garbage",
+    "declare_done",
     "decode_json",
     "default_store_location",
     "delete_run",
     "describe_exit",
+    "describe_plan",
     "enter_finally",
     "finish_attempt",
     "framework_parameter_values",
     "group_label",
+    "group_result_key",
     "group_tasks",
     "host_id",
     "load_document",
@@ -308,6 +314,7 @@ __all__ = (
     "run_status_words",
     "run_task",
     "run_tasks",
+    "start_finally",
     "step_feed",
     "summarize_checkpoint",
     "summarize_task",

@@ -31,7 +31,6 @@ from typing import Literal
 
 from ._action import StopIntent
 from ._errors import RunError, StoreError
-from ._feed import TaskFeed
 from ._job import PreparedJob, TaskSpec
 from ._notices import (
     DEFAULT_POLL_SECONDS,
@@ -40,6 +39,7 @@ from ._notices import (
     NoticeWatcher,
     checkpoint_timing,
 )
+from ._planning import TaskFeed
 from ._pool import SessionPool
 from ._process import kill_recorded_process
 from ._records import RunStatus, TaskRecord

@@ -12,7 +12,9 @@ memory or time (docs/decisions.md, "Inputs"):
   later walk of the document, validation and hashing included, visits it once per reference);
 - an integer of more digits than Python converts (``sys.get_int_max_str_digits()``, 4,300 by
   default), in JSON or YAML, is refused naming its field, instead of the ``ValueError`` that
-  the conversion (or any later ``str()`` of it) raises.
+  the conversion (or any later ``str()`` of it) raises;
+- an INT value of a template document outside the signed 64-bit range (``int64_problems``),
+  which openjd-model 0.14 takes as a Python integer, is refused naming its field.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import stat
 import sys
 from pathlib import Path
@@ -33,6 +36,7 @@ __all__ = (
     "MAX_INPUT_BYTES",
     "MAX_YAML_ALIAS_NODES",
     "decode_json",
+    "int64_problems",
     "integer_digits_limit",
     "load_document",
     "read_input_file",
@@ -331,3 +335,104 @@ def load_document(text: str, *, json_format: bool, source: str | Path | None = N
         ) from None
     except RecursionError:
         raise TemplateError(["the document is nested too deeply"], source=where) from None
+
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+"""The range of an INT value (Expression Language 1.2.1: a 64-bit signed integer; both reference
+implementations store INT as int64)."""
+
+_INT64_RANGE = f"the signed 64-bit integer range of an INT value ({INT64_MIN} to {INT64_MAX})"
+_INT_TEXT = re.compile(r"[+-]?[0-9]+")
+_RANGE_PART = re.compile(r"^\s*([+-]?\d+)\s*(?:-\s*([+-]?\d+)\s*(?::\s*([+-]?\d+)\s*)?)?$")
+
+
+def _int64_problem(where: str, value: Any) -> str | None:
+    """A problem if ``value`` (an ``<integer>`` or ``<intstring>``) is outside int64."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        try:
+            number = int(value)
+        except ValueError:
+            if _INT_TEXT.fullmatch(value):  # more digits than Python converts
+                digits = sum(c.isdigit() for c in value)
+                return f"{where}: an integer of {digits:,} digits is outside {_INT64_RANGE}"
+            return None  # a format string, or not an integer (openjd-model judges those)
+        if not _INT_TEXT.fullmatch(value):
+            # openjd-model 0.14 (Python's int()) takes ' 12', '1_000' and non-ASCII digits,
+            # and a task would get the text as written
+            return (
+                f"{where}: {value!r} is not an integer; an INT value is written with the "
+                "digits 0-9 and an optional sign, nothing else"
+            )
+    elif isinstance(value, int):
+        number = value
+    else:
+        return None
+    if INT64_MIN <= number <= INT64_MAX:
+        return None
+    return f"{where}: {number} is outside {_INT64_RANGE}"
+
+
+def int64_problems(document: Any) -> list[str]:
+    """INT values of a job or environment template document outside the signed 64-bit range,
+    each named by its field path: an INT (or LIST[INT]) job parameter's ``default``,
+    ``minValue``, ``maxValue`` and ``allowedValues`` (and ``item.*``), and an INT or CHUNK[INT]
+    task parameter's ``range`` (a list, or a range expression). openjd-model 0.14 takes
+    Python's unbounded integers there."""
+    if not isinstance(document, dict):
+        return []
+    problems: list[str] = []
+
+    def check(where: str, value: Any) -> None:
+        found = _int64_problem(where, value)
+        if found:
+            problems.append(found)
+
+    def scalar_fields(where: str, node: dict[str, Any], *, default: bool) -> None:
+        keys = ("default", "minValue", "maxValue") if default else ("minValue", "maxValue")
+        for key in keys:
+            if key in node:
+                check(f"{where}.{key}", node[key])
+        allowed = node.get("allowedValues")
+        if isinstance(allowed, list):
+            for j, value in enumerate(allowed):
+                check(f"{where}.allowedValues[{j}]", value)
+
+    params = document.get("parameterDefinitions")
+    for i, param in enumerate(params if isinstance(params, list) else []):
+        if not isinstance(param, dict):
+            continue
+        where = f"parameterDefinitions[{i}]"
+        if isinstance(param.get("name"), str):
+            where += f" ({param['name']})"
+        if param.get("type") == "INT":
+            scalar_fields(where, param, default=True)
+        elif param.get("type") == "LIST[INT]":
+            default = param.get("default")
+            for j, value in enumerate(default if isinstance(default, list) else []):
+                check(f"{where}.default[{j}]", value)
+            item = param.get("item")
+            if isinstance(item, dict):
+                scalar_fields(f"{where}.item", item, default=False)
+    steps = document.get("steps")
+    for i, step in enumerate(steps if isinstance(steps, list) else []):
+        space = step.get("parameterSpace") if isinstance(step, dict) else None
+        defs = space.get("taskParameterDefinitions") if isinstance(space, dict) else None
+        for j, task_param in enumerate(defs if isinstance(defs, list) else []):
+            if not isinstance(task_param, dict):
+                continue
+            if task_param.get("type") not in ("INT", "CHUNK[INT]"):
+                continue
+            where = f"steps[{i}].parameterSpace.taskParameterDefinitions[{j}].range"
+            rng = task_param.get("range")
+            if isinstance(rng, list):
+                for k, value in enumerate(rng):
+                    check(f"{where}[{k}]", value)
+            elif isinstance(rng, str) and "{{" not in rng:
+                for part in rng.split(","):
+                    m = _RANGE_PART.match(part)
+                    for number in m.groups() if m else ():
+                        if number is not None:
+                            check(where, number)
+    return problems

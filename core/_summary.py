@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ._planning import task_label
 from ._records import CheckpointData, TaskRecord
 
 if TYPE_CHECKING:
@@ -23,17 +24,7 @@ __all__ = (
     "TaskSummary",
     "summarize_checkpoint",
     "summarize_task",
-    "task_label",
 )
-
-
-def task_label(rec: TaskRecord) -> str:
-    """A task's readable name, as the run printed it: ``Render[Frame=1-4]``, or the step name
-    for a step's lone task."""
-    if not rec.parameters:
-        return rec.step
-    inner = ", ".join(f"{k}={v.get('value', '')}" for k, v in rec.parameters.items())
-    return f"{rec.step}[{inner}]"
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from openjd.model import (
 from openjd.model.v2023_09 import Action
 
 from ._errors import TemplateError
-from ._inputs import load_document, read_input_file
+from ._inputs import int64_problems, load_document, read_input_file
 
 __all__ = (
     "CHECKPOINT_EXTENSION",
@@ -202,6 +202,37 @@ class CheckpointJobTemplate:
     def is_finally(self, step_name: str) -> bool:
         return step_name in self.finally_steps
 
+    def dependencies(self, step_name: str) -> list[str]:
+        """The steps ``step_name`` depends on (its ``dependencies``), as the template lists them.
+
+        The job's step graph has this one source: ``PreparedJob.dependencies`` and
+        ``step_order`` read it, and so do the adapters that build a graph before any job exists.
+
+        Raises:
+            KeyError: no such step.
+        """
+        for step in self.template.steps:
+            if step.name == step_name:
+                return [d.dependsOn for d in (step.dependencies or [])]
+        raise KeyError(step_name)
+
+    def step_order(self) -> list[str]:
+        """Step names (regular, then finally) in an order that respects ``dependencies``
+        (template order otherwise)."""
+        names = [s.name for s in self.template.steps]
+        deps = {name: self.dependencies(name) for name in names}
+        done: list[str] = []
+        remaining = list(names)
+        while remaining:
+            for name in remaining:
+                if all(d in done for d in deps[name]):
+                    done.append(name)
+                    remaining.remove(name)
+                    break
+            else:  # pragma: no cover - openjd-model refuses cycles
+                raise TemplateError([f"steps: dependency cycle among {remaining}"])
+        return done
+
     def step_path(self, step_name: str) -> str:
         """The step's field path in the template: ``steps[i]`` or ``finally[j]``."""
         i = self.step_index(step_name)
@@ -223,107 +254,6 @@ def canonical_json(value: Any) -> str:
 
 def sha256_hex(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-"""The range of an INT value (Expression Language 1.2.1: a 64-bit signed integer; both reference
-implementations store INT as int64)."""
-
-_INT64_RANGE = f"the signed 64-bit integer range of an INT value ({INT64_MIN} to {INT64_MAX})"
-_INT_TEXT = re.compile(r"[+-]?[0-9]+")
-_RANGE_PART = re.compile(r"^\s*([+-]?\d+)\s*(?:-\s*([+-]?\d+)\s*(?::\s*([+-]?\d+)\s*)?)?$")
-
-
-def _int64_problem(where: str, value: Any) -> str | None:
-    """A problem if ``value`` (an ``<integer>`` or ``<intstring>``) is outside int64."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, str):
-        try:
-            number = int(value)
-        except ValueError:
-            if _INT_TEXT.fullmatch(value):  # more digits than Python converts
-                digits = sum(c.isdigit() for c in value)
-                return f"{where}: an integer of {digits:,} digits is outside {_INT64_RANGE}"
-            return None  # a format string, or not an integer (openjd-model judges those)
-        if not _INT_TEXT.fullmatch(value):
-            # openjd-model 0.14 (Python's int()) takes ' 12', '1_000' and non-ASCII digits,
-            # and a task would get the text as written
-            return (
-                f"{where}: {value!r} is not an integer; an INT value is written with the "
-                "digits 0-9 and an optional sign, nothing else"
-            )
-    elif isinstance(value, int):
-        number = value
-    else:
-        return None
-    if INT64_MIN <= number <= INT64_MAX:
-        return None
-    return f"{where}: {number} is outside {_INT64_RANGE}"
-
-
-def int64_problems(document: Any) -> list[str]:
-    """INT values of a job or environment template document outside the signed 64-bit range,
-    each named by its field path: an INT (or LIST[INT]) job parameter's ``default``,
-    ``minValue``, ``maxValue`` and ``allowedValues`` (and ``item.*``), and an INT or CHUNK[INT]
-    task parameter's ``range`` (a list, or a range expression). openjd-model 0.14 takes
-    Python's unbounded integers there."""
-    if not isinstance(document, dict):
-        return []
-    problems: list[str] = []
-
-    def check(where: str, value: Any) -> None:
-        found = _int64_problem(where, value)
-        if found:
-            problems.append(found)
-
-    def scalar_fields(where: str, node: dict[str, Any], *, default: bool) -> None:
-        keys = ("default", "minValue", "maxValue") if default else ("minValue", "maxValue")
-        for key in keys:
-            if key in node:
-                check(f"{where}.{key}", node[key])
-        allowed = node.get("allowedValues")
-        if isinstance(allowed, list):
-            for j, value in enumerate(allowed):
-                check(f"{where}.allowedValues[{j}]", value)
-
-    params = document.get("parameterDefinitions")
-    for i, param in enumerate(params if isinstance(params, list) else []):
-        if not isinstance(param, dict):
-            continue
-        where = f"parameterDefinitions[{i}]"
-        if isinstance(param.get("name"), str):
-            where += f" ({param['name']})"
-        if param.get("type") == "INT":
-            scalar_fields(where, param, default=True)
-        elif param.get("type") == "LIST[INT]":
-            default = param.get("default")
-            for j, value in enumerate(default if isinstance(default, list) else []):
-                check(f"{where}.default[{j}]", value)
-            item = param.get("item")
-            if isinstance(item, dict):
-                scalar_fields(f"{where}.item", item, default=False)
-    steps = document.get("steps")
-    for i, step in enumerate(steps if isinstance(steps, list) else []):
-        space = step.get("parameterSpace") if isinstance(step, dict) else None
-        defs = space.get("taskParameterDefinitions") if isinstance(space, dict) else None
-        for j, task_param in enumerate(defs if isinstance(defs, list) else []):
-            if not isinstance(task_param, dict):
-                continue
-            if task_param.get("type") not in ("INT", "CHUNK[INT]"):
-                continue
-            where = f"steps[{i}].parameterSpace.taskParameterDefinitions[{j}].range"
-            rng = task_param.get("range")
-            if isinstance(rng, list):
-                for k, value in enumerate(rng):
-                    check(f"{where}[{k}]", value)
-            elif isinstance(rng, str) and "{{" not in rng:
-                for part in rng.split(","):
-                    m = _RANGE_PART.match(part)
-                    for number in m.groups() if m else ():
-                        if number is not None:
-                            check(where, number)
-    return problems
 
 
 def load_template(path: str | Path) -> CheckpointJobTemplate:

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from openjd.model import IntRangeExpr, StepParameterSpaceIterator
 
 from core import parse_template, prepare_job
-from core._chunks import AdaptiveChunker, adaptive_chunk_size, group_key, is_adaptive
+from core._planning import AdaptiveChunker, adaptive_chunk_size, group_key, is_adaptive
 
 
 def chunked_space(

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from core import CheckpointData, TaskRecord, TaskStatus, parse_template, prepare_job
-from core._job import params_to_record, task_key_of
+from core._planning import params_to_record, task_key_of
 
 
 def chunk_job(constraint: str = "CONTIGUOUS", resumable: bool = False, count: int = 10):

@@ -33,10 +33,10 @@ from openjd.model import (
     StepParameterSpaceIterator,
 )
 
-from ._template import canonical_json
+from .._template import canonical_json
 
 if TYPE_CHECKING:
-    from ._job import PreparedJob
+    from .._job import PreparedJob
 
 __all__ = ("AdaptiveChunker", "adaptive_chunk_size", "group_key", "is_adaptive")
 

@@ -4,10 +4,14 @@ adaptive step's chunks, sized as they are taken (TASK_CHUNKING ``targetRuntimeSe
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
+from .._records import TaskRecord
 from ._chunks import AdaptiveChunker
-from ._job import PreparedJob, TaskSpec
-from ._records import TaskRecord
+from ._spec import TaskSpec
+
+if TYPE_CHECKING:
+    from .._job import PreparedJob
 
 __all__ = ("AdaptiveFeed", "TaskFeed", "step_feed")
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from openjd.model import IntRangeExpr
 
-from ._job import TaskSpec
+from ._spec import TaskSpec
 
 __all__ = ("MAX_LABEL_CHARS", "group_label", "group_result_key", "group_tasks")
 
