@@ -265,7 +265,6 @@ def dag_from_template(
         step_ids = {s: task_id_for(s, taken) for s in template.regular_steps}
         step_ids.update({s: task_id_for(s, taken) for s in template.finally_steps})
         tasks: dict[str, Any] = {}
-        deps = _dependencies(template)
         for step in template.regular_steps + template.finally_steps:
             tid = step_ids[step]
             plan = OpenJDPlanOperator(
@@ -287,7 +286,7 @@ def dag_from_template(
             tasks[step] = mapped
         regular = [tasks[s] for s in template.regular_steps]
         for step in template.regular_steps + template.finally_steps:
-            for dep in deps.get(step, []):
+            for dep in template.dependencies(step):
                 tasks[dep] >> tasks[step]
         for step in template.finally_steps:
             tasks[step].as_teardown(setups=begin)
@@ -298,17 +297,6 @@ def dag_from_template(
             t >> finish
         finish.as_teardown(setups=begin, on_failure_fail_dagrun=True)
     return dag
-
-
-def _dependencies(template: core.CheckpointJobTemplate) -> dict[str, list[str]]:
-    steps = list(template.document.get("steps", [])) + list(
-        template.document.get("finally", []) or []
-    )
-    return {
-        s["name"]: [d["dependsOn"] for d in (s.get("dependencies") or [])]
-        for s in steps
-        if isinstance(s, dict) and "name" in s
-    }
 
 
 def _caller_folder() -> Path:
