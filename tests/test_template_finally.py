@@ -40,6 +40,22 @@ def test_valid_finally_template() -> None:
     assert JOB_STATUS_PARAMETER not in job.parameters  # not part of the job's identity
 
 
+def test_the_step_graph_is_the_template_s_and_the_job_reads_it() -> None:
+    # GIVEN a template whose steps and finally steps depend on others, listed out of order
+    doc = copy.deepcopy(BASE)
+    doc["steps"] = [step("B", deps=["A"]), step("A")]
+    t = parse_template(doc)
+    job = prepare_job(t)
+    # THEN the template and the job give one graph: regular steps, then finally steps
+    assert t.dependencies("B") == job.dependencies("B") == ["A"]
+    assert t.dependencies("A") == [] and t.dependencies("Report") == ["Cleanup"]
+    assert t.step_order() == job.step_order() == ["A", "B", "Cleanup", "Report"]
+    with pytest.raises(KeyError):
+        t.dependencies("Nope")
+    with pytest.raises(KeyError):
+        job.dependencies("Nope")
+
+
 def with_(mutate) -> dict[str, Any]:
     doc = copy.deepcopy(BASE)
     mutate(doc)
