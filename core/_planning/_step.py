@@ -162,7 +162,7 @@ def plan_tasks(
 
 def adaptive_plan(
     job: PreparedJob, step_name: str, records: Iterable[TaskRecord] = ()
-) -> tuple[list[TaskSpec], Any] | None:
+) -> tuple[list[TaskSpec], AdaptiveChunker] | None:
     """For a step whose CHUNK[INT] parameter has ``targetRuntimeSeconds`` (TASK_CHUNKING):
     the checkpointed chunks that resume (``plan_tasks``' rule 2), and an
     ``AdaptiveChunker`` that hands out every other frame not yet reported, in chunks whose
