@@ -87,6 +87,10 @@ def face_problems(root: Path) -> list[str]:
            for m in sorted(private - listed)]  # fmt: skip
     out += [f"pyproject.toml: the face contract lists {m}, which does not exist: drop it"
             for m in sorted(listed - private)]  # fmt: skip
+    [layers] = [c for c in contracts if c.get("type") == "layers"]
+    floors = {f"core.{m.strip()}" for layer in layers["layers"] for m in layer.split("|")}
+    out += [f"pyproject.toml: {m} is on no floor of the layers contract: put it on one"
+            for m in sorted(private - floors)]  # fmt: skip
     return out
 
 

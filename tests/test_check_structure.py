@@ -48,9 +48,13 @@ def test_a_private_module_missing_from_the_face_contract_fails(tmp_path) -> None
         "[[tool.importlinter.contracts]]\n"
         'source_modules = ["airflow_plugin", "prefect_integration", "core.cli"]\n'
         'forbidden_modules = ["core._a", "core._gone"]\n'
+        "[[tool.importlinter.contracts]]\n"
+        'type = "layers"\n'
+        'layers = ["cli", "_a | _gone"]\n'
     )
     assert check_structure.face_problems(tmp_path) == [
         "pyproject.toml: core._b is not in the face contract's forbidden_modules: add it",
         "pyproject.toml: the face contract lists core._gone, which does not exist: drop it",
+        "pyproject.toml: core._b is on no floor of the layers contract: put it on one",
     ]
     assert check_structure.face_problems(ROOT) == []
