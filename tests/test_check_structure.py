@@ -30,7 +30,10 @@ def test_a_new_module_or_class_over_the_limit_fails() -> None:
     assert check_structure.problems({"core/_new.py": 800, "core/_x.py::Big": 400})[0] == []
 
 
-def test_a_listed_unit_may_shrink_but_not_grow() -> None:
+def test_a_listed_unit_may_shrink_but_not_grow(monkeypatch) -> None:
+    # Every unit of core is under the limits now (CEILINGS is empty): the rule is checked on
+    # a unit of its own, as a ceiling listed when a limit came would be.
+    monkeypatch.setattr(check_structure, "CEILINGS", {"core/_old.py": 900})
     unit, ceiling = next(iter(check_structure.CEILINGS.items()))
     failures, _ = check_structure.problems({unit: ceiling + 1})
     assert failures and "it may only shrink" in failures[0]
