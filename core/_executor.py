@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from ._action import StopIntent
 from ._errors import RunError, StoreError
@@ -546,16 +546,7 @@ def run_tasks(
     job: PreparedJob,
     run_id: str,
     specs: list[TaskSpec],
-    *,
-    on_output: Callable[[TaskExecution, list[str]], None] | None = None,
-    on_event: Callable[[TaskExecution, TaskEvent], None] | None = None,
-    on_note: Callable[[str], None] | None = None,
-    on_start: Callable[[TaskExecution], None] | None = None,
-    working_root: str | None = None,
-    poll_seconds: float = 0.5,
-    notices: Sequence[NoticeSource] = (),
-    notice_poll_seconds: float | None = None,
-    on_notice: Callable[[Notice], None] | None = None,
+    **options: Any,
 ) -> list[TaskResult]:
     """Run tasks of a run one after the other in one OpenJD session, in this process (an
     Airflow task instance or a Prefect task run that runs a group of a step's tasks): a
@@ -578,12 +569,13 @@ def run_tasks(
 
     Args:
         specs: the tasks, all of one step (``plan_step``, or ``TaskSpec.from_dict``).
-        on_start: called with each ``TaskExecution`` before it runs (for example to keep it for
-            an ``on_kill`` that calls ``stop(..., deadline=...)``).
-        notices: interruption notice sources (``parse_notice_sources``); none by default.
-        notice_poll_seconds: at most one request per source this often (default 5 s).
-        on_notice: called with each notice acted on (on a background thread), before the
-            running task is stopped.
+        options: ``TaskExecutor``'s keyword arguments but ``attempt``, ``max_parallel`` and
+            ``run_lease``: ``on_output``, ``on_event``, ``on_note``, ``on_start`` (for example
+            to keep the ``TaskExecution`` for an ``on_kill`` that calls ``stop(...,
+            deadline=...)``), ``working_root``, ``poll_seconds``, ``notices``
+            (``parse_notice_sources``; none by default), ``notice_poll_seconds`` (default
+            5 s), ``on_notice`` (called with each notice acted on, on a background thread,
+            before the running task is stopped).
 
     Returns:
         One ``TaskResult`` per spec, in order.
@@ -600,21 +592,7 @@ def run_tasks(
     if run.phase == "ended" or run.status != RunStatus.RUNNING:
         labels = ", ".join(s.label for s in specs)
         raise RunError(f"run {run_id} has ended ({run.status.value}); {labels} not run")
-    executor = TaskExecutor(
-        store,
-        job,
-        run_id,
-        attempt=run.attempt,
-        on_output=on_output,
-        on_event=on_event,
-        on_note=on_note,
-        on_start=on_start,
-        working_root=working_root,
-        poll_seconds=poll_seconds,
-        notices=notices,
-        notice_poll_seconds=notice_poll_seconds,
-        on_notice=on_notice,
-    )
+    executor = TaskExecutor(store, job, run_id, attempt=run.attempt, **options)
     with executor:
         step = executor.run(specs, job_status=run.job_status)
     by_key = {spec.task_key: result for spec, result in step.results}
@@ -630,7 +608,7 @@ def run_task(
     job: PreparedJob,
     run_id: str,
     spec: TaskSpec,
-    **options: object,
+    **options: Any,
 ) -> TaskResult:
     """Run one task of a run, in this process, to its end (any process, any host): a group of
     one (``run_tasks``), in a session of its own.
@@ -640,7 +618,7 @@ def run_task(
         RunError: the run does not exist or has ended.
         StoreError: the store cannot be read or written when the task starts.
     """
-    [result] = run_tasks(store, job, run_id, [spec], **options)  # type: ignore[arg-type]
+    [result] = run_tasks(store, job, run_id, [spec], **options)
     return result
 
 
