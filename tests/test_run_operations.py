@@ -365,7 +365,9 @@ def test_ten_concurrent_fresh_runs_of_one_job_run_it_once(tmp_path: Path) -> Non
     take too long to start on a small machine.)"""
     store = tmp_path / "store"
     args = ["run", str(COUNTER), "--store", str(store), "-q", "--fresh"]
-    args += ["-p", "N=10", "-p", "StepSeconds=0.3", "-p", f"LockFile={tmp_path / 'lock'}"]
+    # 15 s of work: the run still runs when the last of the ten has started on a loaded machine
+    # (at 3 s a process started 5 s late found it ended, and rightly ran the job again)
+    args += ["-p", "N=10", "-p", "StepSeconds=1.5", "-p", f"LockFile={tmp_path / 'lock'}"]
     procs = [
         subprocess.Popen(
             cli_cmd(*args), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
