@@ -89,7 +89,15 @@ class TaskOutput:
         """Apply one batch of an action's output lines. ``env_changes``: where an environment's
         ``onEnter`` collects its variable changes (None for any other action)."""
         texts: list[str] = []
+        secrets = self.secrets
         for line in lines:
+            data = line.data
+            if not (line.oversized or secrets or data.lstrip().startswith(b"openjd_")):
+                try:  # ordinary output, most lines: what read_line gives it, without the call
+                    texts.append(data.decode("utf-8"))
+                    continue
+                except UnicodeDecodeError:
+                    pass
             reading = read_line(
                 line.data,
                 number=line.number,
