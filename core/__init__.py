@@ -85,6 +85,7 @@ if TYPE_CHECKING:
         step_feed,
         task_label,
     )
+    from ._reaper import become_child_subreaper
     from ._records import (
         CheckpointData,
         RunCondition,
@@ -182,6 +183,7 @@ _EXPORTS = {
     "decode_json": "._inputs",
     "default_store_location": "._store",
     "delete_run": "._attempt",
+    "become_child_subreaper": "._reaper",
     "describe_exit": "._words",
     "describe_plan": "._summary",
     "enter_finally": "._phases",
@@ -276,6 +278,7 @@ __all__ = (
     "Termination",
     "TerminationMode",
     "attempt_records",
+    "become_child_subreaper",
     "begin_attempt",
     "clean_stale_sessions",
     "collect_file_garbage",

@@ -226,9 +226,11 @@ class StoreFS:
             if not stat.S_ISDIR(mode):
                 raise StoreError(f"cannot use {self.where(current)}: it is not a folder")
 
-    def write_json(self, path: str, data: dict[str, Any]) -> None:
+    def write_json(self, path: str, data: dict[str, Any], *, durable: bool = True) -> None:
         """Write the JSON document ``data`` to ``path`` (a record: at most ``MAX_RECORD_BYTES``)
-        atomically and durably (``replace_file``).
+        atomically (``replace_file``): durably unless ``durable`` is False, which a local store
+        takes as leave the data and the rename in the page cache (they survive the death of
+        any process, not of the machine; docs/decisions.md, "Which writes are durable").
 
         Raises:
             StoreError: it is too large or cannot be written; the previous version stays.
@@ -241,7 +243,7 @@ class StoreFS:
                 f"{MAX_RECORD_BYTES:,} a record may have (it could never be read back); the "
                 "previous version stays"
             )
-        self.replace_file(path, payload, durable=True)
+        self.replace_file(path, payload, durable=durable)
 
     def replace_file(self, path: str, body: bytes, *, durable: bool) -> None:
         """Write ``body`` to ``path`` (checked by the caller) all at once: on a local store a
@@ -253,9 +255,15 @@ class StoreFS:
         """
         parent = posixpath.dirname(path)
         try:
-            self.makedirs_confined(parent)
             if self.is_local:
-                fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=parent)
+                # The caller checked the folders on the way (``confined``); they are made
+                # only when the temporary file cannot be: they exist for every write but the
+                # first in them.
+                try:
+                    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=parent)
+                except FileNotFoundError:
+                    self.makedirs_confined(parent)
+                    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=parent)
                 try:
                     with os.fdopen(fd, "wb") as fh:
                         fh.write(body)
@@ -276,6 +284,7 @@ class StoreFS:
                     finally:
                         os.close(dfd)
             else:
+                self.makedirs_confined(parent)
                 self.backend.pipe_file(path, body)
         except OSError as exc:
             raise StoreError(f"cannot write {self.where(path)}: {os_reason(exc)}") from None

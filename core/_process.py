@@ -35,6 +35,7 @@ import psutil
 
 from ._host import host_id
 from ._messages import DEFAULT_MAX_LINE_BYTES
+from ._reaper import is_subreaper, kill_action_tree
 
 if TYPE_CHECKING:
     from ._records import ProcessInfo
@@ -50,6 +51,11 @@ __all__ = (
     "new_marker",
     "processes_with_marker",
 )
+
+_LEADERS: set[int] = set()
+"""Pids of started action processes whose ``Popen`` has not reaped them yet: a subreaper's
+sweep (core._reaper) reaps every other zombie child, never these."""
+_LEADERS_LOCK = threading.Lock()
 
 _READ_SIZE = 256 * 1024
 _STREAM = "stdout"
@@ -137,28 +143,38 @@ class ActionProcess:
         self._consumer_failed = False
         self._stop_reading = threading.Event()
         self.identity: ProcessIdentity | None = None
+        self._pidfd = -1
 
     def start(self) -> ProcessIdentity:
-        self._popen = subprocess.Popen(
-            self._argv,
-            cwd=self._cwd,
-            env=self._env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            restore_signals=True,
-            close_fds=True,
-        )
-        pid = self._popen.pid
+        with _LEADERS_LOCK:  # registered before a sweep could see it exit (core._reaper)
+            self._popen = subprocess.Popen(
+                self._argv,
+                cwd=self._cwd,
+                env=self._env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                restore_signals=True,
+                close_fds=True,
+            )
+            pid = self._popen.pid
+            _LEADERS.add(pid)
         try:
             started = psutil.Process(pid).create_time()
         except psutil.Error:
             started = time.time()
         self.identity = ProcessIdentity(pid=pid, pgid=pid, start_time=started)
+        # One thread reads the output and sees the exit (a pidfd beside the pipe, Linux 5.3);
+        # without pidfds a second thread waits for the exit.
+        try:
+            self._pidfd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            self._pidfd = -1
         self._reader = threading.Thread(target=self._read, name=f"openjd-output-{pid}", daemon=True)
         self._reader.start()
-        threading.Thread(target=self._wait, name=f"openjd-wait-{pid}", daemon=True).start()
+        if self._pidfd < 0:
+            threading.Thread(target=self._wait, name=f"openjd-wait-{pid}", daemon=True).start()
         return self.identity
 
     @property
@@ -225,6 +241,15 @@ class ActionProcess:
         then wait until none is left running."""
         if self._popen is None:
             return
+        if is_subreaper():  # what left the group is still a descendant: no walk over /proc
+            needle = None if self._marker is None else f"{MARKER_VARIABLE}={self._marker}"
+            kill_action_tree(
+                self._popen.pid,
+                include_leader=not self._exited.is_set(),
+                needle=None if needle is None else needle.encode(),
+                spare=_live_leaders,
+            )
+            return
         kill_process_group(
             self._popen.pid, include_leader=not self._exited.is_set(), marker=self._marker
         )
@@ -232,8 +257,12 @@ class ActionProcess:
     # --- internals ---------------------------------------------------------------------------
     def _wait(self) -> None:
         assert self._popen is not None
-        self._returncode = self._popen.wait()
-        self._exited.set()
+        try:
+            self._returncode = self._popen.wait()
+        finally:
+            with _LEADERS_LOCK:
+                _LEADERS.discard(self._popen.pid)
+            self._exited.set()
 
     def _read(self) -> None:
         """Read the merged output until every writer closed it (or ``_stop_reading`` is set),
@@ -243,6 +272,9 @@ class ActionProcess:
         fd = pipe.fileno()
         sel = selectors.DefaultSelector()
         sel.register(fd, selectors.EVENT_READ)
+        pidfd = self._pidfd
+        if pidfd >= 0:
+            sel.register(pidfd, selectors.EVENT_READ)
         read = os.read
         try:
             while not self._stop_reading.is_set():
@@ -252,6 +284,13 @@ class ActionProcess:
                     break
                 if not ready:
                     continue
+                if pidfd >= 0 and any(key.fd == pidfd for key, _ in ready):
+                    sel.unregister(pidfd)
+                    os.close(pidfd)
+                    pidfd = self._pidfd = -1
+                    self._wait()  # it has exited: the wait returns at once
+                    if len(ready) == 1:
+                        continue
                 try:
                     chunk = read(fd, _READ_SIZE)
                 except OSError:
@@ -285,6 +324,10 @@ class ActionProcess:
                 pipe.close()
             except OSError:
                 pass
+        if pidfd >= 0:  # the pipe closed before the process exited: wait for it here
+            os.close(pidfd)
+            self._pidfd = -1
+            self._wait()
 
     def _deliver(self, batch: list[OutputLine]) -> None:
         """Hand lines on; a failing consumer (a closed stdout, say) must not stop the reading,
@@ -383,6 +426,11 @@ _MARKER_BIRTHS_KEPT = 4096
 _MARKER_BIRTH_MARGIN_SECONDS = 2.0
 """How much earlier than a marker's making a process may have started and still be checked for
 it (slack for clock rounding; a process cannot carry a marker made after it started)."""
+
+
+def _live_leaders() -> set[int]:
+    with _LEADERS_LOCK:
+        return set(_LEADERS)
 
 
 def _boot_ticks() -> int:

@@ -52,9 +52,9 @@ class RecordFiles:
         self.fs = fs
         self.read_only = read_only
 
-    def write(self, path: str, data: dict[str, Any]) -> None:
+    def write(self, path: str, data: dict[str, Any], *, durable: bool = True) -> None:
         """Write the record ``data`` to ``path`` (``StoreFS.write_json``)."""
-        self.fs.write_json(path, data)
+        self.fs.write_json(path, data, durable=durable)
 
     def read(self, path: str, model: type[Any]) -> Any:
         """The record of type ``model`` at ``path``, None if there is none. A run or task record

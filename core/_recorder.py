@@ -84,8 +84,10 @@ class TaskRecorder:
         """The record was changed in place: the next ``persist`` writes it."""
         self._dirty = True
 
-    def persist(self, force: bool = False) -> None:
-        """Write the record if it changed since it was last written (or ``force``)."""
+    def persist(self, force: bool = False, *, durable: bool = True) -> None:
+        """Write the record if it changed since it was last written (or ``force``).
+        ``durable=False`` is honoured only while the stored record holds no checkpoint
+        (``TaskRecords.write_task``)."""
         if self.store is None:
             self._dirty = False
             return
@@ -93,7 +95,9 @@ class TaskRecorder:
             if not (force or self._dirty):
                 return
             try:
-                self.store.write_task(self.record)
+                self.store.write_task(
+                    self.record, durable=durable or self.record.checkpoint is not None
+                )
                 self._dirty = False
             except StoreError as exc:
                 self._warn(f"task record not stored: {exc}")
@@ -108,7 +112,10 @@ class TaskRecorder:
                 host=host_id(),
                 marker=marker,
             )
-        self.persist(force=True)
+        # Not durable (unless it replaces a record holding a checkpoint): the pid and marker
+        # serve the reaping after the runner's death, which the page cache survives; a crash of
+        # the machine leaves no process to reap.
+        self.persist(force=True, durable=False)
 
     def process_ended(self, stop: StopState) -> None:
         """The task's action process ended: the files still being captured are stored (at most

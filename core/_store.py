@@ -416,9 +416,10 @@ class CheckpointStore:
         return False
 
     # --- tasks (core._task_records) --------------------------------------------------------------
-    def write_task(self, record: TaskRecord) -> None:
-        """Write a task's latest record (atomically replacing the previous one)."""
-        self.tasks.write_task(record)
+    def write_task(self, record: TaskRecord, *, durable: bool = True) -> None:
+        """Write a task's latest record (atomically replacing the previous one;
+        ``TaskRecords.write_task`` says when it need not be ``durable``)."""
+        self.tasks.write_task(record, durable=durable)
 
     def read_task(
         self,
@@ -437,7 +438,8 @@ class CheckpointStore:
         self.tasks.delete_task(record)
 
     def commit_checkpoint(self, record: TaskRecord, checkpoint: CheckpointData) -> None:
-        """Store a new checkpoint generation, then the task record that points at it."""
+        """Store a new checkpoint generation, then the task record that points at it (one
+        durable write: ``TaskRecords.commit_checkpoint``)."""
         self.tasks.commit_checkpoint(record, checkpoint)
 
     def read_tasks(self, job_key: str, run_id: str) -> tuple[list[TaskRecord], list[str]]:

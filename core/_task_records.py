@@ -2,7 +2,11 @@
 
 A task's latest record (``tasks/<task_id>.json``) is written after the checkpoint generation it
 points at (``tasks/<task_id>.gen-<N>.json``), each replaced atomically, so a crash leaves either
-the previous checkpoint or the new one. The last ``keep_generations`` generations are kept. A
+the previous checkpoint or the new one. Only the record is written durably (the one durable write
+of a commit): it holds the whole checkpoint, and the generation files are history (older
+generations to fall back on, a record to rebuild from) that the page cache writes back in its
+own time (docs/decisions.md, "Which writes are durable"). The last ``keep_generations``
+generations are kept. A
 record that is unreadable (or names another task) is set aside, and rebuilt from the newest of
 the task's readable generations when there is one (``TaskRebuilt``): a damaged record never
 costs the task its stored checkpoint.
@@ -45,13 +49,20 @@ class TaskRecords:
         self.layout = layout
         self.keep_generations = keep_generations
 
-    def write_task(self, record: TaskRecord) -> None:
-        """Write a task's latest record (atomically replacing the previous one)."""
+    def write_task(self, record: TaskRecord, *, durable: bool = True) -> None:
+        """Write a task's latest record (atomically replacing the previous one).
+
+        ``durable=False`` (a local store: no fsync; elsewhere ignored) is for a write whose loss
+        in a machine crash costs nothing stored: the record of a task starting (its process,
+        for the reaping after a runner's death, which the machine's crash makes moot) when the
+        record it replaces holds no checkpoint. A record that holds one is only ever replaced
+        durably, so that no crash can leave it torn."""
         record.updated_at = time.time()
         tid = task_id_for(record.step, record.task_key)
         self.records.write(
             self.layout.task_path(record.job_key, record.run_id, tid),
             record.model_dump(mode="json"),
+            durable=durable,
         )
 
     def read_task(
@@ -149,7 +160,14 @@ class TaskRecords:
 
     def commit_checkpoint(self, record: TaskRecord, checkpoint: CheckpointData) -> None:
         """Store a new checkpoint generation, then the task record that points at it; drop
-        generations older than the last ``keep_generations``."""
+        generations older than the last ``keep_generations``.
+
+        One durable write: the generation file is written to the page cache (history), the
+        record, which holds the same checkpoint, durably; when this returns the checkpoint
+        survives a crash of the machine.
+
+        Raises:
+            StoreError: either file cannot be written; the previous checkpoint stays."""
         tid = task_id_for(record.step, record.task_key)
         gen_path = self.layout.gen_path(record.job_key, record.run_id, tid, checkpoint.generation)
         identity = TaskIdentity(
@@ -161,7 +179,9 @@ class TaskRecords:
             step_hash=record.step_hash,
         )
         self.records.write(
-            gen_path, {**checkpoint.model_dump(mode="json"), "task": identity.model_dump()}
+            gen_path,
+            {**checkpoint.model_dump(mode="json"), "task": identity.model_dump()},
+            durable=False,
         )
         record.checkpoint = checkpoint
         self.write_task(record)

@@ -37,6 +37,7 @@ from core import (
     StoreError,
     TemplateError,
     TerminationMode,
+    become_child_subreaper,
     collect_file_garbage,
     default_store_location,
     delete_run,
@@ -155,6 +156,9 @@ def _notice_sources(args: argparse.Namespace) -> tuple[list[NoticeSource], float
 
 
 def _execute(args: argparse.Namespace, job: Any, *, how: ResumeHow, **resume: Any) -> int:
+    # This process is the runner's own: what an action leaves behind (setsid, a double fork)
+    # stays its descendant, found after each action without walking /proc.
+    become_child_subreaper()
     notice_sources, notice_poll = _notice_sources(args)
     store = CheckpointStore(
         args.store,

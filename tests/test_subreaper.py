@@ -1,0 +1,133 @@
+"""The CLI runner as a child subreaper (core._reaper): what an action leaves behind (a child
+that left the group, a double-forked daemon) is killed when the action ends, found among the
+runner's own descendants, and reaped: no zombie is left with the runner."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import psutil
+from conftest import run_cli
+
+SCRIPT = textwrap.dedent(
+    """
+    import os, subprocess, sys, time
+    frame = int(sys.argv[1])
+    if frame == 1:
+        # a child that leaves the group, and a double-forked daemon that leaves the session
+        c = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
+                             start_new_session=True)
+        print(f"ESCAPED {c.pid}", flush=True)
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                print(f"ESCAPED {os.getpid()}", flush=True)
+                time.sleep(300)
+            os._exit(0)
+        # and one that exits by itself once re-parented: a zombie unless the runner reaps it
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                time.sleep(0.3)
+                os._exit(0)
+            os._exit(0)
+        time.sleep(0.6)
+    else:
+        runner = os.getppid()
+        kids = []
+        for tid in os.listdir(f"/proc/{runner}/task"):
+            with open(f"/proc/{runner}/task/{tid}/children") as fh:
+                kids += [int(k) for k in fh.read().split()]
+        others = [k for k in kids if k != os.getpid()]
+        states = []
+        for k in others:
+            with open(f"/proc/{k}/stat") as fh:
+                states.append(fh.read().rsplit(")", 1)[1].split()[0])
+        print(f"RUNNER CHILDREN {others} {states}", flush=True)
+    """
+)
+
+
+def test_the_cli_runner_kills_and_reaps_what_an_action_left(tmp_path: Path) -> None:
+    script = tmp_path / "escaper.py"
+    script.write_text(SCRIPT)
+    template = tmp_path / "t.yaml"
+    template.write_text(
+        "specificationVersion: jobtemplate-2023-09\n"
+        "name: Escapes\n"
+        "steps:\n"
+        "- name: S\n"
+        "  parameterSpace:\n"
+        "    taskParameterDefinitions:\n"
+        "    - {name: Frame, type: INT, range: '1-2'}\n"
+        "  script:\n"
+        "    actions:\n"
+        f"      onRun: {{command: {sys.executable},\n"
+        f"               args: ['{script}', '{{{{Task.Param.Frame}}}}']}}\n"
+    )
+    res = run_cli("run", template, "--store", tmp_path / "store", "--max-parallel", "1", "-v")
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = res.stdout + res.stderr
+    escaped = [int(line.split()[-1]) for line in out.splitlines() if "ESCAPED " in line]
+    assert len(escaped) == 2, out
+    # When task 2 ran, task 1's escaped processes were gone: killed and reaped (no zombie).
+    assert "RUNNER CHILDREN [] []" in out, out
+    for pid in escaped:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
+
+
+LEADER = """
+import os, subprocess, sys, time
+env = dict(os.environ)
+env.pop("MARKER")
+# a group member that does not carry the marker, and a marked one that leaves the session
+a = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], env=env)
+b = subprocess.Popen([sys.executable, "-c", "import os, time; os.setsid(); time.sleep(300)"])
+print(a.pid, b.pid, flush=True)
+time.sleep(0.5)
+"""
+
+RUNNER = """
+import os, subprocess, sys, time
+from core._reaper import become_child_subreaper, is_subreaper, kill_action_tree
+assert become_child_subreaper() and is_subreaper()
+env = dict(os.environ, MARKER="m-123")
+leader = subprocess.Popen([sys.executable, sys.argv[1]], env=env, start_new_session=True,
+                          stdout=subprocess.PIPE)
+pids = [int(p) for p in leader.stdout.readline().split()]
+leader.wait()
+time.sleep(0.2)
+kill_action_tree(leader.pid, include_leader=False, needle=b"MARKER=m-123")
+left = []
+for pid in pids:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            left.append((pid, fh.read().rsplit(")", 1)[1].split()[0]))
+    except FileNotFoundError:
+        pass
+print("LEFT", left, flush=True)
+"""
+
+
+def test_kill_action_tree_finds_grouped_and_marked_processes_among_descendants(
+    tmp_path: Path,
+) -> None:
+    # In a process of its own (the flag is for the whole process): it becomes the subreaper,
+    # starts an action whose leader leaves an unmarked group member and a marked setsid'd
+    # process behind, and kills the tree once the leader has exited: both are gone, reaped.
+    (tmp_path / "leader.py").write_text(LEADER)
+    (tmp_path / "runner.py").write_text(RUNNER)
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    res = subprocess.run(
+        [sys.executable, str(tmp_path / "runner.py"), str(tmp_path / "leader.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "LEFT []" in res.stdout, res.stdout + res.stderr
