@@ -45,6 +45,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 from . import _s3
 from ._errors import StoreError
+from ._killpoints import kill_point
 from ._s3 import S3_PROTOCOLS, OSErrorsOnly, S3Objects, protocols
 
 __all__ = (
@@ -267,10 +268,13 @@ class StoreFS:
                 try:
                     with os.fdopen(fd, "wb") as fh:
                         fh.write(body)
+                        fh.flush()
+                        kill_point("record.tmp-written")
                         if durable:
-                            fh.flush()
                             os.fsync(fh.fileno())
+                            kill_point("record.fsynced")
                     os.replace(tmp, path)  # replaces a link at ``path`` itself, never its target
+                    kill_point("record.renamed")
                 except BaseException:
                     try:
                         os.unlink(tmp)
@@ -283,6 +287,7 @@ class StoreFS:
                         os.fsync(dfd)
                     finally:
                         os.close(dfd)
+                    kill_point("record.stored")
             else:
                 self.makedirs_confined(parent)
                 self.backend.pipe_file(path, body)

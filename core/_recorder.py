@@ -24,6 +24,7 @@ from ._capture import CaptureStats, FileCapture
 from ._errors import StoreError
 from ._files import RestoreError
 from ._host import FileDataFlow, host_id
+from ._killpoints import kill_point
 from ._messages import CheckpointFiles, CheckpointSave, FilesMode
 from ._process import ProcessIdentity
 from ._records import CheckpointData, ProcessInfo, TaskRecord
@@ -116,6 +117,7 @@ class TaskRecorder:
         # serve the reaping after the runner's death, which the page cache survives; a crash of
         # the machine leaves no process to reap.
         self.persist(force=True, durable=False)
+        kill_point("task.process-recorded")
 
     def process_ended(self, stop: StopState) -> None:
         """The task's action process ended: the files still being captured are stored (at most

@@ -29,6 +29,7 @@ from ._action import StopIntent, StopState, supervise
 from ._capture import CaptureStats
 from ._expr import resolve_args, resolve_cancelation, resolve_int_field
 from ._job import PreparedJob, TaskSpec
+from ._killpoints import kill_point
 from ._messages import DEFAULT_MAX_LINE_BYTES, DEFAULT_MAX_STATE_BYTES, MessageContext
 from ._process import MARKER_VARIABLE, ActionProcess, OutputLine, new_marker
 from ._protocol import TaskOutput
@@ -350,6 +351,7 @@ class TaskExecution:
             message = _relabel(message, len(self.job.template.regular_steps))
             rec.message = message
             self._recorder.persist(force=True)
+            kill_point("task.ended-recorded")
             result = TaskResult(outcome, exit_code, message, rec.model_copy(deep=True))
         if unknown:  # reported as RESUMED and DISCARDED are, once recorded (outside the lock)
             self._emit("resume_status", "UNKNOWN")

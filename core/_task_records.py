@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 
 from ._errors import StoreError
 from ._fs import os_reason
+from ._killpoints import kill_point
 from ._layout import Layout, task_id_for
 from ._record_files import RecordFiles, SetAsideError, TaskRebuilt
 from ._records import (
@@ -183,8 +184,10 @@ class TaskRecords:
             {**checkpoint.model_dump(mode="json"), "task": identity.model_dump()},
             durable=False,
         )
+        kill_point("commit.generation-written")
         record.checkpoint = checkpoint
         self.write_task(record)
+        kill_point("commit.stored")
         old = checkpoint.generation - self.keep_generations
         if old >= 1:
             try:

@@ -1,0 +1,59 @@
+"""Named kill points inside the store's write paths, for the crash tests.
+
+``kill_point(name)`` does nothing unless the environment variable ``OPENJD_CHECKPOINT_KILL_AT``
+names that point: ``NAME`` (the first time the process passes it) or ``NAME@N`` (the N-th time,
+1-based). The process then SIGKILLs itself at once, as a crash would stop it there: no clean-up,
+no flush of Python's buffers (what the kernel was already given stays in the page cache).
+
+The points (each a place where a crash must leave the store readable and resumable):
+
+- ``record.tmp-written``: a record's temporary file written, not yet fsynced;
+- ``record.fsynced``: its data fsynced, not yet renamed over the record;
+- ``record.renamed``: renamed over the record, its folder not yet fsynced;
+- ``record.stored``: the folder fsynced (a durable record), before the caller goes on;
+- ``commit.generation-written``: a checkpoint's generation file written, its record not yet;
+- ``commit.stored``: a checkpoint committed, before the runner reports it stored;
+- ``task.process-recorded``: a task's process recorded, the action running;
+- ``task.ended-recorded``: a task's end recorded, before the runner reports it finished.
+
+The variable is read once, at the first kill point a process passes; with it unset a kill
+point costs one comparison.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+__all__ = ("KILL_AT_ENV", "kill_point")
+
+KILL_AT_ENV = "OPENJD_CHECKPOINT_KILL_AT"
+
+
+def _parse(value: str | None) -> tuple[str, int] | None:
+    if not value:
+        return None
+    name, _, count = value.partition("@")
+    try:
+        return name, max(1, int(count)) if count else 1
+    except ValueError:
+        return name, 1
+
+
+_UNREAD = ("", 0)
+_TARGET: tuple[str, int] | None = _UNREAD
+_PASSED: dict[str, int] = {}
+
+
+def kill_point(name: str) -> None:
+    """SIGKILL this process here if ``OPENJD_CHECKPOINT_KILL_AT`` names this point (and this
+    is the pass it counts); otherwise nothing."""
+    global _TARGET
+    target = _TARGET
+    if target is _UNREAD:
+        target = _TARGET = _parse(os.environ.get(KILL_AT_ENV))
+    if target is None or target[0] != name:
+        return
+    passed = _PASSED[name] = _PASSED.get(name, 0) + 1
+    if passed >= target[1]:
+        os.kill(os.getpid(), signal.SIGKILL)
