@@ -95,9 +95,9 @@ def test_20000_checkpoint_files_messages_all_committed_with_reset_semantics(
     writes: list[int] = []
     write_task = store.tasks.write_task
 
-    def counting_write_task(record: Any) -> None:
+    def counting_write_task(record: Any, **options: Any) -> None:
         writes.append(len(record.pending_files))
-        write_task(record)
+        write_task(record, **options)
 
     store.tasks.write_task = counting_write_task  # type: ignore[method-assign]
     n = 20_000
