@@ -1,7 +1,9 @@
 """A store written by an earlier version is read, resumed and collected by this one.
 
-``tests/data/store_v1/store`` was made by the product before the core was split into layers
-(``tests/data/store_v1/make_store.py`` says how and holds what): three suspended runs (a
+``tests/data/store_v1/store`` was made by the product before the core was split into layers,
+``tests/data/store_v2/store`` before issue 25 changed which writes are durable and how
+checkpoint files are hashed (each ``make_store.py`` says how and holds what): in each, three
+suspended runs (a
 state-only checkpoint, a chunk with finished frames, managed checkpoint files with sample
 outputs) and a finished run whose early outputs are kept. Every kind of record in it is read
 through the CLI, ``gc`` deletes none of its live files, and every suspended run resumes from
@@ -17,15 +19,28 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, run_cli
 
-FIXTURE = ROOT / "tests" / "data" / "store_v1"
-TEMPLATES = FIXTURE / "templates"
+FIXTURES = ROOT / "tests" / "data"
+TEMPLATES = FIXTURES / "store_v1" / "templates"
+"""The templates of both fixtures (the same files)."""
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Path:
-    copy = tmp_path / "store"
-    shutil.copytree(FIXTURE / "store", copy)
+@pytest.fixture(params=["store_v1", "store_v2"])
+def store(tmp_path: Path, request: pytest.FixtureRequest) -> Path:
+    copy = tmp_path / request.param / "store"  # the fixture's name: store.parent.name
+    shutil.copytree(FIXTURES / request.param / "store", copy)
     return copy
+
+
+STATE_SUSPENDED = {"store_v1": (13, 91, [12, 13, 14]), "store_v2": (14, 105, [13, 14, 15])}
+"""Each fixture's state-only run: the step it was suspended after, the sum so far, and the
+checkpoint generations kept."""
+
+
+def test_the_fixtures_share_their_templates() -> None:
+    for name in ("state.yaml", "frames.yaml", "training.yaml"):
+        assert (TEMPLATES / name).read_bytes() == (
+            FIXTURES / "store_v2" / "templates" / name
+        ).read_bytes()
 
 
 def _files(store: Path) -> set[str]:
@@ -64,10 +79,11 @@ def test_every_record_of_the_old_store_is_read(store: Path) -> None:
         logs = run_cli("logs", run["run_id"], "--store", store)
         assert logs.returncode == 0, (name, logs.stderr)
         if name == "state":
+            step, total, generations = STATE_SUSPENDED[store.parent.name]
             [task] = doc["tasks"]
-            assert task["checkpoint"]["state"] == "13,91"
-            assert task["generations"] == [12, 13, 14]
-            assert "COUNTER-STEP 13" in logs.stdout
+            assert task["checkpoint"]["state"] == f"{step},{total}"
+            assert task["generations"] == generations
+            assert f"COUNTER-STEP {step}" in logs.stdout
         if name == "frames":
             [task] = doc["tasks"]
             assert task["completed_frames"] == [1, 2, 3]
@@ -125,7 +141,7 @@ def test_gc_deletes_none_of_the_old_store_s_live_files(store: Path) -> None:
 @pytest.mark.parametrize(
     ("name", "template", "answer", "not_again"),
     [
-        ("state", "state.yaml", f"COUNTER-DONE n=40 sum={sum(range(1, 41))}", "COUNTER-STEP 13\n"),
+        ("state", "state.yaml", f"COUNTER-DONE n=40 sum={sum(range(1, 41))}", "COUNTER-STEP {}\n"),
         ("frames", "frames.yaml", "FRAME 6", "FRAME 3\n"),
         ("training", "training.yaml", f"result: {sum(k * k for k in range(12))}", "epoch 4/12"),
     ],
@@ -149,6 +165,7 @@ def test_every_suspended_run_of_the_old_store_resumes(
     assert done.returncode == 0, done.stdout + done.stderr
     logs = run_cli("logs", run["run_id"], "--attempt", "2", "--store", store).stdout
     assert answer in logs, logs
+    not_again = not_again.format(STATE_SUSPENDED[store.parent.name][0])
     assert not_again not in logs, logs  # continued from what was kept, not from the top
     after = _runs(store)[name]
     assert after["stored_status"] == "succeeded" and after["attempts"] == 2, after
