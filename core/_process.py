@@ -160,11 +160,7 @@ class ActionProcess:
             )
             pid = self._popen.pid
             _LEADERS.add(pid)
-        try:
-            started = psutil.Process(pid).create_time()
-        except psutil.Error:
-            started = time.time()
-        self.identity = ProcessIdentity(pid=pid, pgid=pid, start_time=started)
+        self.identity = ProcessIdentity(pid=pid, pgid=pid, start_time=_create_time(pid))
         # One thread reads the output and sees the exit (a pidfd beside the pipe, Linux 5.3);
         # without pidfds a second thread waits for the exit.
         try:
@@ -426,6 +422,28 @@ _MARKER_BIRTHS_KEPT = 4096
 _MARKER_BIRTH_MARGIN_SECONDS = 2.0
 """How much earlier than a marker's making a process may have started and still be checked for
 it (slack for clock rounding; a process cannot carry a marker made after it started)."""
+
+
+_BOOT_TIME: list[float] = []
+
+
+def _create_time(pid: int) -> float:
+    """psutil's ``Process.create_time`` of ``pid`` (seconds since the epoch, the same formula:
+    boot time plus ``/proc/PID/stat``'s start time in clock ticks), with the boot time read
+    once per process where psutil reads ``/proc/stat`` on every call; ``time.time()`` if the
+    process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+        ticks = int(stat[stat.rindex(b")") + 2 :].split()[19])
+        if not _BOOT_TIME:
+            _BOOT_TIME.append(psutil.boot_time())
+        return _BOOT_TIME[0] + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        try:
+            return psutil.Process(pid).create_time()
+        except psutil.Error:
+            return time.time()
 
 
 def _live_leaders() -> set[int]:

@@ -290,7 +290,7 @@ class TaskRecorder:
         """Capture declared files while the task action runs, if the run's file data flow is
         managed."""
         store = self.store
-        if store is not None and _file_flow(store, job_key, run_id) == FileDataFlow.MANAGED:
+        if store is not None and store.run_file_flow(job_key, run_id) == FileDataFlow.MANAGED:
             self._capture = FileCapture(
                 store, session_dir, store.file_roots, self._warn, on_uploaded=self._uploaded
             )
@@ -424,14 +424,3 @@ class TaskRecorder:
                 )
                 break
         self._write_outputs()
-
-
-def _file_flow(store: CheckpointStore, job_key: str, run_id: str) -> FileDataFlow:
-    """The run's own file data flow (fixed when the run was created), else the store's."""
-    try:
-        run = store.read_run(job_key, run_id)
-        if run is not None and run.files_mode:
-            return FileDataFlow(run.files_mode)
-    except (StoreError, ValueError):
-        pass
-    return store.file_flow

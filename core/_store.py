@@ -37,7 +37,7 @@ import psutil
 
 from ._errors import StoreError
 from ._fs import MAX_RECORD_BYTES, StoreFS, os_reason, redact_location
-from ._host import file_flow_from_env, file_roots_from_env, host_id
+from ._host import FileDataFlow, file_flow_from_env, file_roots_from_env, host_id
 from ._layout import Layout, is_job_key, is_run_id, new_run_id, task_id_for
 from ._lease import Lease, hold_lock, take_lease, take_lease_once, this_process
 from ._logs_index import OutputsIndex, RunLogs
@@ -131,6 +131,7 @@ class CheckpointStore:
         self.read_only = read_only
 
         self.file_flow = file_flow_from_env(files)
+        self._run_flows: dict[tuple[str, str], FileDataFlow] = {}
         self.file_roots = file_roots_from_env(file_roots)
         loc = str(location) if location is not None else default_store_location()
         if not loc.strip():
@@ -184,6 +185,24 @@ class CheckpointStore:
         """The run's record, None if there is none. Raises StoreError if it is unreadable."""
         rec: RunRecord | None = self.records.read(self.layout.run_path(job_key, run_id), RunRecord)
         return rec
+
+    def run_file_flow(self, job_key: str, run_id: str) -> FileDataFlow:
+        """The run's own file data flow (fixed when the run was created: read once per run and
+        kept), else the store's (``file_flow``)."""
+        key = (job_key, run_id)
+        known = self._run_flows.get(key)
+        if known is not None:
+            return known
+        flow = self.file_flow
+        try:
+            run = self.read_run(job_key, run_id)
+            if run is not None:
+                if run.files_mode:
+                    flow = FileDataFlow(run.files_mode)
+                self._run_flows[key] = flow  # a run's flow never changes once recorded
+        except (StoreError, ValueError):
+            pass
+        return flow
 
     def list_runs(self, job_key: str | None = None) -> tuple[list[RunRecord], list[str]]:
         """All readable run records (oldest first) and a warning for each unreadable one."""
