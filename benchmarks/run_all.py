@@ -766,30 +766,26 @@ WHY = {
         "the notify signal (or more often)."
     ),
     "per_task": (
-        "Durability costs fsyncs: a task's record is written twice (when its process has "
-        "started, with the pid, and when it ends), each write a temporary file, an fsync, a "
-        "rename and an fsync of the folder. On this machine's disk one such write takes "
-        "longer than a whole `subprocess.run` of `true` (the baseline of the state-only "
-        "commit row gives the figure), so 2 ms a task is out of reach with any durable "
-        "record per task. After each action the runner also walks /proc once, for processes "
-        "that escaped the action's process group (setsid, double fork); and it starts a "
-        "process, a reader and a waiter thread per task. What would close it: a write-ahead "
-        "journal per session (one append and one fsync a task, no rename and no folder "
-        "fsync), committing several tasks' records with one fsync when tasks run in "
-        "parallel; making the runner a child subreaper (PR_SET_CHILD_SUBREAPER) so that "
-        "escaped processes stay its descendants and are found without walking /proc."
+        "A task's end is one durable write (the record: a temporary file, an fsync, a rename and "
+        'an fsync of its folder; docs/decisions.md, "Which writes are durable"), and the '
+        "task waits for it before it is reported ended, so that no task reported finished runs "
+        "again after a crash of the machine; on a disk shared with other work one such write can "
+        "take longer than the whole task. Its start is written without an fsync, escaped "
+        "processes are found among the runner's descendants (a child subreaper), and one thread "
+        "reads the output and sees the exit. What would close it further: committing the end "
+        "record on a separate thread while the session's next task starts (reported ended once "
+        "durable), or a journal per session with one fdatasync for several tasks' ends."
     ),
     "throughput": (
         "Every line is decoded, checked for a protocol message and handed on in Python; "
         "closing it would take parsing the stream in bigger blocks (or in C)."
     ),
     "state_commit": (
-        "A state-only commit is two durable writes (the generation, then the task record that "
-        "points at it), each a temporary file, an fsync, a rename and an fsync of the folder: "
-        "it cannot be faster than twice the baseline on this disk. What would close it: one "
-        "durable write a commit (the task record already holds the latest checkpoint: write "
-        "the generation file for history without waiting for its fsync), or an append-only "
-        "journal (one fsync, no folder fsync)."
+        "A state-only commit is one durable write (the task record, which holds the checkpoint; "
+        "the generation file beside it is history, written without an fsync), the same as the "
+        "baseline; what it adds is the generation file's write and the JSON of the record. On "
+        "a disk shared with other work the fsync times vary more than that: compare medians "
+        "of a quiet run."
     ),
     "file_commit": (
         "The managed store is content-addressed: it reads the file once, hashing it (sha256) "
