@@ -26,13 +26,12 @@ from ._files import (
     ManifestEntry,
     PathRef,
     RestoreError,
-    _chunks,
     _kind,
     _stat_key,
-    blob_key,
     locate,
     manifest_key,
 )
+from ._hashing import Digest, hash_fd
 
 if TYPE_CHECKING:
     from ._store import CheckpointStore
@@ -48,7 +47,7 @@ tried (``FileCapture._capture_file``)."""
 # --- capture -----------------------------------------------------------------------------------
 @dataclass
 class _Captured:
-    sha256: str
+    digest: Digest
     size: int
     executable: bool
     stat_key: tuple[int, int, int, int, int]
@@ -104,69 +103,72 @@ def _declared_key(path: str) -> tuple[int, int, int, int, int] | None:
         return None
 
 
+SMALL_UPLOAD_BYTES = 4 * 1024 * 1024
+"""Object stores: a file of at most this many bytes is read into memory once, hashed, and (if
+the store lacks that content) uploaded from the same bytes to its content name directly, in one
+request (a larger one streams to a temporary object, then is moved)."""
+
+
 class _Content:
-    """Puts the content of one open file in the store, once: hashed and copied in one pass on a
-    local store (the copy kept only if the store lacks that content), hashed then uploaded
-    elsewhere; content the store has already is reused (and touched, for ``gc``'s grace).
-    Counts what it did in ``stats``."""
+    """Puts the content of one open file in the store, once: hashed first (BLAKE3), and copied
+    only if the store lacks that content (an unchanged file costs a hash, never a copy); content
+    the store has already is reused (and touched, for ``gc``'s grace). On a local store the
+    copy is a clone or an in-kernel copy, itself hashed while it is fsynced and kept only if it
+    hashes the same (``Blobs.put_copy``); elsewhere it is uploaded and hashed again while it
+    streams. Counts what it did in ``stats``."""
 
     def __init__(self, blobs: Blobs, stats: CaptureStats) -> None:
         self.blobs = blobs
         self.stats = stats
 
-    def put(self, fd: int, key: tuple[int, int, int, int, int]) -> str:
+    def put(self, fd: int, key: tuple[int, int, int, int, int]) -> Digest:
         """Store the content of ``fd`` (from its start), which must keep the size and times
-        ``key`` while it is read. Returns its SHA-256 (hex).
+        ``key`` while it is read. Returns its content name.
 
         Raises:
             _CaptureFailedError: it changed while it was read.
             StoreError: the store cannot be written.
         """
-        return self._local(fd, key) if self.blobs.local else self._remote(fd, key)
-
-    def _local(self, fd: int, key: tuple[int, int, int, int, int]) -> str:
-        """Hash and copy the file into a local store in one pass; keep the copy only if the
-        store does not have that content yet. Returns the digest."""
-        tmp: str | None
-        tmp, digest, size = self.blobs.stage(fd)
+        data: bytes | None = None
         try:
-            self.stats.hashed_bytes += size
-            if _stat_key(os.fstat(fd)) != key:
-                raise _CaptureFailedError("it changed while it was being read")
-            if self.blobs.exists(blob_key(digest)):
-                self.stats.reused_files += 1
-                self.blobs.touch(blob_key(digest))
+            if not self.blobs.local and key[2] <= SMALL_UPLOAD_BYTES:
+                data = _read_all(fd, key[2])
+                digest = Digest.of_bytes(data)
+                size = len(data)
             else:
-                staged, tmp = tmp, None
-                self.blobs.commit_staged(staged, blob_key(digest))
-                self.stats.uploaded_bytes += size
-                self.stats.uploaded_files += 1
-        finally:
-            if tmp is not None:
-                self.blobs.discard(tmp)
+                hexa, size = hash_fd(fd)
+                digest = Digest("blake3", hexa)
+        except OSError as exc:
+            raise _CaptureFailedError(exc.strerror or str(exc)) from None
+        self.stats.hashed_bytes += size
+        if _stat_key(os.fstat(fd)) != key or size != key[2]:
+            raise _CaptureFailedError("it changed while it was being read")
+        if self.blobs.exists(digest.key):
+            self.stats.reused_files += 1
+            self.blobs.touch(digest.key)
+            return digest
+        try:
+            if data is not None:
+                self.blobs.put_bytes(digest.key, data)
+            else:
+                size = self.blobs.upload(fd, digest)
+        except RestoreError as exc:
+            raise _CaptureFailedError(str(exc)) from None
+        self.stats.uploaded_bytes += size
+        self.stats.uploaded_files += 1
         return digest
 
-    def _remote(self, fd: int, key: tuple[int, int, int, int, int]) -> str:
-        """Hash the file, then upload it unless the store has that content. Returns the
-        digest."""
-        h = hashlib.sha256()
-        for chunk in _chunks(fd):
-            h.update(chunk)
-            self.stats.hashed_bytes += len(chunk)
-        digest = h.hexdigest()
-        if _stat_key(os.fstat(fd)) != key:
-            raise _CaptureFailedError("it changed while it was being read")
-        if self.blobs.exists(blob_key(digest)):
-            self.stats.reused_files += 1
-            self.blobs.touch(blob_key(digest))
-        else:
-            try:
-                size = self.blobs.upload(fd, blob_key(digest), digest)
-            except RestoreError as exc:
-                raise _CaptureFailedError(str(exc)) from None
-            self.stats.uploaded_bytes += size
-            self.stats.uploaded_files += 1
-        return digest
+
+def _read_all(fd: int, size: int) -> bytes:
+    """The whole content of the open file ``fd`` (about ``size`` bytes), by positioned reads."""
+    parts: list[bytes] = []
+    offset = 0
+    while True:
+        chunk = os.pread(fd, max(size - offset, 0) + 1, offset)
+        if not chunk:
+            return b"".join(parts)
+        parts.append(chunk)
+        offset += len(chunk)
 
 
 def _walk(
@@ -229,7 +231,8 @@ class FileCapture:
         roots: allowed roots besides the session directory.
         warn: called with a warning text (thread-safe).
         on_uploaded: called after each upload batch with the dataset uploaded so far
-            (``{declared path: (sha256, size)}``), for early outputs.
+            (``{declared path: (content name as ``Digest`` text, size in bytes)}``), for
+            early outputs.
     """
 
     def __init__(
@@ -301,16 +304,19 @@ class FileCapture:
         ``output``, it is one of the task's outputs too (a file of the restored dataset: the
         earlier attempts declared it), so the outputs index of the resumed attempt still
         names it and ``gc`` keeps its content after the run has ended."""
+        digest = entry.digest
         try:
             st = os.stat(path)
         except OSError:
+            return
+        if digest is None:
             return
         self._put(
             (
                 "adopt",
                 (
                     path,
-                    _Captured(entry.sha256 or "", entry.size, entry.executable, _stat_key(st)),
+                    _Captured(digest, entry.size, entry.executable, _stat_key(st)),
                     output,
                 ),
             )
@@ -367,8 +373,8 @@ class FileCapture:
                 elif kind == "adopt":
                     path, cap, output = payload
                     self._captured[os.path.realpath(path)] = cap
-                    if output and cap.sha256:
-                        self._outputs[path] = (cap.sha256, cap.size)
+                    if output:
+                        self._outputs[path] = (str(cap.digest), cap.size)
                         self._report_outputs()
                 elif kind == "save":
                     self._commit(payload)
@@ -461,16 +467,16 @@ class FileCapture:
             if (
                 known is not None
                 and known.stat_key == key
-                and (not verify or self._blobs.exists(blob_key(known.sha256)))
+                and (not verify or self._blobs.exists(known.digest.key))
             ):
                 if output:
-                    self._outputs[path] = (known.sha256, known.size)
+                    self._outputs[path] = (str(known.digest), known.size)
                 return known
             digest = self._content.put(fd, key)
             cap = _Captured(digest, st.st_size, bool(st.st_mode & 0o100), key)
             self._captured[real] = cap
             if output:
-                self._outputs[path] = (digest, st.st_size)
+                self._outputs[path] = (str(digest), st.st_size)
             return cap
         finally:
             if owned:
@@ -553,13 +559,7 @@ class FileCapture:
             cap = self._capture_file(path, expect=expect, fd=fd, verify=True)
         except (_CaptureFailedError, StoreError) as exc:
             raise _CaptureFailedError(f"{path!r}: {exc}") from None
-        return ManifestEntry(
-            root=ref.root,
-            path=ref.path,
-            sha256=cap.sha256,
-            size=cap.size,
-            executable=cap.executable,
-        )
+        return ManifestEntry.for_file(ref.root, ref.path, cap.digest, cap.size, cap.executable)
 
     def _manifest(self, save: _Save) -> Manifest:
         entries: dict[tuple[str, str], ManifestEntry] = {}

@@ -10,8 +10,9 @@ files themselves:
 - **Capture while the task runs.** Files and directories named by ``openjd_checkpoint_files``
   and the ``file`` of ``openjd_checkpoint_save`` are hashed and uploaded by a background
   thread (``core._capture.FileCapture``) as soon as they are named, while the task keeps
-  running (the seed's pipelined output). Content is addressed by its SHA-256, so a file that
-  did not change is not uploaded again and generations share what they have in common.
+  running (the seed's pipelined output). Content is addressed by its hash (BLAKE3; SHA-256 in
+  stores of earlier versions, still read: ``core._hashing``), so a file that did not change is
+  not uploaded again and generations share what they have in common.
 - **Atomic commit.** A save commits only when every file of its dataset is in: the manifest (a
   JSON list of entries, itself stored by hash) is written, then the generation and the task
   record (``CheckpointStore.commit_checkpoint``), the record last. A declared file that vanished
@@ -24,7 +25,8 @@ files themselves:
 
 Store layout (beside ``jobs/``)::
 
-    blobs/sha256/<h[:2]>/<h>              file content, named by its SHA-256
+    blobs/blake3/<h[:2]>/<h>              file content, named by its BLAKE3
+    blobs/sha256/<h[:2]>/<h>              file content stored by earlier versions (SHA-256)
     blobs/tmp/<uuid>                      an upload in flight (gc removes old ones)
     manifests/<h[:2]>/<h>.json            a generation's manifest, named by its SHA-256
     jobs/<job>/runs/<run>/outputs/<task_id>.json   files a task declared so far (early outputs)
@@ -39,6 +41,10 @@ whole; no folder on the way may be a symbolic link.
 fsspec (the store's file system layer) lacks an atomic "create if absent" upload that streams;
 uploads therefore go to ``blobs/tmp/<uuid>`` and are moved to their content name when complete
 (on a local store with ``os.replace``, on object stores with the server's copy).
+
+Durability: a blob is fsynced before it is renamed to its content name, so a name in the store
+always has its whole content, and a manifest is written (and fsynced) only after every blob it
+names is in: the task record that references a manifest is committed after both.
 """
 
 from __future__ import annotations
@@ -48,13 +54,16 @@ import json
 import os
 import posixpath
 import stat
+import threading
 import uuid
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ._copy import copy_fd
 from ._errors import StoreError
+from ._hashing import NEW_ALGORITHM, Digest, hash_fd, new_hasher
 
 if TYPE_CHECKING:
     from ._fs import StoreFS
@@ -67,7 +76,6 @@ __all__ = (
     "ManifestEntry",
     "PathRef",
     "RestoreError",
-    "blob_key",
     "locate",
     "manifest_key",
 )
@@ -109,16 +117,36 @@ class ManifestEntry(_Model):
     path: str
     kind: str = "file"
     """``file`` or ``dir`` (a folder, restored even when empty)."""
+    blake3: str | None = None
+    """A file's content hash (hex) when its blob is ``blobs/blake3/...`` (entries written now)."""
     sha256: str | None = None
+    """A file's content hash (hex) when its blob is ``blobs/sha256/...`` (entries written by
+    earlier versions, and files restored from them and unchanged since)."""
     size: int = 0
     """Bytes."""
     executable: bool = False
+
+    @property
+    def digest(self) -> Digest | None:
+        """A file's content name (None for a folder, or an entry naming no or two hashes)."""
+        return Digest.from_fields({"blake3": self.blake3, "sha256": self.sha256})
+
+    @classmethod
+    def for_file(
+        cls, root: str, path: str, digest: Digest, size: int, executable: bool
+    ) -> ManifestEntry:
+        """The entry of a file whose content is named ``digest``."""
+        return cls(
+            root=root, path=path, size=size, executable=executable, **{digest.algo: digest.hex}
+        )
 
 
 class Manifest(_Model):
     """The files of one checkpoint generation (stored as ``manifests/<h[:2]>/<h>.json``)."""
 
-    version: int = 1
+    version: int = 2
+    """1: every entry names its content by ``sha256``; 2 (written now): by ``blake3`` or
+    ``sha256``."""
     entries: list[ManifestEntry] = Field(default_factory=list)
     file: PathRef | None = None
     """Where the save's ``file`` is, for ``{{Task.Checkpoint.File}}``."""
@@ -136,10 +164,6 @@ def _clean_relative(path: str) -> bool:
 
 def _valid_hash(text: str | None) -> bool:
     return text is not None and len(text) == 64 and set(text) <= _HEX64
-
-
-def blob_key(digest: str) -> str:
-    return f"blobs/sha256/{digest[:2]}/{digest}"
 
 
 def manifest_key(digest: str) -> str:
@@ -205,75 +229,59 @@ class Blobs:
             except OSError:
                 pass
 
-    def upload(self, source_fd: int, key: str, digest: str) -> int:
-        """Stream the open file ``source_fd`` (from its start) to ``key``, verifying that its
-        content still hashes to ``digest``. Returns the bytes written.
+    def upload(self, source_fd: int, digest: Digest) -> int:
+        """Stream the open file ``source_fd`` (from its start) to ``digest``'s blob, verifying
+        that its content still hashes to ``digest``. Returns the bytes written.
 
         Raises:
             RestoreError: the content changed while it was read (nothing is stored).
             StoreError: the store cannot be written.
         """
+        if self.local:
+            return self.put_copy(source_fd, digest)
         tmp = self.path(f"blobs/tmp/{uuid.uuid4().hex}")
-        final = self.path(key)
+        final = self.path(digest.key)
         try:
             self.fs.makedirs_confined(posixpath.dirname(tmp))
-            if self.local:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-                with os.fdopen(fd, "wb") as out:
-                    got, size = _copy_hashing(source_fd, out)
-                    out.flush()
-                    os.fsync(out.fileno())
-            else:
-                with self.backend.open(tmp, "wb") as out:
-                    got, size = _copy_hashing(source_fd, out)
-            if got != digest:
+            with self.backend.open(tmp, "wb") as out:
+                got, size = _copy_hashing(source_fd, out, digest.algo)
+            if got != digest.hex:
                 self._discard(tmp)
                 raise RestoreError("its content changed while it was being stored")
-            if self.local:
-                self.fs.makedirs_confined(posixpath.dirname(final))
-                os.replace(tmp, final)
-            else:
-                self.backend.mv(tmp, final)
+            self.backend.mv(tmp, final)
             return size
         except OSError as exc:
             self._discard(tmp)
             raise StoreError(f"cannot store {self.fs.where(final)}: {exc}") from None
 
-    def stage(self, source_fd: int) -> tuple[str, str, int]:
-        """Local stores: copy the open file ``source_fd`` (from its start) to a temporary file
-        in the store, hashing it in the same pass: one read of the file, where hashing it and
-        then uploading it read it twice. Returns the temporary file's path, the content's
-        sha256 (hex) and its size; the caller then ``commit_staged`` or ``discard`` it.
+    def put_copy(self, source_fd: int, digest: Digest) -> int:
+        """Local stores: copy the open file ``source_fd`` (whole, whatever its position) to
+        ``digest``'s blob: cloned where the file system can, else copied in the kernel
+        (``core._copy.copy_fd``), into a temporary file that is then hashed while it is fsynced
+        (on another thread: the hash reads the page cache while the disk writes) and renamed to
+        its content name only if it hashes to ``digest``. Returns the bytes written.
 
         Raises:
+            RestoreError: the copy does not hash to ``digest`` (the file changed while it was
+                read; nothing is stored).
             StoreError: the store cannot be written.
         """
         tmp = self.path(f"blobs/tmp/{uuid.uuid4().hex}")
+        final = self.path(digest.key)
         try:
             self.fs.makedirs_confined(posixpath.dirname(tmp))
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "wb") as out:
-                digest, size = _copy_hashing(source_fd, out)
-        except OSError as exc:
-            self._discard(tmp)
-            raise StoreError(f"cannot store {self.fs.where(tmp)}: {exc}") from None
-        return tmp, digest, size
-
-    def commit_staged(self, tmp: str, key: str) -> None:
-        """Make the staged file ``tmp`` durable and the content of ``key``.
-
-        Raises:
-            StoreError: the store cannot be written (``tmp`` is removed).
-        """
-        final = self.path(key)
-        try:
-            fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW)
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             try:
-                os.fsync(fd)
+                _how, size = copy_fd(source_fd, fd)
+                got = _hash_while_syncing(fd, digest.algo)
             finally:
                 os.close(fd)
+            if got != digest.hex:
+                self._discard(tmp)
+                raise RestoreError("its content changed while it was being stored")
             self.fs.makedirs_confined(posixpath.dirname(final))
             os.replace(tmp, final)
+            return size
         except OSError as exc:
             self._discard(tmp)
             raise StoreError(f"cannot store {self.fs.where(final)}: {exc}") from None
@@ -367,16 +375,48 @@ def _chunks(fd: int) -> Iterable[bytes]:
         yield chunk
 
 
-def _copy_hashing(source_fd: int, out: Any) -> tuple[str, int]:
+def _copy_hashing(source_fd: int, out: Any, algo: str = NEW_ALGORITHM) -> tuple[str, int]:
     """Copy the open file ``source_fd`` (from its start) to the binary file object ``out``,
-    hashing it in the same pass. Returns the content's sha256 (hex) and its size in bytes."""
-    h = hashlib.sha256()
+    hashing it by ``algo`` in the same pass. Returns the content's hash (hex) and its size in
+    bytes."""
+    h = new_hasher(algo, os.fstat(source_fd).st_size)
     size = 0
     for chunk in _chunks(source_fd):
         h.update(chunk)
         size += len(chunk)
         out.write(chunk)
     return h.hexdigest(), size
+
+
+SYNC_THREAD_BYTES = 8 * 1024 * 1024
+"""From this size on (bytes), a blob is hashed on one thread while another fsyncs it; a smaller
+one is hashed, then fsynced, without starting a thread."""
+
+
+def _hash_while_syncing(fd: int, algo: str) -> str:
+    """fsync the open file ``fd`` and hash its content by ``algo`` (hex), both at once for a
+    large file. Raises OSError from either."""
+    if os.fstat(fd).st_size < SYNC_THREAD_BYTES:
+        got, _ = hash_fd(fd, algo)
+        os.fsync(fd)
+        return got
+    failed: list[OSError] = []
+
+    def sync() -> None:
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            failed.append(exc)
+
+    syncer = threading.Thread(target=sync, name="openjd-blob-fsync", daemon=True)
+    syncer.start()
+    try:
+        got, _ = hash_fd(fd, algo)
+    finally:
+        syncer.join()
+    if failed:
+        raise failed[0]
+    return got
 
 
 def _stat_key(st: os.stat_result) -> tuple[int, int, int, int, int]:

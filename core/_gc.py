@@ -1,6 +1,8 @@
 """Managed file data flow, garbage collection: content and manifests that no kept checkpoint
 generation or early-outputs index references, and abandoned uploads, removed once older than a
-grace period (``collect_file_garbage``). The layout is in ``core._files``.
+grace period (``collect_file_garbage``). The layout is in ``core._files``; content is listed
+under every algorithm's folder (``blobs/blake3``, and ``blobs/sha256`` of stores written by
+earlier versions, whose manifests and indexes name it by ``sha256``: ``core._hashing``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from ._files import (
     Blobs,
     RestoreError,
 )
+from ._hashing import ALGORITHMS, Digest
 
 if TYPE_CHECKING:
     from ._store import CheckpointStore
@@ -99,15 +102,16 @@ def referenced_manifests(store: CheckpointStore, runs: list[Any]) -> tuple[set[s
     return names, warnings
 
 
-def _output_blobs(store: CheckpointStore, runs: list[Any], warnings: list[str]) -> set[str]:
-    """The content named by the early-outputs indexes of ``runs``; an index that cannot be
-    read is named in ``warnings``."""
-    out: set[str] = set()
+def _output_blobs(store: CheckpointStore, runs: list[Any], warnings: list[str]) -> set[Digest]:
+    """The content named by the early-outputs indexes of ``runs`` (an item names it by
+    ``blake3`` or, written by earlier versions, ``sha256``); an index that cannot be read is
+    named in ``warnings``."""
+    out: set[Digest] = set()
     for run in runs:
         for index in store.read_outputs(run.job_key, run.run_id, warnings):
             for item in index.get("files", {}).values():
-                digest = item.get("sha256") if isinstance(item, dict) else None
-                if isinstance(digest, str):
+                digest = Digest.from_fields(item) if isinstance(item, dict) else None
+                if digest is not None:
                     out.add(digest)
     return out
 
@@ -134,14 +138,14 @@ def collect_file_garbage(
     kept_manifests, warnings = referenced_manifests(store, runs)
     report.warnings.extend(warnings)
     blobs = Blobs(store.fs)
-    live_blobs: set[str] = set()
+    live_blobs: set[Digest] = set()
     for digest in sorted(kept_manifests):
         try:
             manifest = blobs.read_manifest(digest)
         except RestoreError as exc:
             report.warnings.append(str(exc))
             continue
-        live_blobs.update(e.sha256 for e in manifest.entries if e.sha256)
+        live_blobs.update(d for d in (e.digest for e in manifest.entries) if d is not None)
     unreadable: list[str] = []
     live_blobs.update(_output_blobs(store, runs, unreadable))
     if unreadable:
@@ -172,9 +176,13 @@ def collect_file_garbage(
         remove(path)
         report.manifests_removed += 1
         report.bytes_freed += int(info.get("size") or 0)
-    for path, info in _list_files(store, "blobs/sha256"):
-        digest = posixpath.basename(path)
-        if digest in live_blobs or unreadable:
+    listed = [
+        (Digest(algo, posixpath.basename(path)), path, info)
+        for algo in ALGORITHMS
+        for path, info in _list_files(store, f"blobs/{algo}")
+    ]
+    for content, path, info in listed:
+        if content in live_blobs or unreadable:
             report.kept_blobs += 1
             continue
         if now - _mtime(info) < grace_seconds:

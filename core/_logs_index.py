@@ -15,6 +15,7 @@ from typing import Any
 
 from ._errors import StoreError
 from ._fs import MAX_RECORD_BYTES, NotARecordError, StoreFS
+from ._hashing import Digest
 from ._layout import LOG_NAME, Layout, task_id_for
 from ._records import TaskRecord
 
@@ -77,15 +78,18 @@ class OutputsIndex:
 
     def write_outputs(self, record: TaskRecord, outputs: dict[str, tuple[str, int]]) -> None:
         """Write the index of the files a task declared so far (``outputs/<task_id>.json`` in
-        the run's folder): declared path -> SHA-256, size in bytes and the content's key in
-        the store (``blobs/sha256/<h[:2]>/<h>``). Kept with the run, after its checkpoints."""
+        the run's folder). ``outputs``: declared path -> (content name as ``Digest`` text,
+        ``blake3:<hex>``, or a bare SHA-256 hex; size in bytes). Each file's item has its hash
+        under the algorithm's name (``blake3``, or ``sha256`` as earlier versions wrote), its
+        size and the content's key in the store (``blobs/<algo>/<h[:2]>/<h>``). Kept with the
+        run, after its checkpoints."""
         tid = task_id_for(record.step, record.task_key)
         directory = self.layout.in_run(record.job_key, record.run_id, "outputs")
         path = posixpath.join(directory, f"{tid}.json")
-        files = {
-            name: {"sha256": digest, "size": size, "blob": f"blobs/sha256/{digest[:2]}/{digest}"}
-            for name, (digest, size) in outputs.items()
-        }
+        files: dict[str, dict[str, Any]] = {}
+        for name, (text, size) in outputs.items():
+            digest = Digest.parse(text)
+            files[name] = {digest.algo: digest.hex, "size": size, "blob": digest.key}
         self.fs.write_json(
             path,
             {"step": record.step, "task_key": record.task_key, "files": files},

@@ -11,10 +11,11 @@ import os
 import stat
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from ._copy import copy_fd
 from ._errors import StoreError
 from ._files import (
     CHUNK_BYTES,
@@ -24,9 +25,8 @@ from ._files import (
     PathRef,
     RestoreError,
     _clean_relative,
-    _valid_hash,
-    blob_key,
 )
+from ._hashing import Digest, hash_fd, new_hasher
 from ._host import FILE_ROOTS_VARIABLE, host_id
 
 if TYPE_CHECKING:
@@ -125,7 +125,8 @@ def restore_checkpoint(
             raise RestoreError(
                 f"manifest {manifest_digest[:12]}: unknown entry kind {entry.kind!r}"
             )
-        if entry.kind == "file" and (not _valid_hash(entry.sha256) or entry.path == ""):
+        digest = entry.digest
+        if entry.kind == "file" and (digest is None or not digest.valid or entry.path == ""):
             raise RestoreError(
                 f"manifest {manifest_digest[:12]} is refused whole: entry {entry.path!r} has no "
                 "valid content hash"
@@ -214,37 +215,36 @@ def _sweep_dead_restores(folder: str) -> None:
 
 
 def _stage_file(blobs: Blobs, entry: ManifestEntry, parent: str) -> tuple[str, int]:
-    """Write ``entry``'s content to a new temporary file in ``parent``, checking its hash.
-    Returns the temporary file's path and its size in bytes.
+    """Write ``entry``'s content to a new temporary file in ``parent``, checking its hash (by
+    the algorithm that names it: ``blake3``, or ``sha256`` in stores of earlier versions). From
+    a local store the blob is cloned or copied in the kernel (``core._copy.copy_fd``) and the
+    copy then hashed; from an object store it streams through the hash. Returns the temporary
+    file's path and its size in bytes.
 
     Raises:
         RestoreError: the content is missing or does not match its hash (nothing is left).
         OSError: the file cannot be written (nothing is left).
     """
-    digest = entry.sha256 or ""
+    digest = entry.digest or Digest("sha256", "")
     tmp = os.path.join(parent, f"{_restore_prefix()}{os.getpid()}-{uuid.uuid4().hex}")
-    h = hashlib.sha256()
-    size = 0
     try:
-        src = blobs.open_read(blob_key(digest))
+        src = blobs.open_read(digest.key)
     except FileNotFoundError:
         raise RestoreError(f"the content of {entry.path!r} is missing from the store") from None
     except StoreError as exc:
         raise RestoreError(str(exc)) from None
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        with src, os.fdopen(fd, "wb") as out:
-            while True:
-                chunk = src.read(CHUNK_BYTES)
-                if not chunk:
-                    break
-                h.update(chunk)
-                size += len(chunk)
-                out.write(chunk)
-        if h.hexdigest() != digest or size != entry.size:
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with src, os.fdopen(fd, "r+b") as out:
+            if blobs.local:
+                copy_fd(src.fileno(), out.fileno())
+                got, size = hash_fd(out.fileno(), digest.algo)
+            else:
+                got, size = _stream(src, out, digest.algo, entry.size)
+        if got != digest.hex or size != entry.size:
             raise RestoreError(
                 f"the stored content of {entry.path!r} does not match its hash "
-                f"({digest[:12]}): the store was damaged or edited"
+                f"({digest.hex[:12]}): the store was damaged or edited"
             )
         os.chmod(tmp, 0o755 if entry.executable else 0o644)
         done, tmp = tmp, ""
@@ -255,3 +255,16 @@ def _stage_file(blobs: Blobs, entry: ManifestEntry, parent: str) -> tuple[str, i
                 os.unlink(tmp)
             except OSError:
                 pass
+
+
+def _stream(src: Any, out: Any, algo: str, size_hint: int) -> tuple[str, int]:
+    """Copy the file object ``src`` to ``out`` through a hash by ``algo``: (hex, bytes)."""
+    h = new_hasher(algo, size_hint)
+    size = 0
+    while True:
+        chunk = src.read(CHUNK_BYTES)
+        if not chunk:
+            return h.hexdigest(), size
+        h.update(chunk)
+        size += len(chunk)
+        out.write(chunk)

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import blake3
 import pytest
 
 from core import (
@@ -28,7 +29,7 @@ from core import (
     parse_template,
     prepare_job,
 )
-from core._files import blob_key, manifest_key
+from core._files import manifest_key
 from core._gc import collect_file_garbage
 from core._job import TaskSpec
 
@@ -130,7 +131,19 @@ def put(store, key: str, data: bytes) -> None:
     store.fs.backend.pipe_file(path, data)
 
 
-def blob_names(store, folder: str = "blobs/sha256") -> list[str]:
+def blob_key(name: str, algo: str = "blake3") -> str:
+    """Where the store keeps the content named ``name`` (new content: by its BLAKE3)."""
+    return f"blobs/{algo}/{name[:2]}/{name}"
+
+
+def entry_blob(entry: dict) -> str:
+    """The store key of a manifest entry's content: its one hash field names the algorithm
+    (``blake3`` now, ``sha256`` in entries of earlier versions)."""
+    [(algo, name)] = [(a, entry[a]) for a in ("blake3", "sha256") if entry.get(a)]
+    return blob_key(name, algo)
+
+
+def blob_names(store, folder: str = "blobs/blake3") -> list[str]:
     base = posixpath.join(store.root, folder)
     try:
         store.fs.backend.invalidate_cache()
@@ -238,8 +251,10 @@ for n in (1, 2):
     assert result.record.checkpoint is not None
     assert run.ex.file_stats.uploaded_bytes == 200 << 20
     assert run.ex.file_stats.uploaded_files == 1
-    blobs = list((tmp_path / "store" / "blobs" / "sha256").rglob("*"))
-    assert len([b for b in blobs if b.is_file()]) == 1
+    blobs = list((tmp_path / "store" / "blobs").rglob("*"))
+    assert [b.relative_to(tmp_path / "store").parts[:2] for b in blobs if b.is_file()] == [
+        ("blobs", "blake3")
+    ]
 
 
 def _save_after(change: str, tmp_path: Path) -> str:
@@ -440,7 +455,7 @@ def test_a_blob_that_does_not_match_its_hash_fails_that_generation_only(
     manifest = json.loads(get(store, manifest_key(cp.manifest)))
     # Damage the content of the newest checkpoint file (ckpt.txt holds a new number each save).
     entry = next(e for e in manifest["entries"] if e["path"] == "ckpt.txt")
-    put(store, blob_key(entry["sha256"]), b"9" * entry["size"])
+    put(store, entry_blob(entry), b"9" * entry["size"])
     # the generation before: what its own ckpt.txt holds (saves that came faster than the store
     # committed them were coalesced, so a generation's number is not always the task's count)
     [before] = [
@@ -448,7 +463,7 @@ def test_a_blob_that_does_not_match_its_hash_fails_that_generation_only(
     ]
     previous = json.loads(get(store, manifest_key(before.manifest)))
     kept = next(e for e in previous["entries"] if e["path"] == "ckpt.txt")
-    count = get(store, blob_key(kept["sha256"])).decode()
+    count = get(store, entry_blob(kept)).decode()
     second = Run(job, store, tmp_path / "host-b", record=result.record, resume=cp)
     result2 = second.join()
     assert result2.outcome == TaskOutcome.SUCCEEDED, (result2.message, second.ex.warnings)
@@ -544,7 +559,7 @@ def test_gc_frees_exactly_what_no_kept_generation_references(managed_store, tmp_
         for rec in records:
             for gen in store.list_generations(rec.record):
                 data = json.loads(get(store, manifest_key(gen.manifest)))
-                keep |= {e["sha256"] for e in data["entries"] if e.get("sha256")}
+                keep |= {e["blake3"] for e in data["entries"] if e["kind"] == "file"}
         return keep
 
     all_blobs = set(blob_names(store))
@@ -747,8 +762,8 @@ def test_a_file_named_again_while_uploading_ends_up_with_the_newer_content(
     assert cp is not None and cp.manifest, run.ex.warnings
     manifest = json.loads(get(store, manifest_key(cp.manifest)))
     (entry,) = [e for e in manifest["entries"] if e["path"] == "weights.bin"]
-    newer = hashlib.sha256(b"y" * ((30 << 20) + 1)).hexdigest()
-    assert entry["sha256"] == newer and entry["size"] == (30 << 20) + 1
+    newer = blake3.blake3(b"y" * ((30 << 20) + 1)).hexdigest()
+    assert entry["blake3"] == newer and entry["size"] == (30 << 20) + 1
 
 
 EARLY = """
@@ -981,8 +996,8 @@ def test_a_generation_that_cannot_be_restored_leaves_the_files_there_as_they_wer
     (target / "frames" / "f000.txt").write_text("the user's own")
     last = [e for e in manifest["entries"] if e["kind"] == "file"][-1]
     assert last["path"] != "frames/f000.txt"
-    original = get(store, blob_key(last["sha256"]))
-    put(store, blob_key(last["sha256"]), b"9" * last["size"])
+    original = get(store, entry_blob(last))
+    put(store, entry_blob(last), b"9" * last["size"])
     dead = target / "frames" / f"{_restore_prefix()}999999999-left"
     dead.write_text("a killed restore's")
     live = target / "frames" / f"{_restore_prefix()}{os.getpid()}-running"
@@ -993,7 +1008,7 @@ def test_a_generation_that_cannot_be_restored_leaves_the_files_there_as_they_wer
     left = sorted(p.name for p in (target / "frames").iterdir())
     assert left == sorted(["f000.txt", live.name]), left
     # A folder where a later file goes is found before any file is renamed in.
-    put(store, blob_key(last["sha256"]), original)
+    put(store, entry_blob(last), original)
     restore_checkpoint(store, cp.manifest, str(target), [])  # content mended: restores
     (target / "frames" / "f000.txt").write_text("the user's own")
     (target / last["path"]).unlink()
@@ -1036,7 +1051,7 @@ def test_a_save_survives_the_file_being_renamed_over_while_it_is_copied(tmp_path
     assert cp is not None and cp.state == "2", (cp, run.ex.warnings)
     manifest = json.loads(get(store, manifest_key(cp.manifest)))
     [entry] = [e for e in manifest["entries"] if e["path"] == "model.bin"]
-    assert get(store, blob_key(entry["sha256"]))[:1] == b"\x02" and entry["size"] == 64 << 20
+    assert get(store, entry_blob(entry))[:1] == b"\x02" and entry["size"] == 64 << 20
 
 
 def test_file_roots_that_overlap_the_store_or_are_no_folders_are_refused(tmp_path: Path) -> None:
@@ -1192,7 +1207,7 @@ def test_an_unreadable_outputs_index_is_named_and_gc_then_removes_no_content(
     assert done.returncode == 0, done.stderr
     [index] = store.glob("jobs/*/runs/*/outputs/*.json")
     index.write_text("[1, 2")
-    blobs = sorted(store.glob("blobs/sha256/*/*"))
+    blobs = sorted(store.glob("blobs/blake3/*/*"))
     assert len(blobs) >= 3
     run_id = index.parents[1].name
     shown = cli("checkpoints", "show", run_id, "--json")
@@ -1202,4 +1217,4 @@ def test_an_unreadable_outputs_index_is_named_and_gc_then_removes_no_content(
     gc = cli("gc", "--grace-seconds", "0")
     assert gc.returncode == 0, gc.stderr
     assert "no stored file content was removed" in gc.stderr and index.name in gc.stderr
-    assert sorted(store.glob("blobs/sha256/*/*")) == blobs
+    assert sorted(store.glob("blobs/blake3/*/*")) == blobs

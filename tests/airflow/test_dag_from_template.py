@@ -446,7 +446,7 @@ def test_managed_files_are_restored_into_the_retry_s_session(
     assert Path(model).parent != first_session  # a new session, the files restored into it
     assert not first_session.exists()  # the first try's session is gone
     assert f"result: {sum(k * k for k in range(epochs))}" in printed
-    assert list(store.glob("blobs/sha256/*/*")), "the store kept the files"
+    assert list(store.glob("blobs/blake3/*/*")), "the store kept the files"
     summary = state_store(result.dag.dag_id, result.run_id)[("Train", 0)]
     [task] = summary["openjd_checkpoint"]["tasks"]
     assert task["files_mode"] == "managed" and task["resume_status"] == "RESUMED"

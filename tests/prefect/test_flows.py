@@ -333,7 +333,7 @@ def test_managed_files_from_a_block_are_restored_for_the_task_retry(tmp_path: Pa
     assert int(epoch) >= 3 and Path(model).parent != first_session
     assert not first_session.exists()
     assert any(f"result: {sum(k * k for k in range(epochs))}" in m for m in messages), messages
-    assert list((tmp_path / "store").glob("blobs/sha256/*/*"))
+    assert list((tmp_path / "store").glob("blobs/blake3/*/*"))
 
 
 def test_file_settings_of_a_flow() -> None:
