@@ -788,14 +788,14 @@ WHY = {
         "of a quiet run."
     ),
     "file_commit": (
-        "The managed store is content-addressed: it reads the file once, hashing it (sha256) "
-        "while it copies it in (one pass since this change; it was a hashing pass, then a "
-        "copying and hashing pass), then fsyncs the copy and writes the manifest durably; cp "
-        "only copies. This CPU has no SHA extensions: hashing ran at about 100 MB/s here, "
-        "slower than the copy. For a small file the fixed cost (a background thread, two "
-        "fsynced writes) dominates. What would close it: a faster hash for content addresses "
-        "(BLAKE3, or sha256 where the CPU has SHA-NI), hashing in parallel with the copy "
-        "(threads over blocks), a copy-on-write clone (reflink) where the file system has one."
+        "The managed store is content-addressed: it hashes the file (BLAKE3, several GB/s), "
+        "then, as the store lacks that content, copies it in (a reflink clone where the file "
+        "system has one, else copy_file_range), hashes the copy while it is fsynced, renames "
+        "it to its content name and writes the manifest durably: two fsynced files where cp "
+        "has one. What is left over cp is that second fsync and the worker thread's hand-off; "
+        "on a loaded machine the fsyncs dominate a small file's figure. What would close it: "
+        "writing the manifest while the blob is fsynced (one wait for both), where a save's "
+        "files are captured at its commit."
     ),
     "runner_memory": (
         "The runner keeps every finished task's record and result until the run ends (the "

@@ -1,0 +1,287 @@
+"""Content names of managed checkpoint files: BLAKE3 for new blobs, SHA-256 blobs and manifests of
+earlier versions still restored, recognised and kept by ``gc``; the fast copy's fallbacks.
+
+The old-format stores here are made by hand (sha256 blobs and a version 1 manifest, written
+as the earlier version wrote them) or copied from the checked-in ``tests/data/store_v1``;
+what they should hold is computed from their files with ``hashlib``, not by the code under
+test.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import blake3
+import pytest
+
+from core import CheckpointStore
+from core._capture import FileCapture
+from core._copy import copy_fd
+from core._files import Blobs, ManifestEntry, RestoreError
+from core._gc import collect_file_garbage
+from core._hashing import Digest
+from core._restore import restore_checkpoint
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE = ROOT / "tests" / "data" / "store_v1" / "store"
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _old_store(root: Path, files: dict[str, tuple[bytes, bool]]) -> tuple[CheckpointStore, str]:
+    """A managed store as the earlier version wrote it: each file's content at
+    ``blobs/sha256/<h[:2]>/<h>``, and a version 1 manifest naming them by ``sha256``, itself at
+    ``manifests/<h[:2]>/<h>.json`` named by the SHA-256 of its bytes. Returns the store and the
+    manifest's name."""
+    entries = []
+    for path, (data, executable) in sorted(files.items()):
+        digest = _sha(data)
+        blob = root / "blobs" / "sha256" / digest[:2] / digest
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        blob.write_bytes(data)
+        entries.append(
+            {
+                "root": "session",
+                "path": path,
+                "kind": "file",
+                "sha256": digest,
+                "size": len(data),
+                "executable": executable,
+            }  # fmt: skip
+        )
+    manifest = {
+        "version": 1,
+        "entries": entries,
+        "file": {"root": "session", "path": sorted(files)[0]},
+        "files": [],
+        "dirs": [],
+    }
+    raw = (json.dumps(manifest, sort_keys=True) + "\n").encode()
+    name = _sha(raw)
+    target = root / "manifests" / name[:2] / f"{name}.json"
+    target.parent.mkdir(parents=True)
+    target.write_bytes(raw)
+    return CheckpointStore(str(root), files="managed"), name
+
+
+def _manifest(store_root: Path, name: str) -> dict:
+    return json.loads((store_root / "manifests" / name[:2] / f"{name}.json").read_text())
+
+
+def _commit(capture: FileCapture, path: str) -> str:
+    """Declare ``path``, save it, wait: the new generation's manifest name."""
+    got: list[str] = []
+    capture.declare([path], [])
+    capture.save(None, [path], [], lambda manifest, _file: got.append(manifest))
+    assert capture.drain(60)
+    assert len(got) == 1, "the save was not committed"
+    return got[0]
+
+
+def test_content_names_and_their_keys() -> None:
+    data = b"frame 1\n"
+    new = Digest.of_bytes(data)
+    assert new == Digest("blake3", blake3.blake3(data).hexdigest()) and new.valid
+    assert new.key == f"blobs/blake3/{new.hex[:2]}/{new.hex}"
+    assert Digest.parse(str(new)) == new and str(new).startswith("blake3:")
+    old = Digest.parse(_sha(data))  # the bare hex an earlier version wrote is a SHA-256
+    assert old == Digest.of_bytes(data, "sha256") and old.key.startswith("blobs/sha256/")
+    assert not Digest("md5", "0" * 64).valid and not Digest("blake3", "ABC").valid
+    # a manifest entry of an earlier version reads as sha256; one naming two hashes names none
+    assert (
+        ManifestEntry.model_validate({"root": "session", "path": "a", "sha256": old.hex}).digest
+        == old
+    )
+    both = ManifestEntry(root="session", path="a", sha256=old.hex, blake3=new.hex)
+    assert both.digest is None
+    written = ManifestEntry.for_file("session", "a", new, len(data), False)
+    assert written.blake3 == new.hex and written.sha256 is None and written.digest == new
+
+
+def test_the_copy_falls_back_silently_and_copies_every_byte(tmp_path: Path) -> None:
+    data = os.urandom((3 << 20) + 17)
+    src = tmp_path / "src.bin"
+    src.write_bytes(data)
+    cases = [(src, 0, {"clone", "copy_file_range"})]  # same file system
+    # A file system the store's cannot copy from in the kernel with copy_file_range (tmpfs to
+    # the test's folder): sendfile, or copy_file_range where the kernel allows it.
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.stat(shm).st_dev != os.stat(tmp_path).st_dev:
+        other = shm / f"openjd-test-{os.getpid()}.bin"
+        other.write_bytes(data)
+        cases.append((other, 0, {"copy_file_range", "sendfile"}))
+    # A destination opened for appending takes neither in-kernel copy (EBADF, EINVAL): read.
+    cases.append((src, os.O_APPEND, {"read"}))
+    try:
+        for n, (source, flags, ways) in enumerate(cases):
+            dst = tmp_path / f"dst{n}"
+            sfd = os.open(source, os.O_RDONLY)
+            os.lseek(sfd, 12345, os.SEEK_SET)  # the copy is of the whole file, from its start
+            dfd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | flags, 0o600)
+            try:
+                how, copied = copy_fd(sfd, dfd)
+            finally:
+                os.close(sfd)
+                os.close(dfd)
+            assert how in ways, (source, flags, how)
+            assert copied == len(data) and dst.read_bytes() == data, how
+    finally:
+        for source, _flags, _ways in cases:
+            if source != src:
+                source.unlink()
+
+
+def test_a_copy_that_does_not_hash_to_its_name_is_not_stored(tmp_path: Path) -> None:
+    store = CheckpointStore(str(tmp_path / "store"), files="managed")
+    src = tmp_path / "f.bin"
+    src.write_bytes(os.urandom(1 << 20))
+    fd = os.open(src, os.O_RDONLY)
+    try:
+        wrong = Digest("blake3", blake3.blake3(b"what the file held before").hexdigest())
+        with pytest.raises(RestoreError, match="changed while it was being stored"):
+            Blobs(store.fs).put_copy(fd, wrong)
+        right = Digest("blake3", blake3.blake3(src.read_bytes()).hexdigest())
+        assert Blobs(store.fs).put_copy(fd, right) == 1 << 20
+    finally:
+        os.close(fd)
+    stored = sorted(p.relative_to(tmp_path / "store") for p in (tmp_path / "store").rglob("*")
+                    if p.is_file())  # fmt: skip
+    assert stored == [Path(right.key)]  # nothing under the wrong name, no temporary left
+    assert (tmp_path / "store" / right.key).read_bytes() == src.read_bytes()
+
+
+def test_an_old_format_store_made_by_hand_restores(tmp_path: Path) -> None:
+    files = {"model.txt": (b"weights 7\n", False), "bin/run.sh": (b"#!/bin/sh\necho hi\n", True)}
+    store, name = _old_store(tmp_path / "store", files)
+    session = tmp_path / "session"
+    session.mkdir()
+    result = restore_checkpoint(store, name, str(session), [])
+    assert result.file == str(session / "bin" / "run.sh")  # the first path, sorted
+    for path, (data, executable) in files.items():
+        assert (session / path).read_bytes() == data
+        assert os.access(session / path, os.X_OK) == executable
+    assert result.restored_bytes == sum(len(d) for d, _x in files.values())
+    # an old blob is verified by the hash that names it: damaged, it is refused
+    digest = _sha(files["model.txt"][0])
+    (tmp_path / "store" / "blobs" / "sha256" / digest[:2] / digest).write_bytes(b"weights 8\n")
+    with pytest.raises(RestoreError, match="does not match its hash"):
+        restore_checkpoint(store, name, str(tmp_path / "elsewhere"), [])
+
+
+def test_the_checked_in_old_store_restores_its_latest_files(tmp_path: Path) -> None:
+    shutil.copytree(FIXTURE, tmp_path / "store")
+    store = CheckpointStore(str(tmp_path / "store"), files="managed")
+    names = set()
+    for task in (tmp_path / "store").glob("jobs/*/runs/*/tasks/*.json"):
+        if task.name.count(".") == 1:  # a task record, not a generation
+            checkpoint = json.loads(task.read_text()).get("checkpoint") or {}
+            if checkpoint.get("manifest"):
+                names.add(checkpoint["manifest"])
+    assert names, "the fixture has a managed checkpoint"
+    for n, name in enumerate(sorted(names)):
+        entries = [e for e in _manifest(tmp_path / "store", name)["entries"]
+                   if e["kind"] == "file"]  # fmt: skip
+        assert entries and all(set(e) >= {"sha256"} and "blake3" not in e for e in entries)
+        session = tmp_path / f"session{n}"
+        session.mkdir()
+        restore_checkpoint(store, name, str(session), [])
+        for entry in entries:
+            assert _sha((session / entry["path"]).read_bytes()) == entry["sha256"], entry
+
+
+def test_an_unchanged_file_restored_from_a_sha256_entry_is_not_stored_again(
+    tmp_path: Path,
+) -> None:
+    store, name = _old_store(tmp_path / "store", {"model.txt": (b"weights 7\n", False)})
+    session = tmp_path / "session"
+    session.mkdir()
+    result = restore_checkpoint(store, name, str(session), [])
+    capture = FileCapture(store, str(session), [], warn=pytest.fail)
+    try:
+        for target, entry in result.entries:
+            capture.adopt(target, entry, output=True)
+        path = str(session / "model.txt")
+        again = _manifest(tmp_path / "store", _commit(capture, path))
+        [entry] = again["entries"]
+        assert entry["sha256"] == _sha(b"weights 7\n") and not entry.get("blake3")
+        assert capture.stats.uploaded_files == 0 and capture.stats.hashed_bytes == 0
+        assert not (tmp_path / "store" / "blobs" / "blake3").exists()
+        # changed, it is named by its BLAKE3 and stored anew
+        (session / "model.txt").write_bytes(b"weights 8\n")
+        changed = _manifest(tmp_path / "store", _commit(capture, path))
+        [entry] = changed["entries"]
+        assert entry["blake3"] == blake3.blake3(b"weights 8\n").hexdigest() and not entry["sha256"]
+        assert capture.stats.uploaded_files == 1
+        blob = tmp_path / "store" / "blobs" / "blake3" / entry["blake3"][:2] / entry["blake3"]
+        assert blob.read_bytes() == b"weights 8\n"
+    finally:
+        capture.close()
+
+
+def test_gc_keeps_the_sha256_blobs_of_kept_checkpoints_and_removes_unreferenced_ones(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "store"
+    shutil.copytree(FIXTURE, root)
+    # What the kept records reference, read from the files: the manifests of every task
+    # record and generation, the blobs they list, the blobs of every early-outputs index.
+    live: set[str] = set()
+    for task in root.glob("jobs/*/runs/*/tasks/*.json"):
+        doc = json.loads(task.read_text())
+        name = (doc.get("checkpoint") or doc).get("manifest")
+        if name:
+            live |= {f"blobs/sha256/{e['sha256'][:2]}/{e['sha256']}"
+                     for e in _manifest(root, name)["entries"] if e["kind"] == "file"}  # fmt: skip
+    for index in root.glob("jobs/*/runs/*/outputs/*.json"):
+        live |= {item["blob"] for item in json.loads(index.read_text())["files"].values()}
+    assert len(live) >= 6 and all(key.startswith("blobs/sha256/") for key in live)
+    # content no record names, under both algorithms' names
+    stray = {}
+    for algo, data in (("sha256", b"stray old"), ("blake3", b"stray new")):
+        digest = Digest.of_bytes(data, algo)
+        (root / digest.key).parent.mkdir(parents=True, exist_ok=True)
+        (root / digest.key).write_bytes(data)
+        stray[algo] = digest.key
+    report = collect_file_garbage(CheckpointStore(str(root)), grace_seconds=0)
+    assert not report.warnings, report.warnings
+    left = {str(p.relative_to(root)) for p in root.glob("blobs/*/*/*")}
+    assert live <= left, live - left
+    assert not set(stray.values()) & left
+    assert report.kept_blobs == len(left) and report.blobs_removed >= 2
+
+
+def test_a_generation_after_the_upgrade_mixes_both_names_and_restores(tmp_path: Path) -> None:
+    """A generation saved after the upgrade names unchanged restored files by ``sha256`` and
+    new content by ``blake3``, and restores. (gc of such a store after a real resume:
+    ``test_store_upgrade``.)"""
+    store, name = _old_store(tmp_path / "store", {"model.txt": (b"weights 7\n", False)})
+    session = tmp_path / "session"
+    session.mkdir()
+    result = restore_checkpoint(store, name, str(session), [])
+    capture = FileCapture(store, str(session), [], warn=pytest.fail)
+    try:
+        for target, entry in result.entries:
+            capture.adopt(target, entry)
+        (session / "samples.txt").write_bytes(b"epoch 5\n")
+        paths = [str(session / "model.txt"), str(session / "samples.txt")]
+        got: list[str] = []
+        capture.declare(paths, [])
+        capture.save(None, paths, [], lambda manifest, _file: got.append(manifest))
+        assert capture.drain(60) and len(got) == 1
+    finally:
+        capture.close()
+    entries = {e["path"]: e for e in _manifest(tmp_path / "store", got[0])["entries"]}
+    old, new = entries["model.txt"], entries["samples.txt"]
+    assert old["sha256"] == _sha(b"weights 7\n") and not old["blake3"]
+    assert new["blake3"] == blake3.blake3(b"epoch 5\n").hexdigest() and not new["sha256"]
+    out = tmp_path / "restored"
+    out.mkdir()
+    restore_checkpoint(store, got[0], str(out), [])
+    assert (out / "model.txt").read_bytes() == b"weights 7\n"
+    assert (out / "samples.txt").read_bytes() == b"epoch 5\n"
