@@ -109,13 +109,27 @@ the store lacks that content) uploaded from the same bytes to its content name d
 request (a larger one streams to a temporary object, then is moved)."""
 
 
+STAGE_BYTES = 8 * 1024 * 1024
+"""Local stores: a file of at least this many bytes is copied into the store while the copy is
+hashed (one pass; the copy is dropped, never synced, if the store has that content already); a
+smaller one is hashed first and copied only if the store lacks its content."""
+
+
 class _Content:
-    """Puts the content of one open file in the store, once: hashed first (BLAKE3), and copied
-    only if the store lacks that content (an unchanged file costs a hash, never a copy); content
-    the store has already is reused (and touched, for ``gc``'s grace). On a local store the
-    copy is a clone or an in-kernel copy, itself hashed while it is fsynced and kept only if it
-    hashes the same (``Blobs.put_copy``); elsewhere it is uploaded and hashed again while it
-    streams. Counts what it did in ``stats``."""
+    """Puts the content of one open file in the store, once; content the store has already is
+    reused (and touched, for ``gc``'s grace), never synced or uploaded again. Counts what it did
+    in ``stats``.
+
+    - Local store, large file: cloned or copied in the kernel into a temporary file, hashed
+      (BLAKE3) behind the copy as it is made (``Blobs.stage_copy``); fsynced and renamed to
+      its content name if the store lacks it, else dropped. Hashing first and copying after
+      would read the file twice, one after the other: about 1.4x the copy where the file
+      system has no clones.
+    - Local store, small file: hashed, then (if the store lacks it) copied, the copy hashed
+      again while it is fsynced and kept only if it hashes the same (``Blobs.put_copy``): no
+      copy at all for content the store has, no thread.
+    - Object store: hashed, then (if the store lacks it) uploaded, from memory in one request
+      up to ``SMALL_UPLOAD_BYTES``, else streamed and hashed again on the way."""
 
     def __init__(self, blobs: Blobs, stats: CaptureStats) -> None:
         self.blobs = blobs
@@ -129,6 +143,8 @@ class _Content:
             _CaptureFailedError: it changed while it was read.
             StoreError: the store cannot be written.
         """
+        if self.blobs.local and key[2] >= STAGE_BYTES:
+            return self._staged(fd, key)
         data: bytes | None = None
         try:
             if not self.blobs.local and key[2] <= SMALL_UPLOAD_BYTES:
@@ -156,6 +172,26 @@ class _Content:
             raise _CaptureFailedError(str(exc)) from None
         self.stats.uploaded_bytes += size
         self.stats.uploaded_files += 1
+        return digest
+
+    def _staged(self, fd: int, key: tuple[int, int, int, int, int]) -> Digest:
+        tmp: str | None
+        tmp, digest, size = self.blobs.stage_copy(fd)
+        try:
+            self.stats.hashed_bytes += size
+            if _stat_key(os.fstat(fd)) != key or size != key[2]:
+                raise _CaptureFailedError("it changed while it was being read")
+            if self.blobs.exists(digest.key):
+                self.stats.reused_files += 1
+                self.blobs.touch(digest.key)
+            else:
+                staged, tmp = tmp, None
+                self.blobs.commit_staged(staged, digest)
+                self.stats.uploaded_bytes += size
+                self.stats.uploaded_files += 1
+        finally:
+            if tmp is not None:
+                self.blobs.discard(tmp)
         return digest
 
 

@@ -14,14 +14,18 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import threading
+from collections.abc import Callable
 
-__all__ = ("copy_fd",)
+from ._hashing import READ_BYTES, new_hasher
+
+__all__ = ("copy_and_hash", "copy_fd")
 
 FICLONE = 0x40049409
 """Linux's ``FICLONE`` ioctl (``_IOW(0x94, 9, int)``): the destination shares the source's
 extents, copy-on-write (btrfs, XFS with reflink, bcachefs, ...); ``fcntl.FICLONE`` from 3.12."""
 
-STEP_BYTES = 64 * 1024 * 1024
+STEP_BYTES = 8 * 1024 * 1024
 """Bytes asked of one ``copy_file_range``/``sendfile`` call (the kernel may do fewer)."""
 
 _BUFFER_BYTES = 4 * 1024 * 1024
@@ -34,10 +38,13 @@ _UNSUPPORTED = frozenset(
 (another file system, an old kernel, a file system without it): the next way is taken."""
 
 
-def copy_fd(src_fd: int, dst_fd: int) -> tuple[str, int]:
+def copy_fd(
+    src_fd: int, dst_fd: int, progress: Callable[[int], None] | None = None
+) -> tuple[str, int]:
     """Copy the whole content of the open file ``src_fd`` (from its start, whatever its
     position) into ``dst_fd``, a new empty file opened for writing. Returns how (``clone``,
     ``copy_file_range``, ``sendfile`` or ``read``) and the bytes copied. Nothing is synced.
+    ``progress`` is called with the bytes copied so far after each step.
 
     The file may change while it is copied: the caller checks the copy (the store hashes what
     it wrote, not what it read).
@@ -48,20 +55,87 @@ def copy_fd(src_fd: int, dst_fd: int) -> tuple[str, int]:
     """
     try:
         fcntl.ioctl(dst_fd, FICLONE, src_fd)
-        return "clone", os.fstat(dst_fd).st_size
+        size = os.fstat(dst_fd).st_size
+        if progress is not None:
+            progress(size)
+        return "clone", size
     except OSError as exc:
         if exc.errno not in _UNSUPPORTED:
             raise
-    copied = _kernel_copy(src_fd, dst_fd, "copy_file_range")
+    copied = _kernel_copy(src_fd, dst_fd, "copy_file_range", progress)
     if copied is not None:
         return "copy_file_range", copied
-    copied = _kernel_copy(src_fd, dst_fd, "sendfile")
+    copied = _kernel_copy(src_fd, dst_fd, "sendfile", progress)
     if copied is not None:
         return "sendfile", copied
-    return "read", _buffer_copy(src_fd, dst_fd)
+    return "read", _buffer_copy(src_fd, dst_fd, progress)
 
 
-def _kernel_copy(src_fd: int, dst_fd: int, how: str) -> int | None:
+def copy_and_hash(src_fd: int, dst_fd: int, algo: str) -> tuple[str, int, str]:
+    """``copy_fd`` from ``src_fd`` into ``dst_fd`` (a new empty file opened for reading and
+    writing), hashing by ``algo`` what was written, block by block behind the copy: the copy
+    runs on a second thread (the kernel's copy and the hash each release the GIL), so the two
+    overlap and the whole takes about the longer of them. What is hashed is the copy, not the
+    source: the digest names exactly the bytes that were stored, whatever the source did
+    meanwhile. Returns how it was copied, the bytes copied and the digest (hex).
+
+    Raises:
+        OSError: the copy or a read of it failed.
+    """
+    cond = threading.Condition()
+    copied = 0
+    result: list[tuple[str, int]] = []
+    failed: list[BaseException] = []
+    finished = False
+
+    def progress(n: int) -> None:
+        nonlocal copied
+        with cond:
+            copied = n
+            cond.notify()
+
+    def run() -> None:
+        nonlocal finished
+        try:
+            result.append(copy_fd(src_fd, dst_fd, progress))
+        except BaseException as exc:  # handed to the caller's thread below
+            failed.append(exc)
+        finally:
+            with cond:
+                finished = True
+                cond.notify()
+
+    copier = threading.Thread(target=run, name="openjd-blob-copy", daemon=True)
+    copier.start()
+    h = new_hasher(algo, os.fstat(src_fd).st_size)
+    buf = bytearray(READ_BYTES)
+    view = memoryview(buf)
+    hashed = 0
+    try:
+        while True:
+            with cond:
+                while copied <= hashed and not finished:
+                    cond.wait()
+                limit, done = copied, finished
+            while hashed < limit:
+                n = os.preadv(dst_fd, [view[: min(len(buf), limit - hashed)]], hashed)
+                if n == 0:
+                    raise OSError(errno.EIO, "the copy is shorter than the bytes copied")
+                h.update(view[:n])
+                hashed += n
+            if done and hashed >= copied:
+                break
+    finally:
+        copier.join()
+    if failed:
+        raise failed[0]
+    how, size = result[0]
+    return how, size, h.hexdigest()
+
+
+def _kernel_copy(
+    src_fd: int, dst_fd: int, how: str, progress: Callable[[int], None] | None
+) -> int | None:
     """Copy in the kernel with ``how``; None if that way is not supported for these files
     (then nothing was written)."""
     offset = 0
@@ -79,9 +153,11 @@ def _kernel_copy(src_fd: int, dst_fd: int, how: str) -> int | None:
         if n == 0:
             return offset
         offset += n
+        if progress is not None:
+            progress(offset)
 
 
-def _buffer_copy(src_fd: int, dst_fd: int) -> int:
+def _buffer_copy(src_fd: int, dst_fd: int, progress: Callable[[int], None] | None) -> int:
     buf = bytearray(_BUFFER_BYTES)
     view = memoryview(buf)
     offset = 0
@@ -93,3 +169,5 @@ def _buffer_copy(src_fd: int, dst_fd: int) -> int:
         while done < n:
             done += os.pwrite(dst_fd, view[done:n], offset + done)
         offset += n
+        if progress is not None:
+            progress(offset)

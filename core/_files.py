@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ._copy import copy_fd
+from ._copy import copy_and_hash, copy_fd
 from ._errors import StoreError
 from ._hashing import NEW_ALGORITHM, Digest, hash_fd, new_hasher
 
@@ -282,6 +282,48 @@ class Blobs:
             self.fs.makedirs_confined(posixpath.dirname(final))
             os.replace(tmp, final)
             return size
+        except OSError as exc:
+            self._discard(tmp)
+            raise StoreError(f"cannot store {self.fs.where(final)}: {exc}") from None
+
+    def stage_copy(self, source_fd: int) -> tuple[str, Digest, int]:
+        """Local stores: copy the open file ``source_fd`` (whole) to a temporary file in the
+        store, hashing the copy (BLAKE3) block by block while it is made
+        (``core._copy.copy_and_hash``): a large file is read once and the hash costs no time
+        of its own. Returns the temporary file's path, the copy's content name and its size;
+        the caller then ``commit_staged`` or ``discard`` it (nothing is synced yet).
+
+        Raises:
+            StoreError: the store cannot be written (nothing is left).
+        """
+        tmp = self.path(f"blobs/tmp/{uuid.uuid4().hex}")
+        try:
+            self.fs.makedirs_confined(posixpath.dirname(tmp))
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            try:
+                _how, size, got = copy_and_hash(source_fd, fd, NEW_ALGORITHM)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            self._discard(tmp)
+            raise StoreError(f"cannot store {self.fs.where(tmp)}: {exc}") from None
+        return tmp, Digest(NEW_ALGORITHM, got), size
+
+    def commit_staged(self, tmp: str, digest: Digest) -> None:
+        """Make the staged file ``tmp`` durable (fsynced) and then the content of ``digest``.
+
+        Raises:
+            StoreError: the store cannot be written (``tmp`` is removed).
+        """
+        final = self.path(digest.key)
+        try:
+            fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            self.fs.makedirs_confined(posixpath.dirname(final))
+            os.replace(tmp, final)
         except OSError as exc:
             self._discard(tmp)
             raise StoreError(f"cannot store {self.fs.where(final)}: {exc}") from None

@@ -31,6 +31,7 @@ __all__ = (
     "ALGORITHMS",
     "MULTITHREAD_BYTES",
     "NEW_ALGORITHM",
+    "READ_BYTES",
     "Digest",
     "Hasher",
     "hash_fd",

@@ -20,7 +20,7 @@ import pytest
 
 from core import CheckpointStore
 from core._capture import FileCapture
-from core._copy import copy_fd
+from core._copy import copy_and_hash, copy_fd
 from core._files import Blobs, ManifestEntry, RestoreError
 from core._gc import collect_file_garbage
 from core._hashing import Digest
@@ -105,7 +105,7 @@ def test_content_names_and_their_keys() -> None:
 
 
 def test_the_copy_falls_back_silently_and_copies_every_byte(tmp_path: Path) -> None:
-    data = os.urandom((3 << 20) + 17)
+    data = os.urandom((19 << 20) + 17)  # several steps of the copy and blocks of the hash
     src = tmp_path / "src.bin"
     src.write_bytes(data)
     cases = [(src, 0, {"clone", "copy_file_range"})]  # same file system
@@ -131,6 +131,17 @@ def test_the_copy_falls_back_silently_and_copies_every_byte(tmp_path: Path) -> N
                 os.close(dfd)
             assert how in ways, (source, flags, how)
             assert copied == len(data) and dst.read_bytes() == data, how
+            # the same copy with its hash made behind it, on the copy's bytes
+            dst = tmp_path / f"hashed{n}"
+            sfd = os.open(source, os.O_RDONLY)
+            dfd = os.open(dst, os.O_RDWR | os.O_CREAT | os.O_EXCL | flags, 0o600)
+            try:
+                how, copied, digest = copy_and_hash(sfd, dfd, "blake3")
+            finally:
+                os.close(sfd)
+                os.close(dfd)
+            assert how in ways and copied == len(data) and dst.read_bytes() == data, how
+            assert digest == blake3.blake3(data).hexdigest(), how
     finally:
         for source, _flags, _ways in cases:
             if source != src:
@@ -285,3 +296,28 @@ def test_a_generation_after_the_upgrade_mixes_both_names_and_restores(tmp_path: 
     restore_checkpoint(store, got[0], str(out), [])
     assert (out / "model.txt").read_bytes() == b"weights 7\n"
     assert (out / "samples.txt").read_bytes() == b"epoch 5\n"
+
+
+@pytest.mark.parametrize("mib", [1, 9])  # hashed first, then copied; copied while hashed
+def test_content_the_store_has_is_not_stored_again_by_another_task(
+    tmp_path: Path, mib: int
+) -> None:
+    store = CheckpointStore(str(tmp_path / "store"), files="managed")
+    data = os.urandom(mib << 20)
+    for n in (1, 2):  # two tasks, each with its own file of the same content
+        session = tmp_path / f"session{n}"
+        session.mkdir()
+        (session / "weights.bin").write_bytes(data)
+        capture = FileCapture(store, str(session), [], warn=pytest.fail)
+        try:
+            name = _commit(capture, str(session / "weights.bin"))
+        finally:
+            capture.close()
+        assert capture.stats.uploaded_files == (1 if n == 1 else 0), n
+        assert capture.stats.reused_files == (0 if n == 1 else 1), n
+        assert capture.stats.hashed_bytes == len(data)
+    [entry] = _manifest(tmp_path / "store", name)["entries"]
+    assert entry["blake3"] == blake3.blake3(data).hexdigest()
+    stored = [p for p in (tmp_path / "store" / "blobs").rglob("*") if p.is_file()]
+    assert stored == [tmp_path / "store" / Digest("blake3", entry["blake3"]).key]  # no tmp left
+    assert stored[0].read_bytes() == data
