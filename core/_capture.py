@@ -121,23 +121,34 @@ class _Content:
     in ``stats``.
 
     - Local store, large file: cloned or copied in the kernel into a temporary file, hashed
-      (BLAKE3) behind the copy as it is made (``Blobs.stage_copy``); fsynced and renamed to
-      its content name if the store lacks it, else dropped. Hashing first and copying after
+      (BLAKE3) behind the copy as it is made (``Blobs.stage_copy``); kept if the store lacks
+      that content, else dropped before it is ever synced. Hashing first and copying after
       would read the file twice, one after the other: about 1.4x the copy where the file
       system has no clones.
-    - Local store, small file: hashed, then (if the store lacks it) copied, the copy hashed
-      again while it is fsynced and kept only if it hashes the same (``Blobs.put_copy``): no
-      copy at all for content the store has, no thread.
+    - Local store, small file: hashed, then (if the store lacks it) copied and the copy hashed
+      again (``Blobs.stage_verified``): no copy at all for content the store has, no thread.
     - Object store: hashed, then (if the store lacks it) uploaded, from memory in one request
-      up to ``SMALL_UPLOAD_BYTES``, else streamed and hashed again on the way."""
+      up to ``SMALL_UPLOAD_BYTES``, else streamed and hashed again on the way.
+
+    On a local store a kept copy is *pending*: in ``blobs/tmp``, not yet synced nor named. It
+    is named by ``settle``, which fsyncs every pending copy at once, with the manifest of the
+    save that needs them (one flush of the disk for all, where one after the other costs a
+    flush each), before anything names that content."""
 
     def __init__(self, blobs: Blobs, stats: CaptureStats) -> None:
         self.blobs = blobs
         self.stats = stats
+        self.pending: dict[str, str] = {}
+        """Key -> temporary file of content kept but not yet settled."""
+
+    def has(self, digest: Digest) -> bool:
+        """True if the store has ``digest``'s content, or it is pending here."""
+        return digest.key in self.pending or self.blobs.exists(digest.key)
 
     def put(self, fd: int, key: tuple[int, int, int, int, int]) -> Digest:
         """Store the content of ``fd`` (from its start), which must keep the size and times
-        ``key`` while it is read. Returns its content name.
+        ``key`` while it is read. Returns its content name (on a local store pending until
+        ``settle``).
 
         Raises:
             _CaptureFailedError: it changed while it was read.
@@ -159,12 +170,14 @@ class _Content:
         self.stats.hashed_bytes += size
         if _stat_key(os.fstat(fd)) != key or size != key[2]:
             raise _CaptureFailedError("it changed while it was being read")
-        if self.blobs.exists(digest.key):
-            self.stats.reused_files += 1
-            self.blobs.touch(digest.key)
+        if self.has(digest):
+            self._reused(digest)
             return digest
         try:
-            if data is not None:
+            if self.blobs.local:
+                tmp, size = self.blobs.stage_verified(fd, digest)
+                self.pending[digest.key] = tmp
+            elif data is not None:
                 self.blobs.put_bytes(digest.key, data)
             else:
                 size = self.blobs.upload(fd, digest)
@@ -181,18 +194,38 @@ class _Content:
             self.stats.hashed_bytes += size
             if _stat_key(os.fstat(fd)) != key or size != key[2]:
                 raise _CaptureFailedError("it changed while it was being read")
-            if self.blobs.exists(digest.key):
-                self.stats.reused_files += 1
-                self.blobs.touch(digest.key)
+            if self.has(digest):
+                self._reused(digest)
             else:
-                staged, tmp = tmp, None
-                self.blobs.commit_staged(staged, digest)
+                self.pending[digest.key], tmp = tmp, None
                 self.stats.uploaded_bytes += size
                 self.stats.uploaded_files += 1
         finally:
             if tmp is not None:
                 self.blobs.discard(tmp)
         return digest
+
+    def _reused(self, digest: Digest) -> None:
+        self.stats.reused_files += 1
+        if digest.key not in self.pending:
+            self.blobs.touch(digest.key)
+
+    def settle(self, also: list[tuple[str, str]] | None = None) -> None:
+        """Make every pending copy durable and named, with ``also`` ((temporary path, key)
+        pairs staged by the caller, named last: a save's manifest) in the same fsyncs.
+
+        Raises:
+            StoreError: the store cannot be written (what was pending is dropped: a save that
+                needs it captures it again).
+        """
+        staged = [(tmp, key) for key, tmp in self.pending.items()] + list(also or ())
+        self.pending.clear()
+        self.blobs.settle(staged)
+
+    def discard_pending(self) -> None:
+        for tmp in self.pending.values():
+            self.blobs.discard(tmp)
+        self.pending.clear()
 
 
 def _read_all(fd: int, size: int) -> bytes:
@@ -297,6 +330,8 @@ class FileCapture:
         self._pending = 0
         self._count_lock = threading.Lock()
         self._abandoned = False
+        self._outputs_unreported = False
+        """Files were captured whose outputs report waits for the save queued behind them."""
         self._store_down: tuple[float, str] | None = None
         """(time.monotonic() until which, why): the store could not be written just now."""
         self._thread = threading.Thread(target=self._work, name="openjd-file-capture", daemon=True)
@@ -381,8 +416,22 @@ class FileCapture:
         down = self._store_down
         return down[1] if down is not None and time.monotonic() < down[0] else None
 
+    def _settle(self) -> bool:
+        """Name the content kept so far (``_Content.settle``); False, with a warning, if the
+        store could not take it."""
+        if not self._content.pending:
+            return True
+        try:
+            self._content.settle()
+        except StoreError as exc:
+            self._store_down = (time.monotonic() + STORE_DOWN_SECONDS, str(exc))
+            self._warn(f"checkpoint files not stored: {exc}")
+            return False
+        return True
+
     def _report_outputs(self) -> None:
-        if self._store_down_why() is not None:
+        self._outputs_unreported = False
+        if self._store_down_why() is not None or not self._settle():
             return  # the store cannot be written now: the outputs index waits for the next one
         if self._on_uploaded is not None:
             try:
@@ -394,6 +443,10 @@ class FileCapture:
         while True:
             kind, payload = self._queue.get()
             if kind == "stop":
+                if self._abandoned:
+                    self._content.discard_pending()
+                else:
+                    self._settle()
                 return
             try:
                 if self._abandoned:
@@ -405,7 +458,10 @@ class FileCapture:
                         self._try_declared(path, key)
                     for path in dirs:
                         self._try(path, lambda p: self._capture_dir(p, strict=False))
-                    self._report_outputs()
+                    if self._superseded():  # a save is next: it names them, then reports
+                        self._outputs_unreported = True
+                    else:
+                        self._report_outputs()
                 elif kind == "adopt":
                     path, cap, output = payload
                     self._captured[os.path.realpath(path)] = cap
@@ -414,9 +470,19 @@ class FileCapture:
                         self._report_outputs()
                 elif kind == "save":
                     self._commit(payload)
+                    if self._outputs_unreported:
+                        self._report_outputs()
             except Exception as exc:  # never let the worker die: the task must go on
                 self._warn(f"checkpoint files: {type(exc).__name__}: {exc}")
             finally:
+                if self._queue.empty():  # idle: what was kept is named before drain returns
+                    try:
+                        if self._abandoned:
+                            self._content.discard_pending()
+                        else:
+                            self._settle()
+                    except Exception as exc:
+                        self._warn(f"checkpoint files: {type(exc).__name__}: {exc}")
                 with self._count_lock:
                     self._pending -= 1
                     if self._pending == 0:
@@ -503,7 +569,7 @@ class FileCapture:
             if (
                 known is not None
                 and known.stat_key == key
-                and (not verify or self._blobs.exists(known.digest.key))
+                and (not verify or self._content.has(known.digest))
             ):
                 if output:
                     self._outputs[path] = (str(known.digest), known.size)
@@ -565,9 +631,16 @@ class FileCapture:
             )
             return
         digest = hashlib.sha256(raw).hexdigest()
+        key = manifest_key(digest)
         try:
-            if not self._blobs.exists(manifest_key(digest)):
-                self._blobs.put_bytes(manifest_key(digest), raw)
+            # the manifest is fsynced with the content it names (one flush), and named last
+            staged: list[tuple[str, str]] = []
+            if not self._blobs.exists(key):
+                if self._blobs.local:
+                    staged.append((self._blobs.stage_bytes(raw), key))
+                else:
+                    self._blobs.put_bytes(key, raw)
+            self._content.settle(staged)
         except StoreError as exc:
             self._warn(f"checkpoint not stored, the previous generation stays: {exc}")
             return

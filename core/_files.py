@@ -43,8 +43,9 @@ uploads therefore go to ``blobs/tmp/<uuid>`` and are moved to their content name
 (on a local store with ``os.replace``, on object stores with the server's copy).
 
 Durability: a blob is fsynced before it is renamed to its content name, so a name in the store
-always has its whole content, and a manifest is written (and fsynced) only after every blob it
-names is in: the task record that references a manifest is committed after both.
+always has its whole content; a save's new blobs and its manifest are fsynced together
+(``Blobs.settle``) and the manifest renamed last, and the task record that references the
+manifest is committed after that.
 """
 
 from __future__ import annotations
@@ -54,9 +55,9 @@ import json
 import os
 import posixpath
 import stat
-import threading
 import uuid
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -238,7 +239,9 @@ class Blobs:
             StoreError: the store cannot be written.
         """
         if self.local:
-            return self.put_copy(source_fd, digest)
+            tmp, size = self.stage_verified(source_fd, digest)
+            self.settle([(tmp, digest.key)])
+            return size
         tmp = self.path(f"blobs/tmp/{uuid.uuid4().hex}")
         final = self.path(digest.key)
         try:
@@ -254,44 +257,87 @@ class Blobs:
             self._discard(tmp)
             raise StoreError(f"cannot store {self.fs.where(final)}: {exc}") from None
 
-    def put_copy(self, source_fd: int, digest: Digest) -> int:
-        """Local stores: copy the open file ``source_fd`` (whole, whatever its position) to
-        ``digest``'s blob: cloned where the file system can, else copied in the kernel
-        (``core._copy.copy_fd``), into a temporary file that is then hashed while it is fsynced
-        (on another thread: the hash reads the page cache while the disk writes) and renamed to
-        its content name only if it hashes to ``digest``. Returns the bytes written.
+    def stage_verified(self, source_fd: int, digest: Digest) -> tuple[str, int]:
+        """Local stores: copy the open file ``source_fd`` (whole, whatever its position) to a
+        temporary file in the store (cloned where the file system can, else copied in the
+        kernel: ``core._copy.copy_fd``) and hash the copy: it must hash to ``digest``. Returns
+        the temporary file's path and its size; the caller then ``settle`` or ``discard`` it
+        (nothing is synced yet).
 
         Raises:
-            RestoreError: the copy does not hash to ``digest`` (the file changed while it was
-                read; nothing is stored).
-            StoreError: the store cannot be written.
+            RestoreError: the copy does not hash to ``digest`` (the file changed since it was
+                hashed; nothing is left).
+            StoreError: the store cannot be written (nothing is left).
         """
         tmp = self.path(f"blobs/tmp/{uuid.uuid4().hex}")
-        final = self.path(digest.key)
         try:
             self.fs.makedirs_confined(posixpath.dirname(tmp))
             fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             try:
                 _how, size = copy_fd(source_fd, fd)
-                got = _hash_while_syncing(fd, digest.algo)
+                got, _ = hash_fd(fd, digest.algo)
             finally:
                 os.close(fd)
-            if got != digest.hex:
-                self._discard(tmp)
-                raise RestoreError("its content changed while it was being stored")
-            self.fs.makedirs_confined(posixpath.dirname(final))
-            os.replace(tmp, final)
-            return size
         except OSError as exc:
             self._discard(tmp)
-            raise StoreError(f"cannot store {self.fs.where(final)}: {exc}") from None
+            raise StoreError(f"cannot store {self.fs.where(tmp)}: {exc}") from None
+        if got != digest.hex:
+            self._discard(tmp)
+            raise RestoreError("its content changed while it was being stored")
+        return tmp, size
+
+    def stage_bytes(self, data: bytes) -> str:
+        """Local stores: ``data`` in a new temporary file in the store (not synced); the caller
+        then ``settle`` or ``discard`` it.
+
+        Raises:
+            StoreError: the store cannot be written (nothing is left).
+        """
+        tmp = self.path(f"blobs/tmp/{uuid.uuid4().hex}")
+        try:
+            self.fs.makedirs_confined(posixpath.dirname(tmp))
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as out:
+                out.write(data)
+        except OSError as exc:
+            self._discard(tmp)
+            raise StoreError(f"cannot store {self.fs.where(tmp)}: {exc}") from None
+        return tmp
+
+    def settle(self, staged: list[tuple[str, str]]) -> None:
+        """Local stores: make every staged file durable, then give each its name: ``staged``
+        is (temporary path, key) pairs, renamed in that order once all are fsynced, so a name
+        (a manifest, put last) never appears before what it refers to is on disk. The fsyncs
+        run at once (on up to ``SETTLE_THREADS`` threads besides the caller's; none for one
+        file): the disk takes them in one flush where one after the other waits a flush each.
+
+        Raises:
+            StoreError: a file cannot be synced or renamed (the ones not yet renamed are
+                removed).
+        """
+        if not staged:
+            return
+        left = list(staged)
+        try:
+            _sync_all([tmp for tmp, _key in staged])
+            for tmp, key in staged:
+                final = self.path(key)
+                self.fs.makedirs_confined(posixpath.dirname(final))
+                os.replace(tmp, final)
+                left.pop(0)
+        except OSError as exc:
+            for tmp, _key in left:
+                self._discard(tmp)
+            raise StoreError(
+                f"cannot store {self.fs.where(self.path(left[0][1]))}: {exc}"
+            ) from None
 
     def stage_copy(self, source_fd: int) -> tuple[str, Digest, int]:
         """Local stores: copy the open file ``source_fd`` (whole) to a temporary file in the
         store, hashing the copy (BLAKE3) block by block while it is made
         (``core._copy.copy_and_hash``): a large file is read once and the hash costs no time
         of its own. Returns the temporary file's path, the copy's content name and its size;
-        the caller then ``commit_staged`` or ``discard`` it (nothing is synced yet).
+        the caller then ``settle`` or ``discard`` it (nothing is synced yet).
 
         Raises:
             StoreError: the store cannot be written (nothing is left).
@@ -308,25 +354,6 @@ class Blobs:
             self._discard(tmp)
             raise StoreError(f"cannot store {self.fs.where(tmp)}: {exc}") from None
         return tmp, Digest(NEW_ALGORITHM, got), size
-
-    def commit_staged(self, tmp: str, digest: Digest) -> None:
-        """Make the staged file ``tmp`` durable (fsynced) and then the content of ``digest``.
-
-        Raises:
-            StoreError: the store cannot be written (``tmp`` is removed).
-        """
-        final = self.path(digest.key)
-        try:
-            fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            self.fs.makedirs_confined(posixpath.dirname(final))
-            os.replace(tmp, final)
-        except OSError as exc:
-            self._discard(tmp)
-            raise StoreError(f"cannot store {self.fs.where(final)}: {exc}") from None
 
     def discard(self, path: str) -> None:
         """Remove a staged file (no error if it is gone)."""
@@ -430,35 +457,41 @@ def _copy_hashing(source_fd: int, out: Any, algo: str = NEW_ALGORITHM) -> tuple[
     return h.hexdigest(), size
 
 
-SYNC_THREAD_BYTES = 8 * 1024 * 1024
-"""From this size on (bytes), a blob is hashed on one thread while another fsyncs it; a smaller
-one is hashed, then fsynced, without starting a thread."""
+SETTLE_THREADS = 8
+"""At most this many threads, besides the caller's, fsync the files of one ``Blobs.settle``."""
 
 
-def _hash_while_syncing(fd: int, algo: str) -> str:
-    """fsync the open file ``fd`` and hash its content by ``algo`` (hex), both at once for a
-    large file. Raises OSError from either."""
-    if os.fstat(fd).st_size < SYNC_THREAD_BYTES:
-        got, _ = hash_fd(fd, algo)
-        os.fsync(fd)
-        return got
-    failed: list[OSError] = []
+def _sync_all(paths: list[str]) -> None:
+    """fsync every file of ``paths`` at once: the first on this thread, the others on a pool
+    (none for one file). Raises the first OSError."""
 
-    def sync() -> None:
+    def sync(path: str) -> None:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         try:
             os.fsync(fd)
-        except OSError as exc:
-            failed.append(exc)
+        finally:
+            os.close(fd)
 
-    syncer = threading.Thread(target=sync, name="openjd-blob-fsync", daemon=True)
-    syncer.start()
-    try:
-        got, _ = hash_fd(fd, algo)
-    finally:
-        syncer.join()
-    if failed:
-        raise failed[0]
-    return got
+    if len(paths) == 1:
+        sync(paths[0])
+        return
+    with ThreadPoolExecutor(
+        max_workers=min(SETTLE_THREADS, len(paths) - 1), thread_name_prefix="openjd-fsync"
+    ) as pool:
+        futures = [pool.submit(sync, path) for path in paths[1:]]
+        first: OSError | None = None
+        try:
+            sync(paths[0])
+        except OSError as exc:
+            first = exc
+        for future in futures:
+            error = future.exception()
+            if first is None and isinstance(error, OSError):
+                first = error
+            elif error is not None and not isinstance(error, OSError):
+                raise error
+    if first is not None:
+        raise first
 
 
 def _stat_key(st: os.stat_result) -> tuple[int, int, int, int, int]:

@@ -150,20 +150,25 @@ def test_the_copy_falls_back_silently_and_copies_every_byte(tmp_path: Path) -> N
 
 def test_a_copy_that_does_not_hash_to_its_name_is_not_stored(tmp_path: Path) -> None:
     store = CheckpointStore(str(tmp_path / "store"), files="managed")
+    blobs = Blobs(store.fs)
     src = tmp_path / "f.bin"
     src.write_bytes(os.urandom(1 << 20))
     fd = os.open(src, os.O_RDONLY)
     try:
         wrong = Digest("blake3", blake3.blake3(b"what the file held before").hexdigest())
         with pytest.raises(RestoreError, match="changed while it was being stored"):
-            Blobs(store.fs).put_copy(fd, wrong)
+            blobs.stage_verified(fd, wrong)
         right = Digest("blake3", blake3.blake3(src.read_bytes()).hexdigest())
-        assert Blobs(store.fs).put_copy(fd, right) == 1 << 20
+        tmp, size = blobs.stage_verified(fd, right)
+        assert size == 1 << 20 and not (tmp_path / "store" / right.key).exists()  # not named yet
+        manifest = blobs.stage_bytes(b"{}")
+        blobs.settle([(tmp, right.key), (manifest, "manifests/00/00.json")])
     finally:
         os.close(fd)
     stored = sorted(p.relative_to(tmp_path / "store") for p in (tmp_path / "store").rglob("*")
                     if p.is_file())  # fmt: skip
-    assert stored == [Path(right.key)]  # nothing under the wrong name, no temporary left
+    # nothing under the wrong name, no temporary file left
+    assert stored == [Path(right.key), Path("manifests/00/00.json")]
     assert (tmp_path / "store" / right.key).read_bytes() == src.read_bytes()
 
 
@@ -321,3 +326,33 @@ def test_content_the_store_has_is_not_stored_again_by_another_task(
     stored = [p for p in (tmp_path / "store" / "blobs").rglob("*") if p.is_file()]
     assert stored == [tmp_path / "store" / Digest("blake3", entry["blake3"]).key]  # no tmp left
     assert stored[0].read_bytes() == data
+
+
+def test_a_file_declared_without_a_save_is_in_the_store_once_the_capture_is_idle(
+    tmp_path: Path,
+) -> None:
+    """Kept content waits to be synced with the manifest of the save behind it; with no save
+    it is synced and named before ``drain`` returns, and the outputs report names it then."""
+    store = CheckpointStore(str(tmp_path / "store"), files="managed")
+    session = tmp_path / "session"
+    session.mkdir()
+    reports: list[dict] = []
+
+    def on_uploaded(outputs: dict) -> None:  # what it names must be in the store already
+        for text, _size in outputs.values():
+            assert (tmp_path / "store" / Digest.parse(text).key).is_file(), text
+        reports.append(outputs)
+
+    capture = FileCapture(store, str(session), [], warn=pytest.fail, on_uploaded=on_uploaded)
+    try:
+        for n, size in enumerate((100, 9 << 20)):  # a small and a large (staged) file
+            path = session / f"out{n}.bin"
+            path.write_bytes(os.urandom(size))
+            capture.declare([str(path)], [])
+            assert capture.drain(60)
+            digest = Digest("blake3", blake3.blake3(path.read_bytes()).hexdigest())
+            assert (tmp_path / "store" / digest.key).read_bytes() == path.read_bytes()
+            assert reports and reports[-1][str(path)] == (str(digest), size)
+    finally:
+        capture.close()
+    assert not list((tmp_path / "store" / "blobs" / "tmp").iterdir())
