@@ -222,6 +222,24 @@ class _Content:
         self.pending.clear()
         self.blobs.settle(staged)
 
+    def store_manifest(self, raw: bytes) -> str:
+        """Store a manifest's bytes under their SHA-256 (returned), fsynced with every pending
+        copy (one flush of the disk) and named after them.
+
+        Raises:
+            StoreError: the store cannot be written.
+        """
+        digest = hashlib.sha256(raw).hexdigest()
+        key = manifest_key(digest)
+        staged: list[tuple[str, str]] = []
+        if not self.blobs.exists(key):
+            if self.blobs.local:
+                staged.append((self.blobs.stage_bytes(raw), key))
+            else:
+                self.blobs.put_bytes(key, raw)
+        self.settle(staged)
+        return digest
+
     def discard_pending(self) -> None:
         for tmp in self.pending.values():
             self.blobs.discard(tmp)
@@ -238,6 +256,24 @@ def _read_all(fd: int, size: int) -> bytes:
             return b"".join(parts)
         parts.append(chunk)
         offset += len(chunk)
+
+
+def _refusal(path: str, session_dir: str, roots: list[str]) -> str | None:
+    """Why ``path`` may not be captured from ``session_dir`` and ``roots``, or None."""
+    if ".." in path.replace("\\", "/").split("/"):
+        return "it has a '..' component"
+    if locate(path, session_dir, roots) is None:
+        where = "the session working directory"
+        if roots:
+            where += " or the allowed roots (" + ", ".join(roots) + ")"
+        return f"it is not under {where} once links are resolved"
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None  # not there yet: checked again when it is captured
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        return f"it is {_kind(mode)}"
+    return None
 
 
 def _walk(
@@ -340,20 +376,7 @@ class FileCapture:
     # --- called from the reader thread ----------------------------------------------------------
     def refusal(self, path: str) -> str | None:
         """Why ``path`` may not be captured (lexical and link check), or None."""
-        if ".." in path.replace("\\", "/").split("/"):
-            return "it has a '..' component"
-        if locate(path, self.session_dir, self.roots) is None:
-            where = "the session working directory"
-            if self.roots:
-                where += " or the allowed roots (" + ", ".join(self.roots) + ")"
-            return f"it is not under {where} once links are resolved"
-        try:
-            mode = os.stat(path).st_mode
-        except OSError:
-            return None  # not there yet: checked again when it is captured
-        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-            return f"it is {_kind(mode)}"
-        return None
+        return _refusal(path, self.session_dir, self.roots)
 
     def declare(self, files: Iterable[str], dirs: Iterable[str]) -> None:
         """Capture these (absolute) files and folders in the background, now. Each file is
@@ -416,16 +439,20 @@ class FileCapture:
         down = self._store_down
         return down[1] if down is not None and time.monotonic() < down[0] else None
 
-    def _settle(self) -> bool:
-        """Name the content kept so far (``_Content.settle``); False, with a warning, if the
-        store could not take it."""
-        if not self._content.pending:
+    def _settle(self, *, drop: bool = False) -> bool:
+        """Name the content kept so far (``_Content.settle``; with ``drop``, remove it); False,
+        with a warning, if the store could not take it."""
+        if drop or not self._content.pending:
+            self._content.discard_pending()
             return True
         try:
             self._content.settle()
         except StoreError as exc:
             self._store_down = (time.monotonic() + STORE_DOWN_SECONDS, str(exc))
             self._warn(f"checkpoint files not stored: {exc}")
+            return False
+        except Exception as exc:  # never let the worker die (it runs in its finally too)
+            self._warn(f"checkpoint files not stored: {type(exc).__name__}: {exc}")
             return False
         return True
 
@@ -443,10 +470,7 @@ class FileCapture:
         while True:
             kind, payload = self._queue.get()
             if kind == "stop":
-                if self._abandoned:
-                    self._content.discard_pending()
-                else:
-                    self._settle()
+                self._settle(drop=self._abandoned)
                 return
             try:
                 if self._abandoned:
@@ -476,13 +500,7 @@ class FileCapture:
                 self._warn(f"checkpoint files: {type(exc).__name__}: {exc}")
             finally:
                 if self._queue.empty():  # idle: what was kept is named before drain returns
-                    try:
-                        if self._abandoned:
-                            self._content.discard_pending()
-                        else:
-                            self._settle()
-                    except Exception as exc:
-                        self._warn(f"checkpoint files: {type(exc).__name__}: {exc}")
+                    self._settle(drop=self._abandoned)
                 with self._count_lock:
                     self._pending -= 1
                     if self._pending == 0:
@@ -630,17 +648,8 @@ class FileCapture:
                 "(declare fewer files: a folder's files are listed one by one)"
             )
             return
-        digest = hashlib.sha256(raw).hexdigest()
-        key = manifest_key(digest)
         try:
-            # the manifest is fsynced with the content it names (one flush), and named last
-            staged: list[tuple[str, str]] = []
-            if not self._blobs.exists(key):
-                if self._blobs.local:
-                    staged.append((self._blobs.stage_bytes(raw), key))
-                else:
-                    self._blobs.put_bytes(key, raw)
-            self._content.settle(staged)
+            digest = self._content.store_manifest(raw)
         except StoreError as exc:
             self._warn(f"checkpoint not stored, the previous generation stays: {exc}")
             return
