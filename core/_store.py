@@ -189,19 +189,15 @@ class CheckpointStore:
     def run_file_flow(self, job_key: str, run_id: str) -> FileDataFlow:
         """The run's own file data flow (fixed when the run was created: read once per run and
         kept), else the store's (``file_flow``)."""
-        key = (job_key, run_id)
-        known = self._run_flows.get(key)
-        if known is not None:
-            return known
-        flow = self.file_flow
-        try:
-            run = self.read_run(job_key, run_id)
-            if run is not None:
-                if run.files_mode:
-                    flow = FileDataFlow(run.files_mode)
-                self._run_flows[key] = flow  # a run's flow never changes once recorded
-        except (StoreError, ValueError):
-            pass
+        flow = self._run_flows.get((job_key, run_id))
+        if flow is None:
+            try:
+                run = self.read_run(job_key, run_id)
+                flow = FileDataFlow(run.files_mode) if run and run.files_mode else self.file_flow
+            except (StoreError, ValueError):
+                return self.file_flow
+            if run is not None:  # a run's flow never changes once recorded
+                self._run_flows[(job_key, run_id)] = flow
         return flow
 
     def list_runs(self, job_key: str | None = None) -> tuple[list[RunRecord], list[str]]:
