@@ -44,8 +44,9 @@ uploads therefore go to ``blobs/tmp/<uuid>`` and are moved to their content name
 
 Durability: a blob is fsynced before it is renamed to its content name, so a name in the store
 always has its whole content; a save's new blobs and its manifest are fsynced together
-(``Blobs.settle``) and the manifest renamed last, and the task record that references the
-manifest is committed after that.
+(``Blobs.settle``) and the manifest renamed last, the folders of the new names fsynced (at
+once) after the renames, and the task record that references the manifest is committed after
+that.
 """
 
 from __future__ import annotations
@@ -320,16 +321,26 @@ class Blobs:
         left = list(staged)
         try:
             _sync_all([tmp for tmp, _key in staged])
+            folders: dict[str, None] = {}
             for tmp, key in staged:
                 final = self.path(key)
+                folder = posixpath.dirname(final)
+                while not os.path.isdir(folder):  # made now: its entry is its parent's
+                    folders[folder] = None
+                    folder = posixpath.dirname(folder)
+                folders[folder] = None
                 self.fs.makedirs_confined(posixpath.dirname(final))
                 os.replace(tmp, final)
                 left.pop(0)
+            # The renames (and folders made) are durable before the save is acknowledged: the
+            # task record's fsync commits only its own folder's entries on file systems other
+            # than ext4, whose one journal commits them all.
+            _sync_all(list(folders))
         except OSError as exc:
             for tmp, _key in left:
                 self._discard(tmp)
             raise StoreError(
-                f"cannot store {self.fs.where(self.path(left[0][1]))}: {exc}"
+                f"cannot store {self.fs.where(self.path((left or staged)[0][1]))}: {exc}"
             ) from None
 
     def stage_copy(self, source_fd: int) -> tuple[str, Digest, int]:
