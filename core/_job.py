@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -156,7 +156,7 @@ class PreparedJob:
     def plan_step(
         self,
         step_name: str,
-        records: Iterable[TaskRecord] = (),
+        records: Iterable[TaskRecord] | _planning.PlanHistory = (),
         *,
         tasks: Iterable[Mapping[str, ParameterValue]] | None = None,
     ) -> list[TaskSpec]:
@@ -164,8 +164,23 @@ class PreparedJob:
         (``core._planning.plan_tasks``, which states the rules)."""
         return _planning.plan_tasks(self, step_name, records, tasks=tasks)
 
+    def iter_plan(
+        self,
+        step_name: str,
+        records: Iterable[TaskRecord] | _planning.PlanHistory = (),
+        *,
+        tasks: Iterable[Mapping[str, ParameterValue]] | None = None,
+    ) -> Iterator[TaskSpec]:
+        """``plan_step``, one task at a time as they are taken, in memory that does not grow
+        with the step's task count (``core._planning.iter_plan``).
+
+        Raises:
+            KeyError: no such step.
+        """
+        return _planning.iter_plan(self, step_name, records, tasks=tasks)
+
     def adaptive_plan(
-        self, step_name: str, records: Iterable[TaskRecord] = ()
+        self, step_name: str, records: Iterable[TaskRecord] | _planning.PlanHistory = ()
     ) -> tuple[list[TaskSpec], AdaptiveChunker] | None:
         """For a step with adaptive chunks: the chunks that resume and the ``AdaptiveChunker``
         of the rest; None for any other step (``core._planning.adaptive_plan``)."""

@@ -5,7 +5,8 @@ function of the job and the records it is given (no store, no I/O):
 
 - ``_spec``: ``TaskSpec``, a task to run, its identity (``task_key_of``), its parameters as a
   record holds them, and every task label (``labelled``, ``task_label``);
-- ``_step``: the plan of one step from the records of earlier attempts (``plan_tasks``), a
+- ``_step``: the plan of one step from the records of earlier attempts (``iter_plan``, made
+  as it is taken, from a ``PlanHistory`` of the records; ``plan_tasks``, a list), a
   range of its original tasks (``original_tasks``), and the resumed chunks of an adaptive step
   beside its chunker (``adaptive_plan``);
 - ``_chunks``: ``AdaptiveChunker``, adaptive chunk sizes (TASK_CHUNKING
@@ -33,8 +34,10 @@ from ._spec import (
     task_label,
 )
 from ._step import (
+    PlanHistory,
     adaptive_plan,
     chunk_parameter,
+    iter_plan,
     iter_tasks,
     original_tasks,
     plan_tasks,
@@ -47,6 +50,7 @@ __all__ = (
     "AdaptiveChunker",
     "AdaptiveFeed",
     "TaskFeed",
+    "PlanHistory",
     "TaskSpec",
     "adaptive_chunk_size",
     "adaptive_plan",
@@ -56,6 +60,7 @@ __all__ = (
     "group_result_key",
     "group_tasks",
     "is_adaptive",
+    "iter_plan",
     "iter_tasks",
     "labelled",
     "original_tasks",

@@ -3,12 +3,13 @@ adaptive step's chunks, sized as they are taken (TASK_CHUNKING ``targetRuntimeSe
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from .._records import TaskRecord
 from ._chunks import AdaptiveChunker
 from ._spec import TaskSpec
+from ._step import PlanHistory
 
 if TYPE_CHECKING:
     from .._job import PreparedJob
@@ -17,18 +18,24 @@ __all__ = ("AdaptiveFeed", "TaskFeed", "step_feed")
 
 
 class TaskFeed:
-    """A step's tasks, handed out one at a time in order."""
+    """A step's tasks, handed out one at a time in order.
+
+    Args:
+        specs: the tasks; an iterator (``iter_plan``) is taken from one task at a time, so
+            a step is never held as a list of all its tasks.
+    """
 
     def __init__(self, specs: Iterable[TaskSpec] = ()) -> None:
-        self._pending = list(specs)
+        self._specs: Iterator[TaskSpec] = iter(specs)
 
     def take(self) -> TaskSpec | None:
         """The next task to start (None: the feed is empty)."""
-        return self._pending.pop(0) if self._pending else None
+        return next(self._specs, None)
 
     def drain(self) -> list[TaskSpec]:
         """Every task planned but not taken; the feed is empty after."""
-        rest, self._pending = self._pending, []
+        rest = list(self._specs)
+        self._specs = iter(())
         return rest
 
     def rest(self) -> list[str]:
@@ -57,11 +64,12 @@ class AdaptiveFeed(TaskFeed):
         self.chunker = chunker
 
     def take(self) -> TaskSpec | None:
-        if not self._pending:  # each chunk is sized as it is taken
+        spec = super().take()  # the resumed chunks first
+        if spec is None:  # then each chunk is sized as it is taken
             params = self.chunker.next_chunk()
             if params is not None:
-                self._pending.append(self._job.spec_for(self._step, params))
-        return super().take()
+                spec = self._job.spec_for(self._step, params)
+        return spec
 
     def rest(self) -> list[str]:
         labels: list[str] = []
@@ -81,18 +89,20 @@ class AdaptiveFeed(TaskFeed):
 
 
 def step_feed(
-    job: PreparedJob, step_name: str, records: Iterable[TaskRecord] = ()
+    job: PreparedJob, step_name: str, records: Iterable[TaskRecord] | PlanHistory = ()
 ) -> tuple[TaskFeed, str | None]:
-    """The feed of what ``step_name`` still has to run, given the attempt's task records, and
-    a note for the log (an adaptive step says its target).
+    """The feed of what ``step_name`` still has to run, given the attempt's task records (any
+    iterable, read once, or their ``PlanHistory``), and a note for the log (an adaptive step
+    says its target). The feed plans its tasks as they are taken (``iter_plan``).
 
     Raises:
         KeyError: no such step.
     """
-    records = [r for r in records if r.step == step_name]
+    if not isinstance(records, PlanHistory):
+        records = PlanHistory(job, (r for r in records if r.step == step_name))
     adaptive = job.adaptive_plan(step_name, records)
     if adaptive is None:
-        return TaskFeed(job.plan_step(step_name, records)), None
+        return TaskFeed(job.iter_plan(step_name, records)), None
     resumed, chunker = adaptive
     note = (
         f"{step_name}: chunks adapt to {chunker.target_runtime_seconds} s "

@@ -6,17 +6,17 @@ holds them, and the label a task or its record is shown by (``Render[Frame=1-4]`
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from openjd.model import IntRangeExpr, ParameterValue, ParameterValueType
 
 from .._records import CheckpointData, TaskRecord
-from .._template import canonical_json
 
 __all__ = (
     "TaskSpec",
+    "json_string",
     "labelled",
     "params_from_record",
     "params_to_record",
@@ -114,9 +114,14 @@ class TaskSpec:
             raise ValueError(f"not a task description: {type(exc).__name__}: {exc}") from None
 
 
+json_string: Callable[[str], str] = json.encoder.encode_basestring
+"""A string as JSON, as ``canonical_json`` writes it (``ensure_ascii=False``)."""
+
+
 def task_key_of(params: Mapping[str, ParameterValue]) -> str:
     """A task's identity: canonical JSON of its parameter values (``{}`` for a lone task)."""
-    return canonical_json({k: str(v.value) for k, v in params.items()})
+    pairs = sorted(params.items())
+    return "{" + ",".join(f"{json_string(k)}:{json_string(str(v.value))}" for k, v in pairs) + "}"
 
 
 def params_to_record(params: Mapping[str, ParameterValue]) -> dict[str, dict[str, str]]:
