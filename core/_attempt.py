@@ -20,7 +20,7 @@ Which process may call what: see docs/core-api.md.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +56,7 @@ from ._termination import (
 __all__ = (
     "Attempt",
     "attempt_records",
+    "iter_attempt_records",
     "begin_attempt",
     "delete_run",
     "plan_group",
@@ -133,13 +134,16 @@ def reap_run(store: CheckpointStore, run: RunRecord) -> list[str]:
                 f"stopped {killed} environment process(es) left running by a dead session "
                 f"of run {run.run_id}"
             )
-    try:
-        records, _ = store.read_tasks(run.job_key, run.run_id)
+    try:  # one at a time: only those that name a process of this host are kept
+        records = [
+            rec
+            for rec in store.iter_tasks(run.job_key, run.run_id)
+            if rec.process is not None and rec.process.host == me
+        ]
     except StoreError:
         return notes
     for rec in records:
-        if rec.process is None or rec.process.host != me:
-            continue
+        assert rec.process is not None
         if store.task_lease_held(run.job_key, run.run_id, rec.step, rec.task_key):
             continue
         if kill_recorded_process(rec.process):
@@ -466,8 +470,52 @@ def _persist_resume_point(
 def attempt_records(store: CheckpointStore, job: PreparedJob, run: RunRecord) -> list[TaskRecord]:
     """The run's task records as this attempt plans with them: finally tasks that succeeded in
     an earlier attempt are left out, because finally steps run again on every attempt."""
-    records, _ = store.read_tasks(run.job_key, run.run_id)
-    return _for_attempt(job, run, records)
+    return list(iter_attempt_records(store, job, run))
+
+
+def iter_attempt_records(
+    store: CheckpointStore, job: PreparedJob, run: RunRecord
+) -> Iterator[TaskRecord]:
+    """``attempt_records``, one record at a time as they are read from the store, so that a
+    run of any size is read in memory that does not grow with its task count (a run continued
+    after it succeeded keeps the keys of its records until the last is read).
+
+    Raises:
+        StoreError: the run's records cannot be listed.
+    """
+    have: set[tuple[str, str]] | None = set() if run.completed_attempt is not None else None
+    for rec in store.iter_tasks(run.job_key, run.run_id):
+        if have is not None:
+            have.add((rec.step, rec.task_key))
+        if not _left_out(job, run, rec):
+            yield rec
+    if have is None:
+        return
+    for step in job.template.regular_steps:
+        for spec in job.iter_plan(step):
+            if (spec.step_name, spec.task_key) not in have:
+                yield _done_in_completed_attempt(job, run, spec)
+
+
+def _left_out(job: PreparedJob, run: RunRecord, rec: TaskRecord) -> bool:
+    """True for a finally task that succeeded in an earlier attempt (it runs again)."""
+    return (
+        job.template.is_finally(rec.step)
+        and rec.status == TaskStatus.SUCCEEDED
+        and rec.run_attempt < run.attempt
+    )
+
+
+def _done_in_completed_attempt(job: PreparedJob, run: RunRecord, spec: TaskSpec) -> TaskRecord:
+    """The record of a regular task of a run continued after it succeeded that has none: it
+    succeeded in that attempt (``RunRecord.completed_attempt``)."""
+    return job.new_task_record(
+        spec,
+        run.run_id,
+        status=TaskStatus.SUCCEEDED,
+        run_attempt=run.completed_attempt,
+        completed_frames=sorted(spec.chunk_frames),
+    )
 
 
 def _for_attempt(
@@ -479,15 +527,7 @@ def _for_attempt(
     """``records`` as this attempt plans with them. For a run continued after it succeeded
     (``RunRecord.completed_attempt``), a regular task among ``originals`` (default: every
     regular step's) that has no record succeeded in that attempt: its record is made here."""
-    kept = [
-        r
-        for r in records
-        if not (
-            job.template.is_finally(r.step)
-            and r.status == TaskStatus.SUCCEEDED
-            and r.run_attempt < run.attempt
-        )
-    ]
+    kept = [r for r in records if not _left_out(job, run, r)]
     if run.completed_attempt is None:
         return kept
     if originals is None:
@@ -496,14 +536,7 @@ def _for_attempt(
     for spec in originals:
         if job.template.is_finally(spec.step_name) or (spec.step_name, spec.task_key) in have:
             continue
-        done = job.new_task_record(
-            spec,
-            run.run_id,
-            status=TaskStatus.SUCCEEDED,
-            run_attempt=run.completed_attempt,
-            completed_frames=sorted(spec.chunk_frames),
-        )
-        kept.append(done)
+        kept.append(_done_in_completed_attempt(job, run, spec))
     return kept
 
 

@@ -75,7 +75,9 @@ class StepRun:
     """What ``TaskExecutor.run`` did with a feed of tasks.
 
     Attributes:
-        results: every task that ran, with its result, in the order they ended.
+        results: every task that ran, with its result, in the order they ended (with
+            ``run(..., keep_succeeded=False)``, only those that did not succeed).
+        succeeded: how many of the tasks that ran succeeded, kept in ``results`` or not.
         not_started: tasks taken from the feed that did not start, with why (a sentence that
             begins ``not started:``).
         refused: tasks that could not be claimed (``errors="fail"``), with why.
@@ -84,6 +86,7 @@ class StepRun:
     """
 
     results: list[tuple[TaskSpec, TaskResult]] = field(default_factory=list)
+    succeeded: int = 0
     not_started: list[tuple[TaskSpec, str]] = field(default_factory=list)
     refused: list[tuple[TaskSpec, str]] = field(default_factory=list)
     rest: list[str] = field(default_factory=list)
@@ -363,6 +366,7 @@ class TaskExecutor:
         stop_on_failure: bool = False,
         errors: Literal["raise", "fail"] = "raise",
         known: Mapping[TaskKey, TaskRecord] | None = None,
+        keep_succeeded: bool = True,
     ) -> StepRun:
         """Run the feed's tasks (all of one step), up to ``max_parallel`` at once; block until
         each has ended or was not started.
@@ -376,6 +380,9 @@ class TaskExecutor:
             errors: ``raise``: a task that cannot be claimed, or whose run raised, raises here
                 (tasks before it have run, none after it started); ``fail``: it fails, noted.
             known: task records to fall back on where the store has none.
+            keep_succeeded: False: a task that succeeded is counted (``StepRun.succeeded``),
+                not kept in ``StepRun.results``, so that a step of any size is run in memory
+                that does not grow with its task count.
 
         Raises:
             ResumeRefusedError: ``already-resumed`` (with ``errors="raise"``): another process
@@ -428,10 +435,13 @@ class TaskExecutor:
                         if errors == "raise":
                             raise
                         result = TaskResult(TaskOutcome.FAILED, None, str(exc), execution.record)
-                    out.results.append((spec, result))
                     if result.outcome != TaskOutcome.SUCCEEDED:
+                        out.results.append((spec, result))
                         out.ok = False
                     else:
+                        out.succeeded += 1
+                        if keep_succeeded:
+                            out.results.append((spec, result))
                         note = feed.ended(spec, time.monotonic() - began)
                         if note is not None:
                             self.note(note)

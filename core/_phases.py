@@ -17,9 +17,10 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from ._attempt import attempt_records, reap_run, require_run
+from ._attempt import iter_attempt_records, reap_run, require_run
 from ._errors import RunError, StoreError
 from ._job import PreparedJob, TaskSpec
+from ._planning import PlanHistory
 from ._records import RunCondition, RunStatus, TaskRecord, TaskStatus
 from ._resume import (
     RefusalCode,
@@ -130,10 +131,9 @@ def wait_tasks_released(
     wanted = set(steps)
     deadline = time.monotonic() + timeout
     while True:
-        records, _ = store.read_tasks(job.job_key, run_id)
         held = [
             f"{r.step} {r.task_key}"
-            for r in records
+            for r in store.iter_tasks(job.job_key, run_id)
             if r.step in wanted
             and r.status == TaskStatus.RUNNING
             and store.task_lease_held(job.job_key, run_id, r.step, r.task_key)
@@ -150,13 +150,13 @@ def mark_timed_out(store: CheckpointStore, job_key: str, run_id: str, message: s
 
 
 def _incomplete_roots(
-    job: PreparedJob, names: Iterable[str], records: list[TaskRecord]
+    job: PreparedJob, names: Iterable[str], records: PlanHistory
 ) -> tuple[list[str], list[str]]:
     """(steps that did not complete although their dependencies did, every step that did not
     complete) among ``names``."""
     incomplete: set[str] = set()
     for name in names:
-        if job.plan_step(name, [r for r in records if r.step == name]):
+        if next(job.iter_plan(name, records), None) is not None:
             incomplete.add(name)
     roots = [
         n
@@ -166,14 +166,18 @@ def _incomplete_roots(
     return roots, [n for n in names if n in incomplete]
 
 
-def _moot(mode: TerminationMode | None, records: list[TaskRecord], left: bool) -> bool:
+def _moot(mode: TerminationMode | None, stopped: bool, left: bool) -> bool:
     """True if a termination in force stopped nothing and kept nothing from starting: it was
     asked once every task it could reach had ended (``left``: some task is still to run) and
-    no task of the attempt ended stopped. It then changes nothing that already happened: the
+    no task of the attempt ended stopped (``stopped``: one's record is canceled or
+    interrupted, ``_STOPPED``). It then changes nothing that already happened: the
     outcome (and ``{{Job.Status}}``) is the tasks' own (docs/decisions.md, "Termination
     modes": a request after every task ended)."""
-    stopped = (TaskStatus.CANCELED, TaskStatus.INTERRUPTED)
-    return mode is not None and not left and not any(r.status in stopped for r in records)
+    return mode is not None and not left and not stopped
+
+
+_STOPPED = (TaskStatus.CANCELED, TaskStatus.INTERRUPTED)
+"""The statuses of a task record that a termination stopped."""
 
 
 def _job_status(mode: TerminationMode | None, failed: bool) -> str:
@@ -273,10 +277,13 @@ def enter_finally(store: CheckpointStore, job: PreparedJob, run_id: str) -> Fina
     with store.run_lock(job.job_key, run_id):
         run = require_run(store, job, run_id)
         term = resolve_termination(store.read_stop_requests(job.job_key, run_id), run.attempt)
-        records = attempt_records(store, job, run)
+        records = PlanHistory(job)  # read once, kept as planning needs them
+        stopped = False
+        for rec in iter_attempt_records(store, job, run):
+            records.add(rec)
+            stopped = stopped or (rec.status in _STOPPED and not job.template.is_finally(rec.step))
         _, incomplete = _incomplete_roots(job, job.template.regular_steps, records)
-        regular = [r for r in records if not job.template.is_finally(r.step)]
-        told = None if _moot(term.mode, regular, bool(incomplete)) else term.mode
+        told = None if _moot(term.mode, stopped, bool(incomplete)) else term.mode
         status = _job_status(told, bool(incomplete) or run.timed_out is not None)
         run_finally = bool(job.template.finally_steps) and term.mode not in (
             TerminationMode.CANCELLED,
@@ -350,17 +357,23 @@ def finish_attempt(
         reap_run(store, run)  # nothing of the attempt is left running on this host
         term = resolve_termination(store.read_stop_requests(job.job_key, run_id), run.attempt)
         mode = term.mode
-        records = attempt_records(store, job, run)
+        # The records, read once: kept as planning needs them, and what is counted of them.
+        records = PlanHistory(job)
+        stopped = False
+        failed_here: set[str] = set()  # finally steps with a task failed in this attempt
+        ran: set[tuple[str, str]] = set()  # tasks started in this attempt (original keys)
+        for rec in iter_attempt_records(store, job, run):
+            records.add(rec)
+            stopped = stopped or rec.status in _STOPPED
+            if rec.run_attempt != run.attempt:
+                continue
+            if job.template.is_finally(rec.step) and rec.status == TaskStatus.FAILED:
+                failed_here.add(rec.step)
+            if skipped is None and rec.status != TaskStatus.PENDING:
+                ran.add((rec.step, rec.task_key.split("#", 1)[0]))
         failed_steps, incomplete = _incomplete_roots(job, job.template.regular_steps, records)
         finally_failed: list[str] = []
         if run.phase == "finally":
-            failed_here = {
-                r.step
-                for r in records
-                if job.template.is_finally(r.step)
-                and r.status == TaskStatus.FAILED
-                and r.run_attempt == run.attempt
-            }
             if finally_timeout:
                 failed_here.update(_incomplete_roots(job, job.template.finally_steps, records)[1])
             finally_failed = [s for s in job.template.finally_steps if s in failed_here]
@@ -369,22 +382,16 @@ def finish_attempt(
             for f in run.environment_failures
             if f.get("attempt") == run.attempt
         ]
-        planned = [
-            spec
-            for name in job.step_order()
-            for spec in job.plan_step(name, [r for r in records if r.step == name])
-        ]
-        left = [spec.label for spec in planned]
-        if skipped is None:  # still to run, and not started in this attempt (not stopped)
-            ran = {
-                (r.step, r.task_key.split("#", 1)[0])
-                for r in records
-                if r.run_attempt == run.attempt and r.status != TaskStatus.PENDING
-            }
-            skipped = [
-                s.label for s in planned if (s.step_name, s.task_key.split("#", 1)[0]) not in ran
-            ]
-        if _moot(mode, records, bool(left)) and run.job_status not in ("Cancelled", "Stopped"):
+        left: list[str] = []  # still to run
+        not_started: list[str] = []  # of those, not started in this attempt (not stopped)
+        for name in job.step_order():
+            for spec in job.iter_plan(name, records):
+                left.append(spec.label)
+                if (spec.step_name, spec.task_key.split("#", 1)[0]) not in ran:
+                    not_started.append(spec.label)
+        if skipped is None:
+            skipped = not_started
+        if _moot(mode, stopped, bool(left)) and run.job_status not in ("Cancelled", "Stopped"):
             mode = None  # asked after every task had ended: the run ends as its tasks did
         if mode == TerminationMode.SUSPENDED:
             status = RunStatus.INTERRUPTED

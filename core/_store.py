@@ -461,6 +461,12 @@ class CheckpointStore:
         """Every readable task record of a run, and a warning for each unreadable one."""
         return self.tasks.read_tasks(job_key, run_id)
 
+    def iter_tasks(
+        self, job_key: str, run_id: str, warnings: list[str] | None = None
+    ) -> Iterator[TaskRecord]:
+        """``read_tasks``, one record at a time (``TaskRecords.iter_tasks``)."""
+        return self.tasks.iter_tasks(job_key, run_id, warnings)
+
     def read_task_family(
         self, job_key: str, run_id: str, step: str, task_keys: Iterable[str]
     ) -> tuple[list[TaskRecord], list[str]]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import posixpath
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 from ._errors import StoreError
 from ._fs import os_reason
@@ -201,15 +201,7 @@ class TaskRecords:
     def read_tasks(self, job_key: str, run_id: str) -> tuple[list[TaskRecord], list[str]]:
         """Every readable task record of a run, and a warning for each unreadable one."""
 
-        def is_record(name: str) -> bool:
-            return (
-                name.endswith(".json")
-                and ".gen-" not in name
-                and not name.endswith(".lease.json")
-                and not name.startswith(".tmp-")
-            )
-
-        return self._read_task_files(job_key, run_id, is_record)
+        return self._read_task_files(job_key, run_id, _is_record)
 
     def read_task_family(
         self, job_key: str, run_id: str, step: str, task_keys: Iterable[str]
@@ -231,13 +223,37 @@ class TaskRecords:
         records, warnings = self._read_task_files(job_key, run_id, is_family)
         return [r for r in records if r.step == step], warnings
 
+    def iter_tasks(
+        self, job_key: str, run_id: str, warnings: list[str] | None = None
+    ) -> Iterator[TaskRecord]:
+        """``read_tasks``, one record at a time as they are read (a run of any size is read in
+        memory that does not grow with its task count); a warning for each unreadable record
+        is appended to ``warnings``.
+
+        Raises:
+            StoreError: the run's folder cannot be listed (when the first record is asked for).
+        """
+        names = self.fs.list_names(self.layout.in_run(job_key, run_id, "tasks"))
+        yield from self._iter_task_files(job_key, run_id, _is_record, names, warnings)
+
     def _read_task_files(
         self, job_key: str, run_id: str, wanted: Callable[[str], bool]
     ) -> tuple[list[TaskRecord], list[str]]:
-        tasks: list[TaskRecord] = []
         warnings: list[str] = []
+        names = self.fs.list_names(self.layout.in_run(job_key, run_id, "tasks"))
+        tasks = list(self._iter_task_files(job_key, run_id, wanted, names, warnings))
+        return tasks, warnings
+
+    def _iter_task_files(
+        self,
+        job_key: str,
+        run_id: str,
+        wanted: Callable[[str], bool],
+        names: list[str],
+        warnings: list[str] | None,
+    ) -> Iterator[TaskRecord]:
+        warn = warnings.append if warnings is not None else (lambda _w: None)
         tdir = self.layout.in_run(job_key, run_id, "tasks")
-        names = self.fs.list_names(tdir)
         for name in names:
             if not wanted(name):
                 continue
@@ -248,17 +264,16 @@ class TaskRecords:
                     job_key, run_id, name[: -len(".json")], names, str(exc)
                 )
                 if rebuilt is None:
-                    warnings.append(str(exc))
+                    warn(str(exc))
                 else:
-                    tasks.append(rebuilt[0])
-                    warnings.append(rebuilt[1])
+                    yield rebuilt[0]
+                    warn(rebuilt[1])
                 continue
             except StoreError as exc:
-                warnings.append(str(exc))
+                warn(str(exc))
                 continue
             if rec is not None:
-                tasks.append(rec)
-        return tasks, warnings
+                yield rec
 
     def list_generations(self, record: TaskRecord) -> list[CheckpointData]:
         """The stored checkpoint generations of a task, oldest first."""
@@ -275,3 +290,13 @@ class TaskRecords:
                     gens.append(CheckpointData.model_validate(data.model_dump(exclude={"task"})))
         gens.sort(key=lambda g: g.generation)
         return gens
+
+
+def _is_record(name: str) -> bool:
+    """True for the name of a task's latest record in a run's ``tasks`` folder."""
+    return (
+        name.endswith(".json")
+        and ".gen-" not in name
+        and not name.endswith(".lease.json")
+        and not name.startswith(".tmp-")
+    )

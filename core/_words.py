@@ -7,6 +7,7 @@ reading commands say things the same way.
 from __future__ import annotations
 
 import signal
+from collections.abc import Iterable
 from typing import Any
 
 __all__ = (
@@ -86,27 +87,30 @@ def _n(count: int, one: str, many: str | None = None) -> str:
     return f"{count} {one if count == 1 else (many or one + 's')}"
 
 
-def outcome_sentence(status: str, tasks: list[Any], ran: int) -> str:
+def outcome_sentence(status: str, tasks: Iterable[Any], ran: int) -> str:
     """What happened to a run and what the user can do next, counted over the whole run (every
     attempt), e.g. ``"suspended: 2 tasks checkpointed, 1 chunk kept 4 finished frames; run
     again to continue"``.
 
     Args:
         status: the run's ``RunStatus`` value.
-        tasks: the run's ``TaskRecord``s in the store (a finished run has none left).
+        tasks: the run's ``TaskRecord``s in the store (a finished run has none left), read
+            once (a stream from the store will do).
         ran: how many task executions this attempt ran (used when no records are left).
     """
     words = run_status_words(status)
     if status == "succeeded":
         return f"{words}: every task succeeded ({_n(ran, 'task')} ran in this attempt)"
-    done = sum(1 for t in tasks if t.status.value == "succeeded")
-    failed = sum(1 for t in tasks if t.status.value == "failed")
-    checkpointed = sum(1 for t in tasks if t.status.value != "succeeded" and t.checkpoint)
-    chunks = [
-        t for t in tasks
-        if t.status.value != "succeeded" and not t.checkpoint and t.completed_frames
-    ]  # fmt: skip
-    frames = sum(len(t.completed_frames) for t in chunks)
+    done = failed = checkpointed = chunks = frames = 0
+    for t in tasks:
+        state = t.status.value
+        done += state == "succeeded"
+        failed += state == "failed"
+        if state != "succeeded" and t.checkpoint:
+            checkpointed += 1
+        elif state != "succeeded" and t.completed_frames:
+            chunks += 1
+            frames += len(t.completed_frames)
     parts = []
     if done:
         parts.append(f"{_n(done, 'task')} done")
@@ -115,7 +119,7 @@ def outcome_sentence(status: str, tasks: list[Any], ran: int) -> str:
     if checkpointed:
         parts.append(f"{_n(checkpointed, 'task')} checkpointed")
     if chunks:
-        parts.append(f"{_n(len(chunks), 'chunk')} kept {_n(frames, 'finished frame')}")
+        parts.append(f"{_n(chunks, 'chunk')} kept {_n(frames, 'finished frame')}")
     summary = f"{words}: {', '.join(parts) or 'no task finished'}"
     if not (done or checkpointed or chunks):
         return summary  # the report goes on: nothing was stored to resume from

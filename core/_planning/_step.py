@@ -237,7 +237,7 @@ def _plan(
     if chunk_param is None:  # the common case, kept to the fewest steps a task
         for given in space:
             # the iterator's own dict is not shared: no copy of it
-            params: dict[str, ParameterValue] = given if owned else dict(given)  # type: ignore[assignment]
+            params = given if owned else dict(given)  # type: ignore[assignment]
             key = key_of(params)
             if key not in skip:
                 yield TaskSpec(step_name, key, params, dict(params))

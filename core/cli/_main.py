@@ -254,8 +254,10 @@ def _report(args: argparse.Namespace, result: RunResult, store: CheckpointStore)
     def say(text: str) -> None:
         _write(sys.stderr, text)
 
-    counts: dict[str, int] = {}
-    for _spec, res in result.results:
+    counts: dict[str, int] = (
+        {OUTCOME_WORDS["succeeded"]: result.succeeded} if result.succeeded else {}
+    )
+    for _spec, res in result.results:  # those that did not succeed
         word = OUTCOME_WORDS.get(outcome_key(res), res.outcome.value)
         counts[word] = counts.get(word, 0) + 1
     summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "no task ran"
@@ -287,8 +289,8 @@ def _report(args: argparse.Namespace, result: RunResult, store: CheckpointStore)
 def _outcome(store: CheckpointStore, result: RunResult) -> str:
     """The run's outcome in plain words, counted over all its attempts (``_words``)."""
     run = store.find_run(result.run_id)
-    tasks = store.read_tasks(run.job_key, run.run_id)[0] if run is not None else []
-    return outcome_sentence(result.status.value, tasks, len(result.results))
+    tasks = store.iter_tasks(run.job_key, run.run_id) if run is not None else iter(())
+    return outcome_sentence(result.status.value, tasks, result.ran)
 
 
 def _resumable(store: CheckpointStore, run_id: str) -> bool:
@@ -296,7 +298,7 @@ def _resumable(store: CheckpointStore, run_id: str) -> bool:
     run = store.find_run(run_id)
     if run is None:
         return False
-    tasks, _ = store.read_tasks(run.job_key, run.run_id)
+    tasks = store.iter_tasks(run.job_key, run.run_id)
     return any(
         t.step not in run.finally_steps
         and (t.checkpoint or t.completed_frames or t.status.value == "succeeded")

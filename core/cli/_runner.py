@@ -26,6 +26,7 @@ from core import (
     Attempt,
     CheckpointStore,
     NoticeSource,
+    PlanHistory,
     PreparedJob,
     ResumeHow,
     RunCondition,
@@ -37,15 +38,14 @@ from core import (
     TaskEvent,
     TaskExecution,
     TaskExecutor,
-    TaskRecord,
     TaskResult,
     TaskSpec,
     TerminationMode,
-    attempt_records,
     begin_attempt,
     clean_stale_sessions,
     enter_finally,
     finish_attempt,
+    iter_attempt_records,
     mark_timed_out,
     step_feed,
 )
@@ -65,7 +65,11 @@ class RunResult:
         status: the run's final ``RunStatus``.
         condition: its final ``RunCondition`` (status, reason, message).
         exit_code: see ``EXIT_CODES``.
-        results: every task execution's result, in the order they ended.
+        results: the result of every task execution that did not succeed (failed, canceled,
+            suspended), in the order they ended. Succeeded ones are counted in ``succeeded``,
+            not kept, so that a run of any size ends in memory that does not grow with its
+            task count.
+        succeeded: how many task executions of this attempt succeeded.
         resumed: True if this attempt continued an earlier one.
         skipped: tasks and steps not started, as descriptions.
         finally_ran: True if the finally steps were started.
@@ -77,10 +81,16 @@ class RunResult:
     condition: RunCondition
     exit_code: int
     results: list[tuple[TaskSpec, TaskResult]] = field(default_factory=list)
+    succeeded: int = 0
     resumed: bool = False
     skipped: list[str] = field(default_factory=list)
     finally_ran: bool = False
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def ran(self) -> int:
+        """How many task executions this attempt ran (succeeded or not)."""
+        return self.succeeded + len(self.results)
 
 
 class JobRunner:
@@ -257,9 +267,9 @@ class JobRunner:
         clean_stale_sessions(self._working_root)
         run = self.store.read_run(attempt.job_key, attempt.run_id)
         assert run is not None
-        records: dict[tuple[str, str], TaskRecord] = {
-            (t.step, t.task_key): t for t in attempt_records(self.store, self.job, run)
-        }
+        # Earlier attempts' records, read once and kept as planning needs them (a succeeded
+        # task's key, not its record); this attempt's records stay in the store.
+        records = PlanHistory(self.job, iter_attempt_records(self.store, self.job, run))
         result = RunResult(
             attempt.run_id,
             RunStatus.RUNNING,
@@ -319,7 +329,7 @@ class JobRunner:
         self,
         executor: TaskExecutor,
         names: tuple[str, ...],
-        records: dict[tuple[str, str], TaskRecord],
+        records: PlanHistory,
         result: RunResult,
         job_status: str | None = None,
     ) -> dict[str, bool]:
@@ -341,7 +351,7 @@ class JobRunner:
                 ok[step_name] = False
                 result.skipped.extend(self._describe_plan(step_name, records))
                 continue
-            feed, note = step_feed(self.job, step_name, records.values())
+            feed, note = step_feed(self.job, step_name, records)
             if note is not None:
                 self.note(note)
             step = executor.run(
@@ -351,27 +361,22 @@ class JobRunner:
                 deadline_message=message.format(budget or 0),
                 stop_on_failure=not is_finally,
                 errors="fail",
-                known=records,
+                known={(r.step, r.task_key): r for r in records.records(step_name)},
+                keep_succeeded=False,
             )
-            self._collect(step, records, result)
+            self._collect(step, result)
             ok[step_name] = step.ok
             failed = failed or (not is_finally and not step.ok and not executor.stopping(False))
         return ok
 
     @staticmethod
-    def _collect(
-        step: StepRun, records: dict[tuple[str, str], TaskRecord], result: RunResult
-    ) -> None:
-        for spec, res in step.results:
-            records[(spec.step_name, spec.task_key)] = res.record
-            result.results.append((spec, res))
+    def _collect(step: StepRun, result: RunResult) -> None:
+        result.results.extend(step.results)  # those that did not succeed
+        result.succeeded += step.succeeded
         result.skipped.extend(step.skipped)
 
-    def _describe_plan(
-        self, step_name: str, records: dict[tuple[str, str], TaskRecord]
-    ) -> list[str]:
-        step_records = [r for (s, _), r in records.items() if s == step_name]
+    def _describe_plan(self, step_name: str, records: PlanHistory) -> list[str]:
         try:
-            return [s.label for s in self.job.plan_step(step_name, step_records)]
+            return [s.label for s in self.job.iter_plan(step_name, records)]
         except Exception:  # pragma: no cover - a step whose space cannot be iterated
             return [step_name]
