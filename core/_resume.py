@@ -143,7 +143,10 @@ def check_run(
     generation: int | None = None,
     notes: list[str] | None = None,
 ) -> list[TaskRecord]:
-    """Check that ``job`` may resume ``run``; return the task records to resume from.
+    """Check that ``job`` may resume ``run``; return the task records to resume from when
+    ``from_step`` or ``generation`` chooses them (else none: the attempt plans with the
+    store's, and the check keeps none of them, so a run of any size is checked in memory that
+    does not grow with its task count).
 
     Raises:
         ResumeRefusedError: with the code of the first rule that fails.
@@ -164,8 +167,18 @@ def check_run(
             RefusalCode.ALREADY_RESUMED, f"run {run.run_id} is being run now{owner}"
         )
     check_chain(job, run)
+    choose = from_step is not None or generation is not None
+    records: list[TaskRecord] = []  # kept only when they are chosen from
+    warnings: list[str] = []
+    useful = False
     try:
-        records, warnings = store.read_tasks(run.job_key, run.run_id)
+        for r in store.iter_tasks(run.job_key, run.run_id, warnings):
+            if choose:
+                records.append(r)
+            useful = useful or (
+                not job.template.is_finally(r.step)  # finally steps run again on every attempt
+                and bool(r.checkpoint or r.completed_frames or r.status.value == "succeeded")
+            )
     except StoreError as exc:
         raise ResumeRefusedError(RefusalCode.STATE_CHANGED, str(exc)) from None
     versioned = [w for w in warnings if "schema version" in w]
@@ -177,12 +190,6 @@ def check_run(
         if notes is not None:
             rest = "" if isinstance(w, TaskRebuilt) else "; that task runs from the top"
             notes.append(f"warning: {w}{rest}")
-    useful = [
-        r
-        for r in records
-        if not job.template.is_finally(r.step)  # finally steps run again on every attempt
-        and (r.checkpoint or r.completed_frames or r.status.value == "succeeded")
-    ]
     if not useful:
         raise ResumeRefusedError(
             RefusalCode.NO_CHECKPOINT, f"run {run.run_id} stored no checkpoint and no finished task"

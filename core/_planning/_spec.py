@@ -16,6 +16,7 @@ from .._records import CheckpointData, TaskRecord
 
 __all__ = (
     "TaskSpec",
+    "fresh_spec",
     "json_string",
     "labelled",
     "params_from_record",
@@ -116,6 +117,31 @@ class TaskSpec:
 
 json_string: Callable[[str], str] = json.encoder.encode_basestring
 """A string as JSON, as ``canonical_json`` writes it (``ensure_ascii=False``)."""
+
+
+def fresh_spec(
+    step_name: str,
+    task_key: str,
+    parameters: dict[str, ParameterValue],
+    record_parameters: dict[str, ParameterValue],
+    chunk_parameter: str | None = None,
+) -> TaskSpec:
+    """``TaskSpec(step_name, task_key, parameters, record_parameters, None, chunk_parameter)``,
+    made in half the time of the frozen dataclass's ``__init__`` (planning makes one a task:
+    ``iter_plan``). The same object in every way (equal, frozen)."""
+    spec = _new_object(TaskSpec)
+    spec.__dict__.update(
+        step_name=step_name,
+        task_key=task_key,
+        parameters=parameters,
+        record_parameters=record_parameters,
+        resume=None,
+        chunk_parameter=chunk_parameter,
+    )
+    return spec
+
+
+_new_object = object.__new__
 
 
 def task_key_of(params: Mapping[str, ParameterValue]) -> str:

@@ -23,7 +23,7 @@ from openjd.model import (
 
 from .._records import TaskRecord
 from ._chunks import AdaptiveChunker, group_key, is_adaptive
-from ._spec import TaskSpec, json_string, params_from_record, task_key_of
+from ._spec import TaskSpec, fresh_spec, json_string, params_from_record, task_key_of
 
 if TYPE_CHECKING:
     from .._job import PreparedJob
@@ -235,12 +235,21 @@ def _plan(
     skip = succeeded | resumed_keys if resumed_keys else succeeded
     key_of = _key_maker()
     if chunk_param is None:  # the common case, kept to the fewest steps a task
+        names: set[str] | None = None
+        name, prefix = "", ""
         for given in space:
             # the iterator's own dict is not shared: no copy of it
             params = given if owned else dict(given)  # type: ignore[assignment]
-            key = key_of(params)
+            if params.keys() != names:  # the first task (and any of other names)
+                names = set(params)
+                name = next(iter(names)) if len(names) == 1 else ""
+                prefix = "{" + json_string(name) + ":"
+            if name:  # one parameter: task_key_of, inlined
+                key = prefix + json_string(str(params[name].value)) + "}"
+            else:
+                key = key_of(params)
             if key not in skip:
-                yield TaskSpec(step_name, key, params, dict(params))
+                yield fresh_spec(step_name, key, params, dict(params))
         return
     for given in space:
         params = given if owned else dict(given)  # type: ignore[assignment]
@@ -253,7 +262,7 @@ def _plan(
         if not remaining:
             continue
         if remaining == frames:
-            yield TaskSpec(step_name, key, params, dict(params), None, chunk_param)
+            yield fresh_spec(step_name, key, params, dict(params), chunk_param)
             continue
         pieces = _contiguous_runs(remaining) if contiguous else [remaining]
         for piece in pieces:
