@@ -803,13 +803,13 @@ WHY = {
         "files are captured at its commit."
     ),
     "runner_memory": (
-        "The runner keeps every finished task's record and result until the run ends (the "
-        "records map that later steps and the finally steps read, and RunResult.results, which "
-        "the CLI's summary reads), a few KB a task; the plan of the step is a list of every "
-        "task's spec. (A leak that kept every finished TaskExecution alive until its step "
-        "ended is fixed.) What would close it: keep only counts and the failed tasks in "
-        "RunResult, read records back from the store when a later step needs them, and plan "
-        "a step lazily (an iterator over the parameter space)."
+        "The runner keeps a count of the tasks that succeeded and the results of the others "
+        "(RunResult), plans a step as its tasks are taken (iter_plan), keeps earlier "
+        "attempts' records as a PlanHistory (a succeeded task's key, not its record) and "
+        "streams the run's records from the store when the finally phase and the outcome "
+        "read them. What still grows with the task count: a set of task keys while a phase "
+        "is decided, the log sink's count of logs per task, the last 4,096 process markers "
+        "(bounded). What would close it: those bounded or dropped."
     ),
 }
 

@@ -6,7 +6,14 @@ from typing import Any
 
 import pytest
 
-from core import CheckpointData, TaskRecord, TaskStatus, parse_template, prepare_job
+from core import (
+    CheckpointData,
+    PlanHistory,
+    TaskRecord,
+    TaskStatus,
+    parse_template,
+    prepare_job,
+)
 from core._planning import params_to_record, task_key_of
 
 
@@ -223,3 +230,105 @@ def test_original_tasks_are_slices_of_the_fresh_plan(template: str, params: dict
         assert n == len(full)
         for start, stop in [(0, None), (1, 3), (2, 2), (n - 1, n + 5), (n, None)]:
             assert job.original_tasks(step, start, stop) == full[start:stop]
+
+
+def frame_job(frames: int, resumable: bool = True):
+    actions: dict[str, Any] = {"onRun": {"command": "true"}}
+    if resumable:
+        actions["onCheckpointResume"] = {"command": "true"}
+    doc = {
+        "specificationVersion": "jobtemplate-2023-09",
+        "extensions": ["CHECKPOINT"],
+        "name": "lazy",
+        "steps": [
+            {
+                "name": "R",
+                "parameterSpace": {
+                    "taskParameterDefinitions": [
+                        {"name": "Frame", "type": "INT", "range": f"1-{frames}"}
+                    ]
+                },
+                "script": {"actions": actions},
+            }
+        ],
+    }
+    return prepare_job(parse_template(doc))
+
+
+def frame_rec(job, frame: int, status: TaskStatus, checkpoint=None) -> TaskRecord:
+    params = next(p for p in job.iter_tasks("R") if p["Frame"].value == str(frame))
+    return TaskRecord(
+        job_key=job.job_key,
+        run_id="r",
+        step="R",
+        task_key=task_key_of(params),
+        parameters=params_to_record(params),
+        status=status,
+        checkpoint=checkpoint,
+    )
+
+
+def test_iter_plan_takes_tasks_one_at_a_time() -> None:
+    """The plan is made as it is taken: the first task of a step comes before the parameter
+    space is walked further (a space that breaks after its first set still gives it)."""
+    job = frame_job(3)
+    first = next(iter(job.iter_tasks("R")))
+
+    def space():
+        yield first
+        raise AssertionError("the plan walked past the task it was asked for")
+
+    plan = job.iter_plan("R", tasks=space())
+    assert next(plan).label == "R[Frame=1]"
+    with pytest.raises(AssertionError, match="walked past"):
+        next(plan)
+
+
+def test_iter_plan_raises_for_an_unknown_step_at_once() -> None:
+    with pytest.raises(KeyError):
+        frame_job(3).iter_plan("Nope")
+
+
+def test_plan_history_keeps_a_succeeded_task_as_its_key() -> None:
+    """Succeeded records are kept as keys (not records); the others whole; the plan from the
+    history is the plan from the records, and a later record of a task replaces the earlier."""
+    job = frame_job(6)
+    ckpt = CheckpointData(generation=1, state="s", saved_at=0.0, attempt=1)
+    records = [
+        frame_rec(job, 1, TaskStatus.SUCCEEDED),
+        frame_rec(job, 2, TaskStatus.FAILED),
+        frame_rec(job, 3, TaskStatus.INTERRUPTED, ckpt),
+        frame_rec(job, 4, TaskStatus.FAILED),
+        frame_rec(job, 4, TaskStatus.SUCCEEDED),  # the later record of task 4
+    ]
+    history = PlanHistory(job, iter(records))
+    assert sorted(r.task_key for r in history.records("R")) == sorted(
+        records[i].task_key for i in (1, 2)
+    )
+    from_history = [(s.label, s.resume is not None) for s in job.iter_plan("R", history)]
+    from_records = [(s.label, s.resume is not None) for s in job.plan_step("R", records)]
+    assert (
+        from_history
+        == from_records
+        == [
+            ("R[Frame=3]", True),
+            ("R[Frame=2]", False),
+            ("R[Frame=5]", False),
+            ("R[Frame=6]", False),
+        ]
+    )
+
+
+def test_task_key_of_is_canonical_json() -> None:
+    """The task key keeps the text it had when it was canonical_json of the values (sorted
+    names, no spaces, non-ASCII kept, escapes as json writes them)."""
+    from openjd.model import ParameterValue, ParameterValueType
+
+    from core._template import canonical_json
+
+    for names in (["b", "a"], ["Frame"], [], ['é"\\\n', "\u2028x"]):
+        params = {
+            n: ParameterValue(type=ParameterValueType.STRING, value=f'v{i}é\t"')
+            for i, n in enumerate(names)
+        }
+        assert task_key_of(params) == canonical_json({k: str(v.value) for k, v in params.items()})

@@ -23,10 +23,12 @@ from conftest import DATA, ROOT, cli_cmd, run_cli
 from core import (
     CheckpointStore,
     ResumeRefusedError,
+    RunStatus,
     TaskSpec,
     begin_attempt,
     enter_finally,
     finish_attempt,
+    parse_template,
     plan_step,
     prepare_job,
     request_termination,
@@ -998,3 +1000,36 @@ def test_declare_done_records_each_task_and_says_so(tmp_path: Path) -> None:
     finally:
         lease.release()
     assert line.startswith("warning: Render[Frame=1-2]: not recorded as done:")
+
+
+def test_the_job_runner_counts_succeeded_tasks_and_keeps_the_others(tmp_path: Path) -> None:
+    """RunResult keeps the results of the tasks that did not succeed and a count of those
+    that did (a run of any size ends in memory that does not grow with its task count)."""
+    doc = {
+        "specificationVersion": "jobtemplate-2023-09",
+        "name": "Counted",
+        "steps": [
+            {
+                "name": "R",
+                "parameterSpace": {
+                    "taskParameterDefinitions": [{"name": "Frame", "type": "INT", "range": "1-4"}]
+                },
+                "script": {
+                    "actions": {
+                        "onRun": {
+                            "command": sys.executable,
+                            "args": ["-c", "import sys; sys.exit({{Task.Param.Frame}} == 3)"],
+                        }
+                    }
+                },
+            }
+        ],
+    }
+    job = prepare_job(parse_template(doc))
+    result = JobRunner(job, store=CheckpointStore(tmp_path / "store"), max_parallel=1).run()
+    assert result.status == RunStatus.FAILED
+    assert result.succeeded == 2 and result.ran == 3
+    assert [(spec.label, res.outcome.value) for spec, res in result.results] == [
+        ("R[Frame=3]", "failed")
+    ]
+    assert result.skipped == ["R[Frame=4]"]
