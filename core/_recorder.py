@@ -29,7 +29,7 @@ from ._messages import CheckpointFiles, CheckpointSave, FilesMode
 from ._process import ProcessIdentity
 from ._records import CheckpointData, ProcessInfo, TaskRecord
 from ._restore import RestoreResult, restore_checkpoint
-from ._store import CheckpointStore
+from ._store import CheckpointStore, run_file_flow
 
 __all__ = ("TaskRecorder",)
 
@@ -290,7 +290,7 @@ class TaskRecorder:
         """Capture declared files while the task action runs, if the run's file data flow is
         managed."""
         store = self.store
-        if store is not None and store.run_file_flow(job_key, run_id) == FileDataFlow.MANAGED:
+        if store is not None and run_file_flow(store, job_key, run_id) == FileDataFlow.MANAGED:
             self._capture = FileCapture(
                 store, session_dir, store.file_roots, self._warn, on_uploaded=self._uploaded
             )

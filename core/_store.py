@@ -64,6 +64,7 @@ __all__ = (
     "is_run_id",
     "new_run_id",
     "redact_location",
+    "run_file_flow",
     "task_id_for",
     "this_process",
 )
@@ -185,20 +186,6 @@ class CheckpointStore:
         """The run's record, None if there is none. Raises StoreError if it is unreadable."""
         rec: RunRecord | None = self.records.read(self.layout.run_path(job_key, run_id), RunRecord)
         return rec
-
-    def run_file_flow(self, job_key: str, run_id: str) -> FileDataFlow:
-        """The run's own file data flow (fixed when the run was created: read once per run and
-        kept), else the store's (``file_flow``)."""
-        flow = self._run_flows.get((job_key, run_id))
-        if flow is None:
-            try:
-                run = self.read_run(job_key, run_id)
-                flow = FileDataFlow(run.files_mode) if run and run.files_mode else self.file_flow
-            except (StoreError, ValueError):
-                return self.file_flow
-            if run is not None:  # a run's flow never changes once recorded
-                self._run_flows[(job_key, run_id)] = flow
-        return flow
 
     def list_runs(self, job_key: str | None = None) -> tuple[list[RunRecord], list[str]]:
         """All readable run records (oldest first) and a warning for each unreadable one."""
@@ -500,3 +487,18 @@ class CheckpointStore:
     ) -> list[dict[str, Any]]:
         """The early-outputs indexes of a run (an unreadable one named in ``warnings``)."""
         return self.outputs.read_outputs(job_key, run_id, warnings)
+
+
+def run_file_flow(store: CheckpointStore, job_key: str, run_id: str) -> FileDataFlow:
+    """The run's own file data flow (fixed when the run was created: read once per run and
+    kept on the store), else the store's (``CheckpointStore.file_flow``)."""
+    flow = store._run_flows.get((job_key, run_id))
+    if flow is None:
+        try:
+            run = store.read_run(job_key, run_id)
+            flow = FileDataFlow(run.files_mode) if run and run.files_mode else store.file_flow
+        except (StoreError, ValueError):
+            return store.file_flow
+        if run is not None:  # a run's flow never changes once recorded
+            store._run_flows[(job_key, run_id)] = flow
+    return flow
