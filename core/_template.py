@@ -27,6 +27,8 @@ import hashlib
 import json
 import re
 import signal
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +44,7 @@ from openjd.model import (
 from openjd.model.v2023_09 import Action
 
 from ._errors import TemplateError
-from ._inputs import int64_problems, load_document, read_input_file
+from ._inputs import int64_problems, integer_digits_limit, load_document, read_input_file
 
 __all__ = (
     "CHECKPOINT_EXTENSION",
@@ -262,6 +264,11 @@ def load_template(path: str | Path) -> CheckpointJobTemplate:
     Args:
         path: the template file (``.json`` is read as JSON, anything else as YAML).
 
+    The file is read on every call; a content already validated in this process (the same
+    file, the same text, the same integer digits limit) returns the same object as before,
+    without validating it again (the ``LOADED_TEMPLATES_KEPT`` most recent): treat it as
+    read-only.
+
     Returns:
         CheckpointJobTemplate
 
@@ -271,8 +278,29 @@ def load_template(path: str | Path) -> CheckpointJobTemplate:
     """
     p = Path(path)
     text = read_input_file(p, "template file")
+    source = p.resolve()
+    key = (str(source), text, integer_digits_limit())
+    with _LOADED_LOCK:
+        cached = _LOADED.get(key)
+        if cached is not None:
+            _LOADED.move_to_end(key)
+            return cached
     document = load_document(text, json_format=p.suffix.lower() == ".json", source=p)
-    return parse_template(document, source=p.resolve())
+    template = parse_template(document, source=source)
+    with _LOADED_LOCK:
+        _LOADED[key] = template
+        while len(_LOADED) > LOADED_TEMPLATES_KEPT:
+            _LOADED.popitem(last=False)
+    return template
+
+
+LOADED_TEMPLATES_KEPT = 8
+"""How many validated templates ``load_template`` keeps per process, by file and content: an
+Airflow task process validates its template when it parses the DAG file and again when its
+operator rebuilds the run's job (``prepare_run_job``); a Prefect flow run on every run."""
+
+_LOADED: OrderedDict[tuple[str, str, int], CheckpointJobTemplate] = OrderedDict()
+_LOADED_LOCK = threading.Lock()
 
 
 def parse_template(document: Any, *, source: Path | None = None) -> CheckpointJobTemplate:

@@ -594,6 +594,28 @@ def test_load_template_valid_json(tmp_path: Path) -> None:
     assert tpl.document == base()
 
 
+def test_load_template_validates_a_content_once_and_sees_every_change(tmp_path: Path) -> None:
+    # GIVEN a template file loaded once
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(base()), encoding="utf-8")
+    first = load_template(path)
+    # WHEN it is loaded again unchanged (by another spelling of its path), then changed
+    again = load_template(tmp_path / "." / "t.json")
+    changed_doc = base()
+    changed_doc["name"] = "changed"
+    path.write_text(json.dumps(changed_doc), encoding="utf-8")
+    changed = load_template(path)
+    # THEN the unchanged content is the template validated before; the change is read
+    assert again is first
+    assert changed.name == "changed" and changed.template_hash != first.template_hash
+    # AND a content made invalid is refused, not served from what was validated before
+    path.write_text(json.dumps(base(_set_ckpt_cancel({"mode": "TERMINATE"}, ext=False))))
+    with pytest.raises(TemplateError):
+        load_template(path)
+    path.write_text(json.dumps(base()), encoding="utf-8")
+    assert load_template(path) is first
+
+
 @pytest.mark.parametrize("where", ["steps", "finally"])
 def test_dependency_cycle_is_refused_not_a_crash(where: str) -> None:
     # GIVEN two steps that depend on each other (openjd-model 0.14's error formatter crashes
