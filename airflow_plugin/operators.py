@@ -389,15 +389,20 @@ class _StateStoreWriter:
         self._busy = False
         self._closed = False
         self.errors: list[str] = []
+        self.used = False
+        """True once a summary was handed over (the thread starts then)."""
         self._thread = threading.Thread(target=self._loop, name="openjd-state-store", daemon=True)
-        if accessor is not None:
-            self._thread.start()
 
     def put(self, value: dict[str, Any]) -> None:
         if self._accessor is None:
             return
         with self._cond:
+            if self._closed:
+                return
             self._pending = value
+            if not self.used:
+                self.used = True
+                self._thread.start()
             self._cond.notify_all()
 
     def flush(self, timeout: float = 10.0) -> None:
@@ -441,7 +446,8 @@ class OpenJDTaskOperator(BaseOperator):
     (``core.run_tasks``: per-task leases, termination requests obeyed, every checkpoint and
     finished frame stored as it arrives). Task output goes to the task log, with
     ``openjd_redacted_env`` values masked. The latest checkpoint summary is written to the
-    task state store under ``openjd_checkpoint``.
+    task state store under ``openjd_checkpoint`` (by a first try only once there is something
+    to show: a checkpoint, a finished frame or a resume status).
 
     Airflow states: all tasks succeeded (or nothing left to run) -> success; a task failed ->
     the operator raises and Airflow retries; stopped by ``on_kill`` -> raises (Airflow
@@ -719,7 +725,13 @@ class OpenJDTaskOperator(BaseOperator):
         originals: list[core.TaskSpec],
         labels: list[str],
         writer: _StateStoreWriter,
+        *,
+        final: bool = False,
     ) -> None:
+        """Hand the group's checkpoint summary to ``writer``. The ``final`` one is left out
+        when it has nothing to show (no checkpoint, finished frame or resume status) and
+        nothing was written for this task instance before: in this try (``writer.used``) or
+        an earlier one (entries outlive tries, so a later try always writes, replacing it)."""
         records = []
         shown = []
         for spec, label in zip(originals, labels, strict=True):
@@ -732,7 +744,14 @@ class OpenJDTaskOperator(BaseOperator):
             if rec is not None:
                 records.append(rec)
                 shown.append(label)
-        writer.put(checkpoint_summary(attempt, records, shown))
+        summary = checkpoint_summary(attempt, records, shown)
+        if final and not writer.used and self._try_number() == 1:
+            if not any(
+                t["generation"] is not None or t["frames_done"] or t["resume_status"]
+                for t in summary["tasks"]
+            ):
+                return
+        writer.put(summary)
 
     def _report(
         self,
@@ -767,7 +786,7 @@ class OpenJDTaskOperator(BaseOperator):
                         ck.saved_at - self._killed_at,
                         self.kill_budget_seconds,
                     )
-        self._write_summary(store, attempt, originals, labels, writer)
+        self._write_summary(store, attempt, originals, labels, writer, final=True)
         writer.close(timeout=2.0 if self._killed_at is not None else 10.0)
         if writer.errors:
             self.log.warning(

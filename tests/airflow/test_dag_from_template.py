@@ -97,6 +97,16 @@ def test_three_steps_shape_and_success(dag_tester: ah.DagTester, tmp_path: Path,
     printed = capfd.readouterr().out
     assert "ASSEMBLED" in printed
     assert "CLEANUP status=Succeeded" in printed
+    # The task state store summarizes what tasks stored to resume from (Render's finished
+    # frames); a first try that stored nothing (Assemble, Cleanup) writes no summary.
+    stored = state_store("three_steps_ok", result.run_id)
+    assert set(stored) == {("Render", 0), ("Render", 1), ("Render", 2)}
+    [task] = stored[("Render", 1)]["openjd_checkpoint"]["tasks"]
+    assert (task["label"], task["status"], task["frames_done"]) == (
+        "Render[Frame=3-4]",
+        "succeeded",
+        2,
+    )
 
 
 def test_params_from_job_parameters(dag_tester: ah.DagTester, tmp_path: Path) -> None:
