@@ -391,6 +391,14 @@ class TaskExecutor:
         """
         if not isinstance(feed, TaskFeed):
             feed = TaskFeed(feed)
+        # One task at a time with no budget to watch, on a worker thread (an Airflow task
+        # instance's, a Prefect task run's), where no signal handler runs: the task runs in
+        # this thread, not in a pool thread of its own.
+        here = (
+            self.max_parallel == 1
+            and deadline is None
+            and threading.current_thread() is not threading.main_thread()
+        )
         out = StepRun()
         started_at: dict[TaskExecution, float] = {}
         running: dict[Future[TaskResult], tuple[TaskSpec, TaskExecution, Lease, Session]] = {}
@@ -417,8 +425,15 @@ class TaskExecutor:
                         continue
                     execution, lease, session = started
                     started_at[execution] = time.monotonic()
-                    context = contextvars.copy_context()  # Prefect's run context, for callbacks
-                    future = pool.submit(context.run, execution.run)
+                    if here:
+                        future: Future[TaskResult] = Future()
+                        try:
+                            future.set_result(execution.run())
+                        except Exception as exc:
+                            future.set_exception(exc)
+                    else:
+                        context = contextvars.copy_context()  # Prefect's run context
+                        future = pool.submit(context.run, execution.run)
                     running[future] = (spec, execution, lease, session)
                 if not running:
                     break

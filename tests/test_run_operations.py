@@ -554,6 +554,8 @@ def test_a_late_request_is_refused_not_dropped(tmp_path: Path) -> None:
 def test_a_group_of_tasks_runs_in_one_session_and_replans_by_original_task(
     tmp_path: Path,
 ) -> None:
+    import threading
+
     from core import plan_group, run_tasks
 
     log = tmp_path / "log"
@@ -562,8 +564,17 @@ def test_a_group_of_tasks_runs_in_one_session_and_replans_by_original_task(
     attempt = begin_attempt(st, job, external_key="group")
     originals = job.plan_step("Work")  # the stable list an adapter maps over
     assert [s.label for s in originals] == [f"Work[I={i}]" for i in range(1, 9)]
-    first = run_tasks(st, job, attempt.run_id, plan_group(st, job, attempt.run_id, originals[:3]))
+    ran_in: list[threading.Thread] = []
+    first = run_tasks(
+        st,
+        job,
+        attempt.run_id,
+        plan_group(st, job, attempt.run_id, originals[:3]),
+        on_event=lambda ex, ev: ev.kind == "started" and ran_in.append(threading.current_thread()),
+    )
     assert [r.outcome.value for r in first] == ["succeeded"] * 3
+    # Called from the main thread (where signal handlers run), the tasks run in a pool thread.
+    assert len(ran_in) == 3 and threading.main_thread() not in ran_in
     lines = log.read_text().splitlines()
     assert lines.count("enter") == 1 and lines.count("exit") == 1 and len(lines) == 5
     # Re-planned, the same originals name the same tasks: the finished ones drop out.
@@ -608,6 +619,7 @@ def test_wait_tasks_released_waits_for_the_running_task(tmp_path: Path) -> None:
     attempt = begin_attempt(st, job, external_key="released")
     started = threading.Event()
     ended: list[float] = []
+    ran_in: list[threading.Thread] = []
 
     def work() -> None:
         run_tasks(
@@ -616,6 +628,9 @@ def test_wait_tasks_released_waits_for_the_running_task(tmp_path: Path) -> None:
             attempt.run_id,
             job.plan_step("ResumableFibonacci"),
             on_start=lambda ex: started.set(),
+            on_event=lambda ex, ev: (
+                ev.kind == "started" and ran_in.append(threading.current_thread())
+            ),
         )
         ended.append(time.monotonic())
 
@@ -630,6 +645,7 @@ def test_wait_tasks_released_waits_for_the_running_task(tmp_path: Path) -> None:
     released = time.monotonic()
     worker.join()
     assert ended and ended[0] - released < 1.0  # released as the task ended, not long before
+    assert ran_in == [worker]  # a worker thread runs its one task itself, no pool thread
 
 
 def test_record_task_done_counts_the_task_finished(tmp_path: Path) -> None:
