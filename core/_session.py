@@ -421,7 +421,14 @@ class Session:
 
     # --- the store's view: what a dead session left ------------------------------------------
     def _record_markers(self) -> None:
+        """Keep the session's record (its lease, host, pid and the markers of the environments
+        entered) in the store, for ``reap_run`` to kill what a dead session left running. A
+        session that never entered an environment has nothing to clean up: it writes no
+        record (an Airflow task instance or a Prefect task run is a session of its own; that
+        record was a third of its durable writes)."""
         if self.store is None or self.run_id is None:
+            return
+        if self._lease is None and not self._entered:
             return
         try:
             if self._lease is None:

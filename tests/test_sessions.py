@@ -282,3 +282,41 @@ def test_a_step_environment_whose_on_exit_fails_is_named_as_such(tmp_path: Path)
         "not run: as the session left step 'S', steps[0].stepEnvironments[0].script.actions."
         "onExit failed: exited with code: 5" in done.stderr
     ), done.stderr
+
+
+def test_a_session_record_is_kept_while_an_environment_is_entered_only(tmp_path: Path) -> None:
+    """The store keeps a session's record (for a dead session's daemons to be killed) once the
+    session entered an environment; a session that enters none writes none, and neither is
+    left after the session ends."""
+    from core import CheckpointStore, begin_attempt, prepare_job, run_tasks
+
+    bare = tmp_path / "bare.yaml"
+    bare.write_text(
+        "specificationVersion: 'jobtemplate-2023-09'\n"
+        "name: no environment\n"
+        "steps:\n"
+        "- name: S\n"
+        "  script:\n"
+        "    actions:\n"
+        "      onRun: {command: python3, args: [-c, 'pass']}\n"
+    )
+    seen: dict[str, list[int]] = {}
+    for name, template, params in (
+        ("bare", bare, {}),
+        ("with env", DATA / "sessions_job_env.yaml", {"Log": str(tmp_path / "log")}),
+    ):
+        store = CheckpointStore(tmp_path / f"store-{len(seen)}")
+        job = prepare_job(template, params)
+        attempt = begin_attempt(store, job, external_key=name)
+        specs = job.plan_step(job.step_order()[0])[:1]
+        counts: list[int] = []
+
+        def on_event(ex, event, store=store, attempt=attempt, counts=counts) -> None:
+            if event.kind == "action_started" and ".onRun" in str(event.value):
+                counts.append(len(store.list_sessions(attempt.job_key, attempt.run_id)))
+
+        [result] = run_tasks(store, job, attempt.run_id, specs, on_event=on_event)
+        assert result.outcome.value == "succeeded", result.message
+        counts.append(len(store.list_sessions(attempt.job_key, attempt.run_id)))
+        seen[name] = counts
+    assert seen == {"bare": [0, 0], "with env": [1, 0]}
