@@ -391,14 +391,7 @@ class TaskExecutor:
         """
         if not isinstance(feed, TaskFeed):
             feed = TaskFeed(feed)
-        # One task at a time with no budget to watch, on a worker thread (an Airflow task
-        # instance's, a Prefect task run's), where no signal handler runs: the task runs in
-        # this thread, not in a pool thread of its own.
-        here = (
-            self.max_parallel == 1
-            and deadline is None
-            and threading.current_thread() is not threading.main_thread()
-        )
+        here = self.max_parallel == 1 and deadline is None and _on_worker_thread()
         out = StepRun()
         started_at: dict[TaskExecution, float] = {}
         running: dict[Future[TaskResult], tuple[TaskSpec, TaskExecution, Lease, Session]] = {}
@@ -425,15 +418,7 @@ class TaskExecutor:
                         continue
                     execution, lease, session = started
                     started_at[execution] = time.monotonic()
-                    if here:
-                        future: Future[TaskResult] = Future()
-                        try:
-                            future.set_result(execution.run())
-                        except Exception as exc:
-                            future.set_exception(exc)
-                    else:
-                        context = contextvars.copy_context()  # Prefect's run context
-                        future = pool.submit(context.run, execution.run)
+                    future = _start_run(pool, execution, here)
                     running[future] = (spec, execution, lease, session)
                 if not running:
                     break
@@ -512,6 +497,27 @@ class TaskExecutor:
         if lease in self._watcher.leases:
             self._watcher.leases.remove(lease)
         lease.release()
+
+
+def _on_worker_thread() -> bool:
+    return threading.current_thread() is not threading.main_thread()
+
+
+def _start_run(
+    pool: ThreadPoolExecutor, execution: TaskExecution, here: bool
+) -> Future[TaskResult]:
+    """Run ``execution`` on a pool thread (its future), or, ``here``, in this thread to its end:
+    one task at a time with no budget to watch, on a worker thread (an Airflow task
+    instance's, a Prefect task run's), where no signal handler runs, needs no thread more."""
+    if not here:
+        context = contextvars.copy_context()  # Prefect's run context, for callbacks
+        return pool.submit(context.run, execution.run)
+    future: Future[TaskResult] = Future()
+    try:
+        future.set_result(execution.run())
+    except Exception as exc:
+        future.set_exception(exc)
+    return future
 
 
 # --- claiming a task ------------------------------------------------------------------------------
