@@ -372,6 +372,11 @@ def per_task(report: Report, quick: bool) -> dict[str, Any]:
             "" if mine <= sess else "per_task",
         )
     )
+    if not ref_walls:
+        report.note(
+            "per-task overhead: no `openjd run` to compare with (the reference runtime's "
+            "virtualenv .venv-reference is missing: `make venvs` makes it)"
+        )
     if ref_walls:
         ref_wall = statistics.median(ref_walls)
         ratio = wall / ref_wall
@@ -877,7 +882,11 @@ def main() -> None:
         prog="python -m benchmarks", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--quick", action="store_true", help="smaller sizes, no 1 GB file")
-    parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
+    parser.add_argument(
+        "--out",
+        help="the Markdown file to write (default: docs/benchmarks.md for a full run; a "
+        "partial run, --quick or --only, writes one only when given this)",
+    )
     parser.add_argument("--with-airflow", action="store_true")
     parser.add_argument("--with-prefect", action="store_true")
     parser.add_argument(
@@ -903,8 +912,13 @@ def main() -> None:
         scale(report, args.quick)
     frameworks(report, args.with_airflow, args.with_prefect)
     took = time.perf_counter() - started
-    write_markdown(Path(args.out), report, command, machine, took)
-    print(f"took {took / 60:.1f} minutes; wrote {args.out}")
+    partial = args.quick or args.only
+    out = args.out or (None if partial else str(ROOT / "docs" / "benchmarks.md"))
+    if out is None:  # the rows were printed as they came
+        print(f"took {took / 60:.1f} minutes (a partial run: give --out FILE to write a file)")
+        return
+    write_markdown(Path(out), report, command, machine, took)
+    print(f"took {took / 60:.1f} minutes; wrote {out}")
 
 
 if __name__ == "__main__":
