@@ -130,9 +130,19 @@ def _append(ledger: Path, entry: dict[str, Any]) -> None:
         os.close(fd)
 
 
+def _orphaned(parent: int) -> bool:
+    """True if this task's runner (``parent`` when the task started) is gone, or was gone
+    before the task started (then ``parent`` is whoever adopted it, not a runner)."""
+    try:
+        runner = b"core.cli" in Path(f"/proc/{parent}/cmdline").read_bytes()
+    except OSError:
+        runner = False
+    return os.getppid() != parent or not runner
+
+
 def task_main(ledger: Path, t: int, saves: int, state: str) -> int:
     """One task: lock, check the earlier attempts are gone, record, then count (a saver) or
-    sleep (a short task). A task whose runner died (its parent changed) lingers ``LINGER``
+    sleep (a short task). A task whose runner died (``_orphaned``) lingers ``LINGER``
     seconds, as a renderer would go on working, so that checks d and e see an orphan that
     the next attempt failed to stop."""
     attempt, parent = int(os.environ.get("CRASH_ATTEMPT", "0")), os.getppid()
@@ -143,7 +153,6 @@ def task_main(ledger: Path, t: int, saves: int, state: str) -> int:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         _append(ledger, {**me, "ev": "violation", "what": f"task {t} runs twice at once"})
-        fcntl.flock(lock, fcntl.LOCK_EX)
     old = alive_from_earlier(read_ledger(ledger), attempt)
     if old:
         _append(ledger, {**me, "ev": "violation", "what": f"alive from earlier attempts: {old}"})
@@ -159,7 +168,7 @@ def task_main(ledger: Path, t: int, saves: int, state: str) -> int:
             time.sleep(0.004)
     else:
         time.sleep(0.02)
-    if os.getppid() != parent:
+    if _orphaned(parent):
         time.sleep(LINGER)
     _append(ledger, {**me, "ev": "end"})
     return 0
@@ -593,6 +602,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("-v", "--verbose", action="store_true")
     opts = parser.parse_args(args)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the S3 server on a kill
     import tempfile
 
     workdir = opts.workdir or Path(tempfile.mkdtemp(prefix="openjd-crash-"))
