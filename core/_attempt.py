@@ -27,7 +27,7 @@ from typing import Any
 from ._errors import RunError, StoreError
 from ._host import FileDataFlow
 from ._job import PreparedJob, TaskSpec, load_path_mapping_rules, prepare_job
-from ._process import kill_marked, kill_recorded_process
+from ._process import kill_marked, kill_recorded_process, recorded_name
 from ._records import RunCondition, RunRecord, RunStatus, StopRequest, TaskRecord, TaskStatus
 from ._resume import (
     RefusalCode,
@@ -148,7 +148,7 @@ def reap_run(store: CheckpointStore, run: RunRecord) -> list[str]:
             continue
         if kill_recorded_process(rec.process):
             notes.append(
-                f"stopped process {rec.process.pid} of {rec.step} left running by a dead "
+                f"stopped {recorded_name(rec.process)} of {rec.step} left running by a dead "
                 f"runner of run {run.run_id}"
             )
     return notes

@@ -41,7 +41,7 @@ from ._notices import (
 )
 from ._planning import TaskFeed
 from ._pool import SessionPool
-from ._process import kill_recorded_process
+from ._process import kill_recorded_process, recorded_name
 from ._records import RunStatus, TaskRecord
 from ._resume import RefusalCode, ResumeRefusedError
 from ._session import Session
@@ -555,7 +555,7 @@ def claim_task(
     if record is not None and record.process is not None:
         if kill_recorded_process(record.process):
             notes.append(
-                f"stopped process {record.process.pid} of {spec.label} left running by an "
+                f"stopped {recorded_name(record.process)} of {spec.label} left running by an "
                 "earlier attempt"
             )
     return lease, record, notes

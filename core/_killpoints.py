@@ -13,6 +13,7 @@ The points (each a place where a crash must leave the store readable and resumab
 - ``record.stored``: the folder fsynced (a durable record), before the caller goes on;
 - ``commit.generation-written``: a checkpoint's generation file written, its record not yet;
 - ``commit.stored``: a checkpoint committed, before the runner reports it stored;
+- ``task.process-started``: a task's action process started, its record not yet naming it;
 - ``task.process-recorded``: a task's process recorded, the action running;
 - ``task.ended-recorded``: a task's end recorded, before the runner reports it finished.
 

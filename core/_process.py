@@ -50,6 +50,7 @@ __all__ = (
     "kill_recorded_process",
     "new_marker",
     "processes_with_marker",
+    "recorded_name",
 )
 
 _LEADERS: set[int] = set()
@@ -623,6 +624,12 @@ def kill_marked(markers: list[str]) -> int:
             pass
     psutil.wait_procs(victims, timeout=10)
     return len(victims)
+
+
+def recorded_name(info: ProcessInfo) -> str:
+    """A recorded task process in a note: ``process PID``, or for a record written before the
+    process started (pid 0, ``TaskRecorder.process_starting``) the processes of its marker."""
+    return f"process {info.pid}" if info.pid else "the processes of its marker"
 
 
 def kill_recorded_process(info: ProcessInfo) -> bool:

@@ -103,8 +103,18 @@ class TaskRecorder:
             except StoreError as exc:
                 self._warn(f"task record not stored: {exc}")
 
+    def process_starting(self, marker: str | None) -> None:
+        """A task's process with ``marker`` (None: not a task's) is about to start: the record names
+        it (pid 0), so a runner that dies before ``process_started`` leaves it to be reaped."""
+        if marker is not None:
+            info = ProcessInfo(pid=0, pgid=0, start_time=0, host=host_id(), marker=marker)
+            with self.lock:
+                self.record.process = info
+            self.persist(force=True, durable=False)
+
     def process_started(self, ident: ProcessIdentity, marker: str) -> None:
         """The task's action process started: its record names it (written now)."""
+        kill_point("task.process-started")
         with self.lock:
             self.record.process = ProcessInfo(
                 pid=ident.pid,

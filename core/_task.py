@@ -450,6 +450,7 @@ class TaskExecution:
             output.handle(lines, ctx, env_changes if env_action else None)
 
         marker = marker or self._marker
+        self._recorder.process_starting(None if env_action else marker)
         proc = ActionProcess(
             argv,
             cwd=session_dir,
