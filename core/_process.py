@@ -35,7 +35,7 @@ import psutil
 
 from ._host import host_id
 from ._messages import DEFAULT_MAX_LINE_BYTES
-from ._reaper import is_subreaper, kill_action_tree
+from ._reaper import is_subreaper, kill_action_tree, start_sweeper
 
 if TYPE_CHECKING:
     from ._records import ProcessInfo
@@ -56,7 +56,7 @@ __all__ = (
 _LEADERS: set[int] = set()
 """Pids of started action processes whose ``Popen`` has not reaped them yet: a subreaper's
 sweep (core._reaper) reaps every other zombie child, never these."""
-_LEADERS_LOCK = threading.Lock()
+_LEADERS_LOCK = threading.RLock()
 
 _READ_SIZE = 256 * 1024
 _STREAM = "stdout"
@@ -161,6 +161,8 @@ class ActionProcess:
             )
             pid = self._popen.pid
             _LEADERS.add(pid)
+        if is_subreaper():  # orphans re-parented here that exit during the action (core._reaper)
+            start_sweeper(_live_leaders, _LEADERS_LOCK)
         self.identity = ProcessIdentity(pid=pid, pgid=pid, start_time=_create_time(pid))
         # One thread reads the output and sees the exit (a pidfd beside the pipe, Linux 5.3);
         # without pidfds a second thread waits for the exit.
@@ -245,6 +247,7 @@ class ActionProcess:
                 include_leader=not self._exited.is_set(),
                 needle=None if needle is None else needle.encode(),
                 spare=_live_leaders,
+                lock=_LEADERS_LOCK,
             )
             return
         kill_process_group(

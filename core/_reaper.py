@@ -23,11 +23,18 @@ import ctypes
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 
-__all__ = ("become_child_subreaper", "is_subreaper", "kill_action_tree")
+__all__ = (
+    "become_child_subreaper",
+    "is_subreaper",
+    "kill_action_tree",
+    "reap_dead_children",
+    "start_sweeper",
+)
 
 _PR_SET_CHILD_SUBREAPER = 36
 _STATE = {"on": False, "pid": 0}
@@ -108,6 +115,7 @@ def kill_action_tree(
     include_leader: bool,
     needle: bytes | None,
     spare: Callable[[], AbstractSet[int]] = frozenset,
+    lock: threading.RLock | None = None,
     timeout: float = 10.0,
 ) -> None:
     """SIGKILL an action's process group ``leader`` and everything of the action among this
@@ -117,9 +125,10 @@ def kill_action_tree(
     or session (``setpgid``), and any that carries ``needle`` (``MARKER=value``) in its
     environment (``setsid``, a double fork). The leader itself is reaped by its ``Popen``, never
     here. Then every zombie child of this process but those ``spare`` returns (the leaders whose
-    ``Popen`` has yet to reap them) is reaped: an orphan that exited by itself (the middle
-    process of a double fork) is re-parented here and would stay a zombie until the runner
-    ends. Must be called in the subreaper (``is_subreaper``), which no other code shares."""
+    ``Popen`` has yet to reap them; ``lock`` held, see ``reap_dead_children``) is reaped: an
+    orphan that exited by itself (the middle process of a double fork) is re-parented here and
+    would stay a zombie until the runner ends. Must be called in the subreaper
+    (``is_subreaper``), which no other code shares."""
     me = os.getpid()
     tree = _descendants(me)
     under_leader = set(_descendants(leader)) if leader in tree else set()
@@ -150,13 +159,54 @@ def kill_action_tree(
         except (ProcessLookupError, PermissionError):
             pass
     _reap(victims, time.monotonic() + timeout)
-    kept = spare()
-    for pid in _children(me):
-        if pid not in kept and pid != leader and _dead(pid):
-            try:
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
+    reap_dead_children(spare, lock, also_spare=leader)
+
+
+def reap_dead_children(
+    spare: Callable[[], AbstractSet[int]],
+    lock: threading.RLock | None = None,
+    *,
+    also_spare: int = 0,
+) -> int:
+    """Reap every zombie child of this process but those ``spare`` returns (and ``also_spare``).
+    Returns how many were reaped. ``lock``, held throughout, is the one held while a leader is
+    started and registered: a leader that starts and exits during the sweep is never taken from
+    its ``Popen`` (whose wait would then report exit code 0)."""
+    reaped = 0
+    with lock if lock is not None else _NO_LOCK:
+        kept = spare()
+        for pid in _children(os.getpid()):
+            if pid not in kept and pid != also_spare and _dead(pid):
+                try:
+                    done, _status = os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    continue
+                reaped += done == pid
+    return reaped
+
+
+_NO_LOCK = threading.RLock()
+_SWEEPER: dict[str, threading.Thread] = {}
+
+
+def start_sweeper(
+    spare: Callable[[], AbstractSet[int]], lock: threading.RLock, interval: float = 1.0
+) -> None:
+    """Start (once per process) a daemon thread that reaps dead orphans re-parented to this
+    subreaper every ``interval`` seconds: a long action that double-forks short helpers
+    (``( cmd & )`` in a loop) would otherwise leave one zombie per helper with the runner until
+    the action ends, and could exhaust the pid space. Only in the subreaper."""
+    if not is_subreaper() or "t" in _SWEEPER and _SWEEPER["t"].is_alive():
+        return
+
+    def sweep() -> None:
+        while True:
+            time.sleep(interval)
+            reap_dead_children(spare, lock)
+
+    thread = threading.Thread(target=sweep, name="openjd-checkpoint-reaper", daemon=True)
+    _SWEEPER["t"] = thread
+    thread.start()
 
 
 def _reap(pids: list[int], deadline: float) -> None:

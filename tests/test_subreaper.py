@@ -131,3 +131,50 @@ def test_kill_action_tree_finds_grouped_and_marked_processes_among_descendants(
     )
     assert res.returncode == 0, res.stderr
     assert "LEFT []" in res.stdout, res.stdout + res.stderr
+
+
+LONG_ACTION = """
+import os, sys, time
+# 200 short helpers, each double-forked: re-parented to the runner, they exit while this
+# action still runs (a shell's `( cmd & )` in a loop)
+for _ in range(200):
+    if os.fork() == 0:
+        if os.fork() == 0:
+            time.sleep(0.05)
+            os._exit(0)
+        os._exit(0)
+    os.wait()
+time.sleep(3)
+runner = os.getppid()
+zombies = 0
+for tid in os.listdir(f"/proc/{runner}/task"):
+    with open(f"/proc/{runner}/task/{tid}/children") as fh:
+        for kid in fh.read().split():
+            try:
+                with open(f"/proc/{kid}/stat") as st:
+                    zombies += st.read().rsplit(")", 1)[1].split()[0] == "Z"
+            except FileNotFoundError:
+                pass
+print(f"RUNNER ZOMBIES {zombies}", flush=True)
+"""
+
+
+def test_orphans_that_exit_during_a_long_action_are_reaped_before_it_ends(tmp_path: Path) -> None:
+    # Without a sweep during the action, each helper stayed a zombie of the runner until the
+    # action ended: 200 here, one per helper of an hours-long task.
+    script = tmp_path / "long.py"
+    script.write_text(LONG_ACTION)
+    template = tmp_path / "t.yaml"
+    template.write_text(
+        "specificationVersion: jobtemplate-2023-09\n"
+        "name: Helpers\n"
+        "steps:\n"
+        "- name: S\n"
+        "  script:\n"
+        "    actions:\n"
+        f"      onRun: {{command: {sys.executable}, args: ['{script}']}}\n"
+    )
+    res = run_cli("run", template, "--store", tmp_path / "store")
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    assert "RUNNER ZOMBIES 0" in out, out
