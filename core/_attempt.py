@@ -42,6 +42,7 @@ from ._store import (
     CheckpointStore,
     Lease,
     RunSetAside,
+    TaskRebuilt,
     describe_holder,
     host_id,
     new_run_id,
@@ -134,14 +135,22 @@ def reap_run(store: CheckpointStore, run: RunRecord) -> list[str]:
                 f"stopped {killed} environment process(es) left running by a dead session "
                 f"of run {run.run_id}"
             )
+    # This first read after a crash is the one that sets an unreadable record aside (and
+    # rebuilds it from its newest generation): the resume check that follows finds the record
+    # readable, so the warning is said here or never.
+    warnings: list[str] = []
     try:  # one at a time: only those that name a process of this host are kept
         records = [
             rec
-            for rec in store.iter_tasks(run.job_key, run.run_id)
+            for rec in store.iter_tasks(run.job_key, run.run_id, warnings)
             if rec.process is not None and rec.process.host == me
         ]
     except StoreError:
         return notes
+    for w in warnings:
+        if "schema version" not in w:  # left in place: the resume check refuses with it
+            rest = "" if isinstance(w, TaskRebuilt) else "; that task runs from the top"
+            notes.append(f"warning: {w}{rest}")
     for rec in records:
         assert rec.process is not None
         if store.task_lease_held(run.job_key, run.run_id, rec.step, rec.task_key):

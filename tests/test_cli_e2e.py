@@ -265,21 +265,30 @@ def test_bad_template_and_parameters_exit_2(tmp_path: Path) -> None:
     assert r.returncode == 2 and "Nope" in r.stderr
 
 
-@pytest.mark.parametrize("damage", ["truncated", "emptied"])
+@pytest.mark.parametrize(
+    ("damage", "stop"),
+    [("truncated", "suspended"), ("emptied", "suspended"), ("truncated", "killed")],
+)
 def test_a_damaged_task_record_resumes_from_its_checkpoint_generation(
-    store: Path, damage: str
+    store: Path, damage: str, stop: str
 ) -> None:
-    """A task record damaged while the run was suspended (a torn copy, a full disk, a stray
-    edit) is kept aside and rebuilt from the task's newest checkpoint generation: the resume
-    goes on from that checkpoint, not from the top, and the answer is right."""
+    """A task record damaged while the run was suspended or after its runner was killed (a
+    torn copy, a full disk, a stray edit) is kept aside and rebuilt from the task's newest
+    checkpoint generation, and the resume says so (after a kill, the first read of the records
+    is the orphan reaping's): it goes on from that checkpoint, not from the top, and the
+    answer is right."""
     template = EXAMPLES / "fibonacci" / "fibonacci-fast.yaml"
     n = 60
     args = ("run", str(template), "--store", str(store), "-p", f"N={n}",
             "-p", "StepSeconds=0.05", "-p", "CheckpointSeconds=0.1")  # fmt: skip
     first = CliProcess(*args)
     first.wait_for("checkpoint generation 3 stored")
-    first.proc.send_signal(signal.SIGINT)
-    assert first.wait(60) == 75, first.stderr
+    if stop == "killed":
+        first.proc.send_signal(signal.SIGKILL)
+        assert first.wait(60) == -signal.SIGKILL
+    else:
+        first.proc.send_signal(signal.SIGINT)
+        assert first.wait(60) == 75, first.stderr
     run, (task,) = only_run(store)
     saved = task.checkpoint
     assert saved is not None
@@ -290,11 +299,14 @@ def test_a_damaged_task_record_resumes_from_its_checkpoint_generation(
     ]
     body = path.read_bytes()
     path.write_bytes(body[: len(body) // 2] if damage == "truncated" else b"")
+    # killed between a generation file's write and the record's, the newest generation is one on
+    newest = max(int(p.name.split(".gen-")[1][:6]) for p in path.parent.glob("*.gen-*.json"))
+    assert newest in (saved.generation, saved.generation + 1)
 
     second = run_cli("resume", run.run_id, "--store", str(store), cwd=ROOT, timeout=120)
     assert second.returncode == 0, second.stderr
     assert "unreadable" in second.stderr and str(path) in second.stderr
-    assert f"rebuilt from its checkpoint generation {saved.generation}" in second.stderr
+    assert f"rebuilt from its checkpoint generation {newest}" in second.stderr
     assert "runs from the top" not in second.stderr
     assert '"RESUMED"' in second.stdout
     assert f"Final answer: Fibonacci number {n} is {fib(n)}" in second.stdout
