@@ -3,10 +3,14 @@
 A process that leaves its action's process group (``setsid``, a double fork) used to be found
 by a walk over every process in ``/proc`` after each action (``_process.kill_process_group``).
 Once the runner has called ``prctl(PR_SET_CHILD_SUBREAPER)`` (Linux 3.4), an orphan of any of
-its descendants is re-parented to the runner instead of to init, so everything an action
-started is found by walking the runner's own descendants (``/proc/<pid>/task/<tid>/children``,
+its descendants is re-parented to the runner instead of to init, so what an action started
+is found by walking the runner's own descendants (``/proc/<pid>/task/<tid>/children``,
 Linux 3.5 with ``CONFIG_PROC_CHILDREN``): a few reads, however many processes the machine runs.
-Neither the standard library nor psutil sets the flag (psutil's ``children`` walks every
+Which of those descendants are the action's is told as before: the leader's own descendants,
+its process group or session, its marker in the environment; a process that both leaves the
+session and clears its environment (``setsid env -i ...``) is told by none of them and is left
+running, as it was by the walk over ``/proc``. Neither the standard library nor psutil sets the
+flag (psutil's ``children`` walks every
 process), so it is set here through libc's ``prctl``.
 
 Where it applies (docs/decisions.md, "Escaped processes: a subreaper where the process is
