@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import resource
 import shutil
 import signal
@@ -759,10 +760,17 @@ def frameworks(report: Report, airflow: bool, prefect: bool) -> None:
         out = subprocess.run(
             [str(python), str(BENCH / script)], capture_output=True, text=True, cwd=ROOT
         )
-        report.note(f"{script} ({venv}), exit {out.returncode}:\n\n```\n{out.stdout.strip()}\n```")
+        # The script's own lines, not the framework's log lines (timestamped) between them.
+        shown = "\n".join(
+            line for line in out.stdout.strip().splitlines() if not _LOG_LINE.match(line)
+        )
+        report.note(f"{script} ({venv}), exit {out.returncode}:\n\n```\n{shown}\n```")
 
 
 # --- the report ------------------------------------------------------------------------------
+
+_LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d")
+"""A framework's log line (Airflow's and Prefect's start with an ISO timestamp)."""
 
 WHY = {
     "work_saved": (
@@ -791,11 +799,15 @@ WHY = {
         "closing it would take parsing the stream in bigger blocks (or in C)."
     ),
     "state_commit": (
-        "A state-only commit is one durable write (the task record, which holds the checkpoint; "
-        "the generation file beside it is history, written without an fsync), the same as the "
-        "baseline; what it adds is the generation file's write and the JSON of the record. On "
-        "a disk shared with other work the fsync times vary more than that: compare medians "
-        "of a quiet run."
+        "A state-only commit is one durable write (the task record, which holds the checkpoint: "
+        "a temporary file, an fsync, a rename and an fsync of the folder), the same as the "
+        "baseline; what it adds is the generation file beside it (history, written without an "
+        "fsync), and on this disk creating a file costs about as much as the fsync of a small "
+        "one (a profile of 300 commits: 0.2 ms an open with O_CREAT against 0.3 ms an fsync), "
+        "besides the JSON of the whole record. What would close it: the generation file made a "
+        "hard link of the record's fsynced temporary file (no second file to create; the "
+        "generation file would then hold the whole record, which its reader would have to "
+        "accept beside today's shape)."
     ),
     "file_commit": (
         "The managed store is content-addressed: it hashes the file (BLAKE3, several GB/s), "
