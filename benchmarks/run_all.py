@@ -804,10 +804,12 @@ WHY = {
         "baseline; what it adds is the generation file beside it (history, written without an "
         "fsync), and on this disk creating a file costs about as much as the fsync of a small "
         "one (a profile of 300 commits: 0.2 ms an open with O_CREAT against 0.3 ms an fsync), "
-        "besides the JSON of the whole record. What would close it: the generation file made a "
-        "hard link of the record's fsynced temporary file (no second file to create; the "
-        "generation file would then hold the whole record, which its reader would have to "
-        "accept beside today's shape)."
+        "besides the JSON of the whole record. A hard link of the record's fsynced file as the "
+        "generation file (no second file to create) was tried and given up: a record damaged "
+        "in place (truncated, edited) then damages its newest generation too, which is what a "
+        "damaged record is rebuilt from. What would close it: writing the generation file "
+        "from a thread while the record's fsync runs (both are done before the commit is "
+        "acknowledged)."
     ),
     "file_commit": (
         "The managed store is content-addressed: it hashes the file (BLAKE3, several GB/s), "
