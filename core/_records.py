@@ -60,7 +60,10 @@ class _Model(BaseModel):
 
 
 class ProcessInfo(_Model):
-    """A process that works on a run or task, to find (and stop) it again later."""
+    """A process that works on a run or task, to find (and stop) it again later.
+
+    ``pid`` 0 (and ``start_time`` 0): the task's action is about to start; only its ``marker``
+    is known yet, which is enough to find its processes (``kill_recorded_process``)."""
 
     pid: int
     pgid: int

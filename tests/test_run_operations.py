@@ -356,7 +356,7 @@ def _task_pid(store: Path | str) -> int:
         for run in runs:
             tasks, _ = st.read_tasks(run.job_key, run.run_id)
             for t in tasks:
-                if t.process is not None:
+                if t.process is not None and t.process.pid:  # 0: about to start
                     return t.process.pid
         time.sleep(0.05)
     raise AssertionError("the task never started")

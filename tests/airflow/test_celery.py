@@ -130,7 +130,7 @@ class StoreWatcher:
                     if run.external_key is None:
                         continue
                     for rec in self.store.read_tasks(run.job_key, run.run_id)[0]:
-                        if rec.process is not None:
+                        if rec.process is not None and rec.process.pid:  # 0: starting
                             with self._lock:
                                 seen = self._seen.setdefault(run.external_key, [])
                                 if rec.process not in seen:
@@ -422,7 +422,7 @@ def _running(hosts: CeleryHosts, run_id: str, n: int) -> Counter:
     record = _wait_record(
         hosts,
         key,
-        lambda r: r.checkpoint is not None and r.process is not None,
+        lambda r: r.checkpoint is not None and r.process is not None and r.process.pid > 0,
         f"counter {run_id} to store a checkpoint",
         timeout=180,
     )
@@ -513,6 +513,7 @@ def test_managed_files_resume_on_the_other_host(celery_hosts: CeleryHosts) -> No
                     r.checkpoint is not None
                     and r.checkpoint.generation >= 2
                     and r.process is not None
+                    and r.process.pid > 0
                 ),
                 "the training task to store its second checkpoint",
                 timeout=180,

@@ -415,7 +415,7 @@ def _kill_at_generation(store: Path, generation: int, killed: list[int]) -> None
         for run in checkpoints.list_runs()[0]:
             for rec in checkpoints.read_tasks(run.job_key, run.run_id)[0]:
                 ckpt = rec.checkpoint
-                if ckpt and ckpt.generation >= generation and rec.process is not None:
+                if ckpt and ckpt.generation >= generation and rec.process and rec.process.pid:
                     os.kill(rec.process.pid, signal.SIGKILL)
                     killed.append(rec.process.pid)
                     return
