@@ -243,7 +243,7 @@ class Blobs:
             tmp, size = self.stage_verified(source_fd, digest)
             self.settle([(tmp, digest.key)])
             return size
-        tmp = self.path(f"blobs/tmp/{uuid.uuid4().hex}")
+        tmp = self._tmp_name()
         final = self.path(digest.key)
         try:
             self.fs.makedirs_confined(posixpath.dirname(tmp))
@@ -258,6 +258,17 @@ class Blobs:
             self._discard(tmp)
             raise StoreError(f"cannot store {self.fs.where(final)}: {exc}") from None
 
+    def _tmp_name(self) -> str:
+        """A fresh path for an upload or a copy in progress (``blobs/tmp/<uuid>``)."""
+        return self.path(f"blobs/tmp/{uuid.uuid4().hex}")
+
+    def _create_tmp(self, tmp: str, access: int) -> int:
+        """Local stores: make ``tmp``'s folder and create ``tmp`` (never an existing file nor a
+        link), opened with ``access`` (``os.O_WRONLY`` or ``os.O_RDWR``). OSError is the
+        caller's."""
+        self.fs.makedirs_confined(posixpath.dirname(tmp))
+        return os.open(tmp, access | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+
     def stage_verified(self, source_fd: int, digest: Digest) -> tuple[str, int]:
         """Local stores: copy the open file ``source_fd`` (whole, whatever its position) to a
         temporary file in the store (cloned where the file system can, else copied in the
@@ -270,10 +281,9 @@ class Blobs:
                 hashed; nothing is left).
             StoreError: the store cannot be written (nothing is left).
         """
-        tmp = self.path(f"blobs/tmp/{uuid.uuid4().hex}")
+        tmp = self._tmp_name()
         try:
-            self.fs.makedirs_confined(posixpath.dirname(tmp))
-            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            fd = self._create_tmp(tmp, os.O_RDWR)
             try:
                 _how, size = copy_fd(source_fd, fd)
                 got, _ = hash_fd(fd, digest.algo)
@@ -294,10 +304,9 @@ class Blobs:
         Raises:
             StoreError: the store cannot be written (nothing is left).
         """
-        tmp = self.path(f"blobs/tmp/{uuid.uuid4().hex}")
+        tmp = self._tmp_name()
         try:
-            self.fs.makedirs_confined(posixpath.dirname(tmp))
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            fd = self._create_tmp(tmp, os.O_WRONLY)
             with os.fdopen(fd, "wb") as out:
                 out.write(data)
         except OSError as exc:
@@ -353,10 +362,9 @@ class Blobs:
         Raises:
             StoreError: the store cannot be written (nothing is left).
         """
-        tmp = self.path(f"blobs/tmp/{uuid.uuid4().hex}")
+        tmp = self._tmp_name()
         try:
-            self.fs.makedirs_confined(posixpath.dirname(tmp))
-            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            fd = self._create_tmp(tmp, os.O_RDWR)
             try:
                 _how, size, got = copy_and_hash(source_fd, fd, NEW_ALGORITHM)
             finally:
@@ -384,9 +392,8 @@ class Blobs:
         try:
             self.fs.makedirs_confined(posixpath.dirname(path))
             if self.local:
-                tmp = self.path(f"blobs/tmp/{uuid.uuid4().hex}")
-                self.fs.makedirs_confined(posixpath.dirname(tmp))
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+                tmp = self._tmp_name()
+                fd = self._create_tmp(tmp, os.O_WRONLY)
                 with os.fdopen(fd, "wb") as out:
                     out.write(data)
                     out.flush()
