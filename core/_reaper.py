@@ -95,6 +95,22 @@ def _descendants(root: int) -> dict[int, int]:
     return tree
 
 
+def _below(root: int, tree: dict[int, int]) -> set[int]:
+    """The descendants of ``root`` in ``tree`` (pid to parent pid, as ``_descendants`` gives
+    it): no second read of ``/proc``."""
+    children: dict[int, list[int]] = {}
+    for pid, parent in tree.items():
+        children.setdefault(parent, []).append(pid)
+    found: set[int] = set()
+    stack = list(children.get(root, ()))
+    while stack:
+        pid = stack.pop()
+        if pid not in found:
+            found.add(pid)
+            stack.extend(children.get(pid, ()))
+    return found
+
+
 def _group_and_session(pid: int) -> tuple[int, int] | None:
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
@@ -135,7 +151,7 @@ def kill_action_tree(
     (``is_subreaper``), which no other code shares."""
     me = os.getpid()
     tree = _descendants(me)
-    under_leader = set(_descendants(leader)) if leader in tree else set()
+    under_leader = _below(leader, tree)
     victims: list[int] = []
     for pid in tree:
         if pid == leader:
