@@ -554,7 +554,11 @@ def run_harness(
                 break
             if result.kills >= kills:
                 how = "none"
-            elif rng.random() < random_share or not points:
+            elif not points or (
+                # random kills never take the places the named points not yet hit still need
+                kills - result.kills > len(points) - min(turn, len(points))
+                and rng.random() < random_share
+            ):
                 how = f"random@{rng.uniform(0.0, 1.5):.3f}"  # seconds after the first start
             else:
                 point = points[turn % len(points)]  # the next point once this one killed
