@@ -46,6 +46,7 @@ if TYPE_CHECKING:
         plain_value,
         prepare_job,
     )
+    from ._lease import LEASE_SECONDS_ENV
     from ._messages import (
         DEFAULT_MAX_LINE_BYTES,
         DEFAULT_MAX_STATE_BYTES,
@@ -147,6 +148,7 @@ _EXPORTS = {
     "Notice": "._notices",
     "NoticeSource": "._notices",
     "OUTCOME_WORDS": "._words",
+    "LEASE_SECONDS_ENV": "._lease",
     "OpenJDCheckpointError": "._errors",
     "PreparedJob": "._job",
     "RELEASE_WAIT_SECONDS": "._phases",
@@ -238,6 +240,7 @@ __all__ = (
     "CheckpointSummary",
     "DEFAULT_GC_GRACE_SECONDS",
     "DEFAULT_MAX_LINE_BYTES",
+    "LEASE_SECONDS_ENV",
     "DEFAULT_MAX_STATE_BYTES",
     "EXIT_CODES",
     "Escalation",

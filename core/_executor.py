@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ._action import StopIntent
+from ._claim import NotStartedError, claim_task, lease_expired_note
 from ._errors import RunError, StoreError
 from ._job import PreparedJob, TaskSpec
 from ._notices import (
@@ -41,9 +42,8 @@ from ._notices import (
 )
 from ._planning import TaskFeed
 from ._pool import SessionPool
-from ._process import kill_recorded_process, recorded_name
 from ._records import RunStatus, TaskRecord
-from ._resume import RefusalCode, ResumeRefusedError
+from ._resume import ResumeRefusedError
 from ._session import Session
 from ._store import CheckpointStore, Lease
 from ._task import TaskEvent, TaskExecution, TaskOutcome, TaskResult
@@ -52,7 +52,7 @@ from ._termination import (
     Termination,
     TerminationMode,
     fold_request,
-    request_termination,
+    request_or_fold,
     starts_no_tasks,
     task_stop_for,
 )
@@ -60,8 +60,6 @@ from ._termination import (
 __all__ = (
     "StepRun",
     "TaskExecutor",
-    "claim_task",
-    "lease_expired_note",
     "record_notice",
     "run_task",
     "run_tasks",
@@ -241,15 +239,12 @@ class TaskExecutor:
         Raises:
             RunError: the run has ended, or is stopping in a mode this one may not replace.
         """
-        try:
-            term, note = request_termination(
-                self.store, self.job.job_key, self.run_id, mode, force=force, deadline=deadline
-            )
-        except StoreError as exc:
-            self.note(f"warning: {exc}; stopping this runner's tasks all the same")
-            term, note = fold_request(
-                self._term, mode, phase=self.phase, force=force, deadline=deadline
-            )
+        where = (self.store, self.job.job_key, self.run_id, self._term, mode)
+        term, note, warning = request_or_fold(
+            *where, phase=self.phase, force=force, deadline=deadline
+        )
+        if warning is not None:
+            self.note(warning)
         if note is not None:
             self.note(f"run {self.run_id}: {note}")
         self.apply(term)
@@ -319,15 +314,12 @@ class TaskExecutor:
         self.note(f"interruption notice from {notice.describe()}: {what}")
         with self._lock:
             first = self._notice is None
-            if first or (notice.deadline or float("inf")) < (
-                self._notice.deadline if self._notice and self._notice.deadline else float("inf")
-            ):
+            if first or _sooner(notice, self._notice):
                 self._notice = notice
         if first:
+            where = (self.store, self.job.job_key, self.run_id)
             try:
-                record_notice(
-                    self.store, self.job.job_key, self.run_id, notice, attempt=self.attempt
-                )
+                record_notice(*where, notice, attempt=self.attempt)
             except StoreError as exc:
                 self.note(f"warning: the notice is not recorded in the run: {exc}")
         if self._on_notice is not None:
@@ -341,17 +333,15 @@ class TaskExecutor:
             self.apply(self._term)
 
     def _lease_expired(self, lease: Lease) -> None:
+        why = lease_expired_note(lease)
         if lease is self._run_lease:
-            self.note(
-                f"warning: run {self.run_id}: {lease_expired_note(lease)}; canceling its tasks"
-            )
-            # this process may no longer drive the run: applied here only, the store cannot
-            # take a request
+            self.note(f"warning: run {self.run_id}: {why}; canceling its tasks")
+            # applied here only: this process may no longer write requests to the run
             self.apply(Termination(mode=TerminationMode.CANCELLED))
             return
         with self._lock:
             executions = list(self._active)
-        self.note(f"warning: {lease_expired_note(lease)}; stopping the task")
+        self.note(f"warning: {why}; stopping the task")
         for execution in executions:  # cancel: this process may no longer store its work
             execution.stop(StopIntent.CANCEL)
 
@@ -406,14 +396,16 @@ class TaskExecutor:
                     why = self._why_not_start(is_finally)
                     if why is None and stop_on_failure and not out.ok:
                         why = "not started: an earlier task of the step did not succeed"
+                    if why is None:  # the claim may wait for a lease, and stop waiting
+                        started = self._start(spec, is_finally, job_status, errors, known)
+                        why = str(started) if isinstance(started, NotStartedError) else None
                     if why is not None:
                         out.not_started.append((spec, why))
                         out.not_started.extend((s, why) for s in feed.drain())
                         out.rest.extend(feed.rest())
                         break
-                    started = self._start(spec, is_finally, job_status, errors, known)
-                    if isinstance(started, str):
-                        out.refused.append((spec, started))
+                    if not isinstance(started, tuple):  # refused (a string)
+                        out.refused.append((spec, str(started)))
                         out.ok = False
                         continue
                     execution, lease, session = started
@@ -454,17 +446,24 @@ class TaskExecutor:
         job_status: str | None,
         errors: str,
         known: Mapping[TaskKey, TaskRecord] | None,
-    ) -> tuple[TaskExecution, Lease, Session] | str:
+    ) -> tuple[TaskExecution, Lease, Session] | NotStartedError | str:
         try:
-            lease, record, notes = claim_task(self.store, self.job, self.run_id, spec)
+            lease, record = claim_task(
+                self.store,
+                self.job,
+                self.run_id,
+                spec,
+                note=self.note,
+                should_stop=lambda: self._why_not_start(is_finally),
+            )
+        except NotStartedError as exc:
+            return exc
         except (ResumeRefusedError, StoreError) as exc:
             if errors == "raise":
                 raise
             self.note(f"{spec.label}: {exc}")
             return str(exc)
         try:
-            for line in notes:
-                self.note(line)
             session = self.sessions.take(job_status if is_finally else None)
             execution = TaskExecution(
                 self.job,
@@ -499,6 +498,12 @@ class TaskExecutor:
         lease.release()
 
 
+def _sooner(notice: Notice, than: Notice | None) -> bool:
+    """True if ``notice``'s deadline comes before ``than``'s (no deadline: never)."""
+    inf = float("inf")
+    return (notice.deadline or inf) < ((than.deadline if than else None) or inf)
+
+
 def _on_worker_thread() -> bool:
     return threading.current_thread() is not threading.main_thread()
 
@@ -520,57 +525,6 @@ def _start_run(
     return future
 
 
-# --- claiming a task ------------------------------------------------------------------------------
-def claim_task(
-    store: CheckpointStore, job: PreparedJob, run_id: str, spec: TaskSpec
-) -> tuple[Lease, TaskRecord | None, list[str]]:
-    """Take the task's lease and make sure no earlier process of it is alive on this host.
-
-    Returns the lease (release it when the task ends), the task's stored record (None if it has
-    none) and notes for the log.
-
-    Raises:
-        ResumeRefusedError: ``already-resumed``: another live process holds the task.
-        StoreError: the store cannot be read or written.
-    """
-    lease = store.acquire_task_lease(
-        job.job_key, run_id, spec.step_name, spec.task_key, wait_seconds=0.5
-    )  # a reap that probes the lease lets go at once; a holder does not
-    if lease is None:
-        raise ResumeRefusedError(
-            RefusalCode.ALREADY_RESUMED,
-            f"task {spec.label} of run {run_id} is being run by another process",
-        )
-    notes: list[str] = []
-    try:
-        rebuilt: list[str] = []
-        record = store.read_task(job.job_key, run_id, spec.step_name, spec.task_key, rebuilt)
-        notes.extend(f"warning: {w}" for w in rebuilt)
-    except StoreError as exc:
-        notes.append(f"warning: {exc}; the task runs from the top")
-        record = None
-    except BaseException:
-        lease.release()
-        raise
-    if record is not None and record.process is not None:
-        if kill_recorded_process(record.process):
-            notes.append(
-                f"stopped {recorded_name(record.process)} of {spec.label} left running by an "
-                "earlier attempt"
-            )
-    return lease, record, notes
-
-
-def lease_expired_note(lease: Lease) -> str:
-    """Why a held lease no longer holds (``Lease.expired``), for a note."""
-    if lease.lost:
-        return "the lease was taken by another process (it expired here)"
-    return (
-        "the lease could not be renewed for its whole ttl (the store cannot be written), so "
-        "another process may take over the work"
-    )
-
-
 # --- a group of tasks in one session (Airflow task instances, Prefect task runs) ---------------
 def run_tasks(
     store: CheckpointStore,
@@ -584,9 +538,12 @@ def run_tasks(
     ``TaskExecutor`` of one session.
 
     Each task's lease is held while it runs; a previous process of it left alive on this host
-    is killed first. Termination requests of the run reach the running task within
-    ``poll_seconds`` and stop it as ``task_stop_for`` says, with the request's ``force`` and
-    ``deadline``; tasks not started by then are not started (``TaskOutcome.SKIPPED``). Finally
+    is killed first. On a store whose leases have a ttl (S3), a lease still held by another
+    process (one that died on another host) is waited for, up to its ttl plus 10 s, and said in
+    ``on_note`` (``core._claim.claim_task``). Termination requests of the run reach the
+    running task within ``poll_seconds`` and stop it as ``task_stop_for`` says, with the
+    request's ``force`` and ``deadline``; tasks not started by then are not started
+    (``TaskOutcome.SKIPPED``). Finally
     tasks get the ``{{Job.Status}}`` that ``enter_finally`` stored. The session's environments
     are entered once, before the first task, and exited after the last.
 
@@ -613,7 +570,8 @@ def run_tasks(
 
     Raises:
         ResumeRefusedError: ``already-resumed``: another process runs one of these tasks now
-            (tasks before it have run; none after it).
+            (on S3: its lease was still renewed after the wait; tasks before it have run, none
+            after it).
         RunError: the run does not exist or has ended.
         StoreError: the store cannot be read or written when a task starts.
     """

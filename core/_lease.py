@@ -35,13 +35,49 @@ from ._host import host_id
 from ._records import ProcessInfo
 
 __all__ = (
+    "DEFAULT_LEASE_SECONDS",
+    "LEASE_SECONDS_ENV",
     "LOCK_STALE_SECONDS",
+    "HeldLease",
     "Lease",
     "hold_lock",
+    "lease_seconds_setting",
+    "read_holder",
     "take_lease",
     "take_lease_once",
     "this_process",
 )
+
+LEASE_SECONDS_ENV = "OPENJD_CHECKPOINT_LEASE_SECONDS"
+"""The environment variable that sets the ttl of leases on stores other than a local folder."""
+DEFAULT_LEASE_SECONDS = 60.0
+"""A lease's ttl in seconds when ``$OPENJD_CHECKPOINT_LEASE_SECONDS`` is not set."""
+_MIN_LEASE_SECONDS, _MAX_LEASE_SECONDS = 1.0, 86400.0
+
+
+def lease_seconds_setting(value: float | str | None = None) -> float:
+    """The ttl of leases in seconds: ``value``, else ``$OPENJD_CHECKPOINT_LEASE_SECONDS``, else
+    60. A holder renews its lease every third of it; a dead holder's lease frees after it.
+
+    Raises:
+        ValueError: not a number from 1 to 86400, naming the setting it came from.
+    """
+    where = "lease_seconds"
+    if value is None:
+        value, where = os.environ.get(LEASE_SECONDS_ENV) or None, LEASE_SECONDS_ENV
+        if value is None:
+            return DEFAULT_LEASE_SECONDS
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: {str(value)[:40]!r} is not a number of seconds") from None
+    if not _MIN_LEASE_SECONDS <= seconds <= _MAX_LEASE_SECONDS:  # also refuses nan
+        raise ValueError(
+            f"{where}: {str(value)[:40]!r} must be from {_MIN_LEASE_SECONDS:g} to "
+            f"{_MAX_LEASE_SECONDS:g} seconds"
+        )
+    return seconds
+
 
 LOCK_STALE_SECONDS = 30.0
 """A run's or job's lock object on S3 that its holder has not refreshed for this long (its
@@ -349,6 +385,46 @@ def this_process(pgid: int | None = None) -> ProcessInfo:
     )
 
 
+class HeldLease:
+    """Who holds a lease object (``owner``, None if it does not say) and its ttl in seconds."""
+
+    __slots__ = ("owner", "ttl")
+
+    def __init__(self, owner: ProcessInfo | None, ttl: float) -> None:
+        self.owner = owner
+        self.ttl = ttl
+
+    def describe(self) -> str:
+        """``process PID on host HOST``, or ``another process`` if the lease does not say."""
+        if self.owner is None:
+            return "another process"
+        return f"process {self.owner.pid} on host {self.owner.host}"
+
+
+def read_holder(fs: StoreFS, base: str) -> HeldLease | None:
+    """The holder of ``base.lease.json`` on a store whose leases have a ttl (not a local folder,
+    not ``memory://``, whose holders are known to be alive); None there, or if the lease object
+    is gone or unreadable (then it is not held).
+
+    Raises:
+        StoreError: the object cannot be read.
+    """
+    if fs.is_local or fs.memory:
+        return None
+    try:
+        raw = fs.read_bytes(base + ".lease.json")
+    except NotARecordError:
+        return None
+    if raw is None:
+        return None
+    owner: ProcessInfo | None
+    try:
+        owner = ProcessInfo.model_validate(json.loads(raw).get("owner"))
+    except (ValueError, TypeError, AttributeError):
+        owner = None
+    return HeldLease(owner, _held_ttl(raw))
+
+
 def _lease_token(raw: bytes) -> str | None:
     """The token of a lease file's content, None if it has none (or is not JSON)."""
     try:
@@ -361,10 +437,10 @@ def _lease_token(raw: bytes) -> str | None:
 def _held_ttl(raw: bytes) -> float:
     """A lease object's ttl in seconds (what its holder renews it within); 60 if it says none."""
     try:
-        ttl = float(json.loads(raw).get("ttl", 60.0))
+        ttl = float(json.loads(raw).get("ttl", DEFAULT_LEASE_SECONDS))
     except (ValueError, TypeError, AttributeError):
-        return 60.0
-    return ttl if 0 <= ttl < 86400 else 60.0
+        return DEFAULT_LEASE_SECONDS
+    return ttl if 0 <= ttl <= _MAX_LEASE_SECONDS else DEFAULT_LEASE_SECONDS
 
 
 # --- memory:// (one process) ---------------------------------------------------------------------

@@ -39,7 +39,17 @@ from ._errors import StoreError
 from ._fs import MAX_RECORD_BYTES, StoreFS, os_reason, redact_location
 from ._host import FileDataFlow, file_flow_from_env, file_roots_from_env, host_id
 from ._layout import Layout, is_job_key, is_run_id, new_run_id, task_id_for
-from ._lease import Lease, hold_lock, take_lease, take_lease_once, this_process
+from ._lease import (
+    LEASE_SECONDS_ENV,
+    HeldLease,
+    Lease,
+    hold_lock,
+    lease_seconds_setting,
+    read_holder,
+    take_lease,
+    take_lease_once,
+    this_process,
+)
 from ._logs_index import OutputsIndex, RunLogs
 from ._record_files import RecordFiles, RunSetAside, SetAsideError, TaskRebuilt
 from ._records import (
@@ -85,16 +95,34 @@ def default_store_location() -> str:
 def describe_holder(store: CheckpointStore, info: ProcessInfo | None) -> str:
     """`` by process PID`` for a refusal message, saying so when that process, of this host,
     has ended: on a store other than a local folder its lease frees only once its ttl has run
-    out (60 s after its last renewal)."""
+    out (``store.lease_seconds`` after its last renewal, ``$OPENJD_CHECKPOINT_LEASE_SECONDS``)."""
     if info is None:
         return ""
     text = f" by process {info.pid}"
     if info.host == host_id() and not store.is_local and not psutil.pid_exists(info.pid):
         text += (
-            ", which has ended: its lease on this store frees 60 s after its last renewal; "
-            "try again then"
+            f", which has ended: its lease on this store frees {store.lease_seconds:g} s after "
+            f"its last renewal (${LEASE_SECONDS_ENV}); try again then"
         )
     return text
+
+
+def _refuse_roots_around(root_dir: str, location: str, file_roots: Iterable[str]) -> None:
+    """A file root that holds the (local) store, or lies inside it, would let a restore
+    write over the store's own records with a checkpoint's copies of them.
+
+    Raises:
+        StoreError: naming the root and the store.
+    """
+    store = os.path.realpath(root_dir)
+    for root in file_roots:
+        real = os.path.realpath(root)
+        if os.path.commonpath([store, real]) in (store, real):
+            raise StoreError(
+                f"file root {root!r} and the checkpoint store {location!r} overlap "
+                "(one holds the other): a restore could write over the store's records; "
+                "use folders beside each other"
+            )
 
 
 class CheckpointStore:
@@ -114,9 +142,13 @@ class CheckpointStore:
             ``$OPENJD_CHECKPOINT_FILES``, else ``shared``; see ``core._files``).
         file_roots: absolute folders whose files a managed store may capture and restore,
             besides the session working directory (added to ``$OPENJD_CHECKPOINT_FILE_ROOTS``).
+        lease_seconds: the ttl of its leases, in seconds, on stores other than a local folder:
+            a dead holder's lease frees that long after its last renewal (default:
+            ``$OPENJD_CHECKPOINT_LEASE_SECONDS``, else 60; ``core._lease``).
 
     Raises:
         StoreError: the location cannot be used.
+        ValueError: ``lease_seconds`` (or its variable) is not a number from 1 to 86400.
     """
 
     def __init__(
@@ -128,8 +160,10 @@ class CheckpointStore:
         read_only: bool = False,
         files: str | None = None,
         file_roots: Iterable[str] = (),
+        lease_seconds: float | None = None,
     ) -> None:
         self.read_only = read_only
+        self.lease_seconds = lease_seconds_setting(lease_seconds)
 
         self.file_flow = file_flow_from_env(files)
         self._run_flows: dict[tuple[str, str], FileDataFlow] = {}
@@ -154,26 +188,9 @@ class CheckpointStore:
         self.logs = RunLogs(self.fs, self.layout)
         self.outputs = OutputsIndex(self.fs, self.layout)
         if self.is_local and not read_only:
-            self._refuse_roots_around_the_store()
+            _refuse_roots_around(self.root, self.location, self.file_roots)
         if create:
             self.fs.make_root()
-
-    def _refuse_roots_around_the_store(self) -> None:
-        """A file root that holds the (local) store, or lies inside it, would let a restore
-        write over the store's own records with a checkpoint's copies of them.
-
-        Raises:
-            StoreError: naming the root and the store.
-        """
-        store = os.path.realpath(self.root)
-        for root in self.file_roots:
-            real = os.path.realpath(root)
-            if os.path.commonpath([store, real]) in (store, real):
-                raise StoreError(
-                    f"file root {root!r} and the checkpoint store {self.location!r} overlap "
-                    "(one holds the other): a restore could write over the store's records; "
-                    "use folders beside each other"
-                )
 
     # --- runs ----------------------------------------------------------------------------------
     def write_run(self, record: RunRecord) -> None:
@@ -308,16 +325,20 @@ class CheckpointStore:
                 out.append(req)
         return out
 
-    def acquire_lease(self, run: RunRecord, *, ttl_seconds: float = 60.0) -> Lease | None:
+    def acquire_lease(self, run: RunRecord, *, ttl_seconds: float | None = None) -> Lease | None:
         """Take the run's lease, or return None if another live owner holds it.
 
         On a local store the lease is an exclusive ``flock`` on ``lease.lock`` in the run's
         directory: the kernel releases it when its owner dies, however it dies. Elsewhere it is
         a ``lease.lease.json`` with a ttl that its owner's process renews on its own (``Lease``);
         an expired lease may be taken over: exactly one taker wins on S3 (conditional writes)
-        and in one process on ``memory://``; on other stores it is best effort."""
+        and in one process on ``memory://``; on other stores it is best effort. The ttl is
+        ``lease_seconds`` unless ``ttl_seconds`` says otherwise."""
         run_dir = self.layout.run_dir(run.job_key, run.run_id)
-        return take_lease(self.fs, posixpath.join(run_dir, "lease"), ttl_seconds)
+        return take_lease(self.fs, posixpath.join(run_dir, "lease"), self._ttl(ttl_seconds))
+
+    def _ttl(self, ttl_seconds: float | None) -> float:
+        return self.lease_seconds if ttl_seconds is None else ttl_seconds
 
     def acquire_task_lease(
         self,
@@ -326,15 +347,25 @@ class CheckpointStore:
         step: str,
         task_key: str,
         *,
-        ttl_seconds: float = 60.0,
+        ttl_seconds: float | None = None,
         wait_seconds: float = 0.0,
     ) -> Lease | None:
         """Take the lease of one task of a run (the right to run it now), or return None if a
         live holder has it. Same mechanism as ``acquire_lease``: a dead holder loses it at once
-        on a local store, after ``ttl_seconds`` elsewhere."""
+        on a local store, after its ttl elsewhere."""
+        base = self._task_lease_base(job_key, run_id, step, task_key)
+        return take_lease(self.fs, base, self._ttl(ttl_seconds), wait_seconds)
+
+    def _task_lease_base(self, job_key: str, run_id: str, step: str, task_key: str) -> str:
         tid = task_id_for(step, task_key)
-        base = posixpath.join(self.layout.in_run(job_key, run_id, "tasks"), tid)
-        return take_lease(self.fs, base, ttl_seconds, wait_seconds)
+        return posixpath.join(self.layout.in_run(job_key, run_id, "tasks"), tid)
+
+    def task_lease_holder(
+        self, job_key: str, run_id: str, step: str, task_key: str
+    ) -> HeldLease | None:
+        """Who holds the task's lease and its ttl, on a store whose leases have one (None on a
+        local folder or ``memory://``, or if no lease object is there): ``core._lease``."""
+        return read_holder(self.fs, self._task_lease_base(job_key, run_id, step, task_key))
 
     def task_lease_held(self, job_key: str, run_id: str, step: str, task_key: str) -> bool:
         """True if a live holder has the task's lease (probes without keeping it)."""
@@ -346,14 +377,14 @@ class CheckpointStore:
 
     # --- sessions ------------------------------------------------------------------------------
     def acquire_session_lease(
-        self, job_key: str, run_id: str, session_id: str, *, ttl_seconds: float = 60.0
+        self, job_key: str, run_id: str, session_id: str, *, ttl_seconds: float | None = None
     ) -> Lease | None:
         """Take an open session's lease (held by the process that runs the session); waits up
         to 0.5 s for a probe to let go."""
         return take_lease(
             self.fs,
             self.layout.session_base(job_key, run_id, session_id),
-            ttl_seconds,
+            self._ttl(ttl_seconds),
             wait_seconds=0.5,
         )
 
@@ -388,7 +419,7 @@ class CheckpointStore:
     def session_lease_held(self, job_key: str, run_id: str, session_id: str) -> bool:
         """True if a live process holds the session's lease (probes without keeping it)."""
         lease = take_lease_once(
-            self.fs, self.layout.session_base(job_key, run_id, session_id), 60.0
+            self.fs, self.layout.session_base(job_key, run_id, session_id), self.lease_seconds
         )
         if lease is None:
             return True

@@ -24,6 +24,7 @@ __all__ = (
     "Termination",
     "TerminationMode",
     "fold_request",
+    "request_or_fold",
     "request_termination",
     "resolve_termination",
     "run_is_live",
@@ -231,6 +232,34 @@ def request_termination(
             run.termination = new.mode.value if new.mode else None
             store.write_run(run)
     return new, note
+
+
+def request_or_fold(
+    store: CheckpointStore,
+    job_key: str,
+    run_id: str,
+    current: Termination,
+    mode: TerminationMode,
+    *,
+    phase: str,
+    force: bool = False,
+    deadline: float | None = None,
+) -> tuple[Termination, str | None, str | None]:
+    """``request_termination``; when the store cannot take the request, ``fold_request`` of it
+    into ``current`` here only, so that this process's tasks still stop. Returns the
+    termination now in force, the note about the mode, and a warning when the store failed.
+
+    Raises:
+        RunError: as ``request_termination``.
+    """
+    try:
+        term, note = request_termination(
+            store, job_key, run_id, mode, force=force, deadline=deadline
+        )
+        return term, note, None
+    except StoreError as exc:
+        term, note = fold_request(current, mode, phase=phase, force=force, deadline=deadline)
+        return term, note, f"warning: {exc}; stopping this runner's tasks all the same"
 
 
 class RunWatcher:

@@ -440,7 +440,7 @@ def test_refused_claims_do_not_break_the_holder(tmp_path: Path) -> None:
     [spec] = plan_step(st, job, attempt.run_id, "Count")
     holder = Worker(store, attempt.job_key, attempt.run_id, spec)
     _task_pid(store)
-    from core._executor import claim_task
+    from core._claim import claim_task
 
     with pytest.raises(ResumeRefusedError) as info:
         claim_task(st, job, attempt.run_id, spec)
@@ -909,15 +909,9 @@ def test_a_task_whose_lease_expires_is_canceled(tmp_path: Path, monkeypatch) -> 
     """The adapters' path (``run_tasks``): a task lease that cannot be renewed for its ttl
     (here 1.5 s; the store refuses the lease's writes from the moment the task runs) may be
     taken by another process, so the task is canceled, with a note saying why."""
-    import functools
-
     from core import run_tasks
 
-    orig = CheckpointStore.acquire_task_lease
-    monkeypatch.setattr(
-        CheckpointStore, "acquire_task_lease", functools.partialmethod(orig, ttl_seconds=1.5)
-    )
-    st = CheckpointStore(f"memory://lease-expiry-{os.getpid()}")
+    st = CheckpointStore(f"memory://lease-expiry-{os.getpid()}", lease_seconds=1.5)
     template = tmp_path / "long.yaml"
     from conftest import one_step_template
 
