@@ -109,7 +109,7 @@ class TaskRecorder:
         if marker is not None:
             info = ProcessInfo(pid=0, pgid=0, start_time=0, host=host_id(), marker=marker)
             with self.lock:
-                self.record.process = info
+                self.record.process, self.record.host = info, info.host
             self.persist(force=True, durable=False)
 
     def process_started(self, ident: ProcessIdentity, marker: str) -> None:

@@ -138,6 +138,9 @@ class TaskRecord(_Model):
     resume_status: str | None = None
     """RESUMED, DISCARDED, or UNKNOWN when the resume action never said."""
     process: ProcessInfo | None = None
+    host: str | None = None
+    """The host id (``$OPENJD_CHECKPOINT_HOST_ID``) of the process that last ran the task, kept
+    after it ended (``process`` is cleared then): which machine of a farm ran it."""
     step_hash: str = ""
     message: str | None = None
     updated_at: float = Field(default_factory=time.time)

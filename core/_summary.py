@@ -65,6 +65,8 @@ class TaskSummary:
     updated_at: float
     checkpoint: CheckpointSummary | None
     """The latest committed checkpoint, or None."""
+    host: str | None = None
+    """The host id of the process that last ran the task (None: it never started one)."""
 
     @property
     def resumable(self) -> bool:
@@ -100,6 +102,7 @@ def summarize_task(rec: TaskRecord) -> TaskSummary:
         message=rec.message,
         updated_at=rec.updated_at,
         checkpoint=summarize_checkpoint(rec.checkpoint) if rec.checkpoint is not None else None,
+        host=rec.host,
     )
 
 
