@@ -17,7 +17,7 @@ STAMP_PREFECT := $(VENV_PREFECT)/.installed-$(SUM)
 REFERENCE_CLI := openjd-cli==0.8.*
 STAMP_REFERENCE := $(VENV_REFERENCE)/.installed-$(shell echo '$(REFERENCE_CLI)' | cksum | cut -d' ' -f1)
 EXTRAS_AIRFLOW := airflow,test
-EXTRAS_PREFECT := prefect,test
+EXTRAS_PREFECT := prefect,dask,test
 # CORE_WORKERS > 0 runs the core suite in that many pytest-xdist workers (tests that share a
 # module-scoped server or a fixed folder stay in one worker each: xdist_group), TEST_JOBS > 1 runs
 # the three suites side by side, each with its own servers on free loopback ports. On 2 cores

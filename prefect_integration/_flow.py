@@ -13,7 +13,7 @@ scheduler makes for one run"):
 4. ``core.finish_attempt``: its ``RunOutcome`` becomes the flow run's final state.
 
 A cancel (``Cancelling`` state, seen by ``CancelWatcher``) or a SIGTERM to the flow run process
-(the runner's cancel, a worker shutting down; acted on in the body's waits, ``_Stopping``)
+(the runner's cancel, a worker shutting down; acted on in the body's waits, ``Stopping``)
 becomes ``core.request_termination`` (``_cancel.py``); so does ``end_flow_run``.
 """
 
@@ -27,7 +27,6 @@ import sys
 import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,7 @@ from prefect.context import FlowRunContext
 from prefect.exceptions import TerminationSignal
 from prefect.futures import PrefectFuture
 from prefect.states import Cancelled, Completed, Failed, State
-from prefect.task_runners import ThreadPoolTaskRunner
+from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
 import core
 from core import (
@@ -58,11 +57,11 @@ from ._cancel import (
     LABEL_JOB_KEY,
     LABEL_RUN_ID,
     LABEL_STORE,
-    STOP_DEADLINE_SECONDS,
     CancelWatcher,
     mode_of_state,
 )
 from ._params import RESUME_PARAMETER, flow_signature
+from ._stopping import Stopping, wait_all
 from ._tasks import cache_key, remember_job, run_group
 
 __all__ = (
@@ -76,14 +75,11 @@ DEFAULT_MAX_TASK_RUNS_PER_STEP = 100
 """A step's tasks are grouped into at most this many Prefect task runs."""
 
 DEFAULT_MAX_WORKERS = 4
-"""Task runs of a flow run that run at once (the ThreadPoolTaskRunner's ``max_workers``)."""
+"""Task runs of a flow run that run at once on the default task runner (the
+``ThreadPoolTaskRunner``'s ``max_workers``)."""
 
 FILE_MODES = ("shared", "managed")
 """The file data flows of a store (``core._files``)."""
-
-ESCALATE_AFTER_SECONDS = STOP_DEADLINE_SECONDS + 1.0
-"""After a SIGTERM, what still runs this long afterwards is killed (``Cancelled``, forced)
-before the runner's SIGKILL at 30 s, so that no task process is left."""
 
 
 @dataclass(frozen=True)
@@ -176,70 +172,6 @@ def _caller_file(depth: int) -> tuple[str | None, str | None]:
     return frame.f_globals.get("__file__"), frame.f_globals.get("__name__")
 
 
-# --- waiting for task runs ---------------------------------------------------------------------
-class _Stopping:
-    """What the flow body knows of a stop. While the body runs, SIGTERM (the runner's cancel, a
-    worker shutting down) and Ctrl-C (SIGINT, a flow run called in this process) are only
-    noted, instead of Prefect's ``TerminationSignal`` raised wherever the main thread is
-    (possibly inside a core operation); the waits below act on them as core's stop escalation
-    says (``core.StopEscalation``): the core run is asked to stop in the mode the flow run's
-    state names (else the flow's ``cancel_mode``, ``Suspended`` by default) by a deadline
-    before the runner's SIGKILL; a second Ctrl-C kills the tasks at once (``Cancelled``), as
-    the CLI's does; what still runs ``ESCALATE_AFTER_SECONDS`` after the first signal is
-    killed. Without this, Python's KeyboardInterrupt left the task processes running to
-    their end and the core run recorded as running."""
-
-    def __init__(self, watcher: CancelWatcher, default: TerminationMode) -> None:
-        self.watcher = watcher
-        self.escalation = core.StopEscalation(
-            mode=default,
-            deadline_seconds=STOP_DEADLINE_SECONDS,
-            escalate_after=ESCALATE_AFTER_SECONDS,
-        )
-        self._previous: Any = None
-        self._previous_int: Any = None
-        self._installed = False
-
-    @property
-    def signal_at(self) -> float | None:
-        return self.escalation.signalled_at
-
-    def __enter__(self) -> _Stopping:
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._on_signal)
-            self._previous_int = signal.signal(signal.SIGINT, self._on_signal)
-            self._installed = True
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._installed:
-            signal.signal(signal.SIGTERM, self._previous)
-            signal.signal(signal.SIGINT, self._previous_int)
-            self._installed = False
-
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        self.escalation.signalled(signum)
-
-    def tick(self) -> None:
-        """Make the requests the signals received meanwhile call for (called from the main
-        thread's waits)."""
-        for step in self.escalation.due(self.watcher.current_mode):
-            self.watcher.request(step.mode, force=step.force, deadline=step.deadline)
-
-
-def _wait_all(futures: Sequence[PrefectFuture[Any]], stopping: _Stopping) -> None:
-    """Wait until every task run has resolved (their task processes stopped and joined)."""
-    pending = [f.wrapped_future for f in futures if hasattr(f, "wrapped_future")]
-    while pending:
-        stopping.tick()
-        _, not_done = wait_futures(pending, timeout=0.5)
-        pending = list(not_done)
-    stopping.tick()
-    for f in futures:
-        if not hasattr(f, "wrapped_future"):
-            f.wait()
-
-
 # --- the flow body -----------------------------------------------------------------------------
 def _submit_step(
     config: _Config,
@@ -300,7 +232,7 @@ def _run_steps(
     run_id: str,
     store: CheckpointStore,
     steps: Sequence[str],
-    stopping: _Stopping,
+    stopping: Stopping,
     attempt: int,
 ) -> list[PrefectFuture[Any]]:
     by_step: dict[str, list[PrefectFuture[Any]]] = {}
@@ -309,7 +241,7 @@ def _run_steps(
         wait_for = [f for dep in job.dependencies(step) for f in by_step.get(dep, [])]
         by_step[step] = _submit_step(config, job, run_id, store, step, wait_for, attempt)
         all_futures.extend(by_step[step])
-    _wait_all(all_futures, stopping)
+    wait_all(all_futures, stopping)
     return all_futures
 
 
@@ -327,7 +259,7 @@ def _run_inline(
     run_id: str,
     store: CheckpointStore,
     steps: Sequence[str],
-    stopping: _Stopping,
+    stopping: Stopping,
     logger: Any,
 ) -> None:
     """Run steps in the flow run process, without task runs (finally steps of a flow run that
@@ -402,6 +334,7 @@ def _table(store: CheckpointStore, job: PreparedJob, run_id: str) -> list[dict[s
                 if ckpt
                 else "",
                 "resume status": task.resume_status or "",
+                "host": task.host or "",
             }
         )
     return rows
@@ -462,7 +395,7 @@ def _flow_body(
     watcher = CancelWatcher(
         flow_run_id, store, job.job_key, run_id, config.cancel_mode, logger.info
     )
-    with _Stopping(watcher, config.cancel_mode) as stopping:
+    with Stopping(watcher, config.cancel_mode) as stopping:
         watcher.start()
         try:
             early = mode_of_state(ctx.flow_run.state, config.cancel_mode)
@@ -506,6 +439,39 @@ def _flow_body(
 
 
 # --- building flows ----------------------------------------------------------------------------
+def _task_runner(
+    task_runner: TaskRunner[Any] | type[TaskRunner[Any]] | None, max_workers: int | None
+) -> TaskRunner[Any] | type[TaskRunner[Any]]:
+    """The flow's task runner: ``task_runner`` as given, else a ``ThreadPoolTaskRunner`` of
+    ``max_workers`` threads (default ``DEFAULT_MAX_WORKERS``).
+
+    Raises:
+        ValueError: ``max_workers`` below 1, or given with ``task_runner`` (a given task
+            runner sets its own concurrency: a Dask cluster's worker threads, for example).
+        TypeError: ``task_runner`` is not a Prefect task runner (instance or class).
+    """
+    if max_workers is not None and max_workers < 1:
+        raise ValueError(f"max_workers must be 1 or more, not {max_workers}")
+    if task_runner is None:
+        return ThreadPoolTaskRunner(max_workers=max_workers or DEFAULT_MAX_WORKERS)
+    if max_workers is not None:
+        raise ValueError(
+            "max_workers= sets the threads of the default ThreadPoolTaskRunner; with "
+            f"task_runner={type(task_runner).__name__}(...) the task runner decides how many "
+            "task runs run at once (on Dask: the cluster's worker threads)"
+        )
+    is_runner = isinstance(task_runner, TaskRunner) or (
+        isinstance(task_runner, type) and issubclass(task_runner, TaskRunner)
+    )
+    if not is_runner:
+        raise TypeError(
+            f"task_runner={task_runner!r} is not a Prefect task runner (an instance or a "
+            "subclass of prefect.task_runners.TaskRunner, such as "
+            "prefect_dask.DaskTaskRunner(address=...))"
+        )
+    return task_runner
+
+
 def _build(
     template_path: str | Path,
     *,
@@ -518,7 +484,8 @@ def _build(
     files: str | None,
     file_roots: Sequence[str] | None,
     max_task_runs_per_step: int,
-    max_workers: int,
+    max_workers: int | None,
+    task_runner: TaskRunner[Any] | type[TaskRunner[Any]] | None,
     cancel_mode: TerminationMode | str,
     host_requirements: Mapping[str, Sequence[str]] | None,
     task_retries: int,
@@ -532,8 +499,7 @@ def _build(
     template = load_template(path)
     if max_task_runs_per_step < 1:
         raise ValueError(f"max_task_runs_per_step must be 1 or more, not {max_task_runs_per_step}")
-    if max_workers < 1:
-        raise ValueError(f"max_workers must be 1 or more, not {max_workers}")
+    runner = _task_runner(task_runner, max_workers)
     files, roots = _file_settings(store, files, file_roots)
     if isinstance(store, CheckpointStoreBlock):
         if interruption_notices is None:
@@ -581,7 +547,7 @@ def _build(
     body.__doc__ = (user_fn.__doc__ if user_fn is not None else None) or (
         f"OpenJD job template {path.name} ({template.name})"
     )
-    options = {"task_runner": ThreadPoolTaskRunner(max_workers=max_workers), **flow_options}
+    options = {"task_runner": runner, **flow_options}
     return Flow(fn=body, name=flow_name, **options)
 
 
@@ -593,7 +559,8 @@ def flow_from_template(
     files: str | None = None,
     file_roots: Sequence[str] | None = None,
     max_task_runs_per_step: int = DEFAULT_MAX_TASK_RUNS_PER_STEP,
-    max_workers: int = DEFAULT_MAX_WORKERS,
+    max_workers: int | None = None,
+    task_runner: TaskRunner[Any] | type[TaskRunner[Any]] | None = None,
     cancel_mode: TerminationMode | str = TerminationMode.SUSPENDED,
     host_requirements: Mapping[str, Sequence[str]] | None = None,
     task_retries: int = 0,
@@ -633,7 +600,15 @@ def flow_from_template(
             ``CheckpointStore``'s) ``file_roots``; ``$OPENJD_CHECKPOINT_FILE_ROOTS`` of the flow
             run process is added.
         max_task_runs_per_step: at most this many task runs per step (>= 1).
-        max_workers: task runs of one flow run that run at once (>= 1).
+        max_workers: task runs of one flow run that run at once (>= 1; default
+            ``DEFAULT_MAX_WORKERS``, 4), as threads of the flow run process (Prefect's
+            ``ThreadPoolTaskRunner``). Only without ``task_runner``: given both, ValueError.
+        task_runner: any Prefect task runner (an instance or a class) to run the task runs
+            with instead, such as ``prefect_dask.DaskTaskRunner(address="tcp://host:8786")``
+            (extra ``[dask]``), which spreads one flow run's task runs over the workers of a
+            Dask cluster, on many machines; it then decides how many run at once (on Dask,
+            the workers' threads). Checkpoints, leases, managed files, notices and stops
+            work there as on threads (docs/prefect.md, "Several machines").
         cancel_mode: the termination mode a plain Prefect cancel means (a SIGTERM too):
             ``Suspended`` (default: checkpoint, resumable), ``Cancelled``,
             ``CancelledRunFinally`` or ``StoppedRunFinally``.
@@ -674,6 +649,7 @@ def flow_from_template(
         file_roots=file_roots,
         max_task_runs_per_step=max_task_runs_per_step,
         max_workers=max_workers,
+        task_runner=task_runner,
         cancel_mode=cancel_mode,
         host_requirements=host_requirements,
         task_retries=task_retries,
@@ -693,7 +669,8 @@ def openjd_flow(
     files: str | None = None,
     file_roots: Sequence[str] | None = None,
     max_task_runs_per_step: int = DEFAULT_MAX_TASK_RUNS_PER_STEP,
-    max_workers: int = DEFAULT_MAX_WORKERS,
+    max_workers: int | None = None,
+    task_runner: TaskRunner[Any] | type[TaskRunner[Any]] | None = None,
     cancel_mode: TerminationMode | str = TerminationMode.SUSPENDED,
     host_requirements: Mapping[str, Sequence[str]] | None = None,
     task_retries: int = 0,
@@ -732,6 +709,7 @@ def openjd_flow(
             file_roots=file_roots,
             max_task_runs_per_step=max_task_runs_per_step,
             max_workers=max_workers,
+            task_runner=task_runner,
             cancel_mode=cancel_mode,
             host_requirements=host_requirements,
             task_retries=task_retries,

@@ -18,6 +18,9 @@
 - After every test, the processes it started are stopped, and processes of the session that are
   still alive outside the server's and workers' trees fail the test (they are killed).
 
+- ``dask_cluster`` (session, lazy): a Dask scheduler and two ``dask worker`` processes standing
+  in for two machines of a farm (``dask_session.py``).
+
 The fixtures are in ``prefect_session.py``; the helpers (run, serve, cancel, read) in
 ``prefect_helpers.py``.
 """
@@ -31,6 +34,7 @@ _spec = importlib.util.find_spec("prefect")
 if _spec is None or _spec.origin is None:
     collect_ignore_glob = ["*.py"]
 else:
+    from dask_session import dask_cluster  # noqa: F401  (a fixture for pytest)
     from prefect_session import (  # noqa: F401  (fixtures and hooks for pytest)
         PrefectServer,
         ProcessWorkPool,

@@ -1,0 +1,99 @@
+"""How the flow body waits for its task runs, and what a signal to the flow run process does
+meanwhile: ``Stopping`` turns SIGTERM and Ctrl-C into the core run's stop requests
+(``core.StopEscalation``), ``wait_all`` waits on any task runner's futures (a thread pool's,
+Dask's, Ray's) between its ticks."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from prefect.futures import PrefectFuture
+
+import core
+from core import TerminationMode
+
+from ._cancel import STOP_DEADLINE_SECONDS, CancelWatcher
+
+__all__ = ("ESCALATE_AFTER_SECONDS", "Stopping", "wait_all")
+
+ESCALATE_AFTER_SECONDS = STOP_DEADLINE_SECONDS + 1.0
+"""After a SIGTERM, what still runs this long afterwards is killed (``Cancelled``, forced)
+before the runner's SIGKILL at 30 s, so that no task process is left."""
+
+
+class Stopping:
+    """What the flow body knows of a stop. While the body runs, SIGTERM (the runner's cancel, a
+    worker shutting down) and Ctrl-C (SIGINT, a flow run called in this process) are only
+    noted, instead of Prefect's ``TerminationSignal`` raised wherever the main thread is
+    (possibly inside a core operation); the waits below act on them as core's stop escalation
+    says (``core.StopEscalation``): the core run is asked to stop in the mode the flow run's
+    state names (else the flow's ``cancel_mode``, ``Suspended`` by default) by a deadline
+    before the runner's SIGKILL; a second Ctrl-C kills the tasks at once (``Cancelled``), as
+    the CLI's does; what still runs ``ESCALATE_AFTER_SECONDS`` after the first signal is
+    killed. Without this, Python's KeyboardInterrupt left the task processes running to
+    their end and the core run recorded as running."""
+
+    def __init__(self, watcher: CancelWatcher, default: TerminationMode) -> None:
+        self.watcher = watcher
+        self.escalation = core.StopEscalation(
+            mode=default,
+            deadline_seconds=STOP_DEADLINE_SECONDS,
+            escalate_after=ESCALATE_AFTER_SECONDS,
+        )
+        self._previous: Any = None
+        self._previous_int: Any = None
+        self._installed = False
+
+    @property
+    def signal_at(self) -> float | None:
+        return self.escalation.signalled_at
+
+    def __enter__(self) -> Stopping:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._on_signal)
+            self._previous_int = signal.signal(signal.SIGINT, self._on_signal)
+            self._installed = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._installed:
+            signal.signal(signal.SIGTERM, self._previous)
+            signal.signal(signal.SIGINT, self._previous_int)
+            self._installed = False
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.escalation.signalled(signum)
+
+    def tick(self) -> None:
+        """Make the requests the signals received meanwhile call for (called from the main
+        thread's waits)."""
+        for step in self.escalation.due(self.watcher.current_mode):
+            self.watcher.request(step.mode, force=step.force, deadline=step.deadline)
+
+
+def wait_all(futures: Sequence[PrefectFuture[Any]], stopping: Stopping) -> None:
+    """Wait until every task run has resolved (their task processes stopped and joined), on
+    any task runner: a thread pool's futures are ``concurrent.futures`` ones, Dask's
+    ``distributed.Future`` and Ray's ``ObjectRef`` are not, so each is asked ``done()`` (or,
+    wanting that, waited on with a timeout) between ticks."""
+    pending = list(futures)
+    while pending:
+        stopping.tick()
+        pending = [f for f in pending if not _resolved(f, 0.2)]
+        if pending:
+            time.sleep(0.2)
+    stopping.tick()
+
+
+def _resolved(future: PrefectFuture[Any], timeout: float) -> bool:
+    """True once ``future``'s task run has resolved (finished in any state)."""
+    wrapped = getattr(future, "wrapped_future", None)
+    done = getattr(wrapped, "done", None)
+    if callable(done):
+        return bool(done())
+    future.wait(timeout=timeout)  # no done(): waits up to ``timeout``
+    return future.state.is_final()
