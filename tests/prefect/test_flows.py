@@ -336,6 +336,33 @@ def test_managed_files_from_a_block_are_restored_for_the_task_retry(tmp_path: Pa
     assert list((tmp_path / "store").glob("blobs/blake3/*/*"))
 
 
+def test_the_task_runner_of_a_flow(tmp_path: Path) -> None:
+    """The default is a ThreadPoolTaskRunner of ``max_workers`` threads (4 unless given); any
+    Prefect task runner, an instance or a class, may be given instead; ``max_workers`` with it,
+    or something that is not a task runner, is refused when the flow is made, naming it."""
+    import pytest
+    from prefect.task_runners import ThreadPoolTaskRunner
+    from prefect_dask import DaskTaskRunner
+
+    store = tmp_path / "store"
+    default = flow_from_template(THREE_STEPS, store=store).task_runner
+    assert isinstance(default, ThreadPoolTaskRunner) and default._max_workers == 4
+    two = flow_from_template(THREE_STEPS, store=store, max_workers=2).task_runner
+    assert isinstance(two, ThreadPoolTaskRunner) and two._max_workers == 2
+    given = DaskTaskRunner(address="tcp://127.0.0.1:1")
+    assert flow_from_template(THREE_STEPS, store=store, task_runner=given).task_runner is given
+    made = flow_from_template(THREE_STEPS, store=store, task_runner=DaskTaskRunner).task_runner
+    assert isinstance(made, DaskTaskRunner)
+    with pytest.raises(ValueError, match="max_workers.*DaskTaskRunner"):
+        flow_from_template(THREE_STEPS, store=store, max_workers=2, task_runner=given)
+    with pytest.raises(TypeError, match="'dask' is not a Prefect task runner"):
+        flow_from_template(THREE_STEPS, store=store, task_runner="dask")
+    with pytest.raises(TypeError, match="not a Prefect task runner"):
+        openjd_flow(THREE_STEPS, store=store, task_runner=dict)(lambda p: p)
+    with pytest.raises(ValueError, match="max_workers must be 1 or more"):
+        flow_from_template(THREE_STEPS, store=store, max_workers=0)
+
+
 def test_file_settings_of_a_flow() -> None:
     """``files``/``file_roots``: the arguments, else the block's or the CheckpointStore's, else
     none (the environment where the flow runs); bad values are refused when the flow is made."""
