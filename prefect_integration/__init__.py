@@ -10,6 +10,16 @@
 See docs/prefect.md. The core (``core``) decides; this package translates.
 """
 
+try:
+    import prefect  # noqa: F401  (the framework this adapter maps the core onto)
+except ModuleNotFoundError as exc:
+    if exc.name != "prefect":
+        raise
+    raise ImportError(
+        "prefect_integration needs Prefect, which is not installed in this environment: "
+        "pip install 'openjd-checkpoint[prefect]' (from a checkout: pip install -e '.[prefect]')"
+    ) from exc
+
 from ._blocks import CheckpointStoreBlock
 from ._cancel import end_flow_run
 from ._flow import (
