@@ -58,3 +58,4 @@ def test_check_json(tmp_path) -> None:
     doc = json.loads(refused.stdout)
     assert doc["valid"] is False and doc["template"] == str(broken)
     assert [p.split(":")[0] for p in doc["problems"]] == ["steps[0].script.actions.onRun.command"]
+    assert "onRun.command" not in refused.stderr, refused.stderr  # one copy: the document

@@ -509,20 +509,22 @@ def cmd_check(args: argparse.Namespace) -> int:
     """``check TEMPLATE``: validate a job template and say how each step resumes, or validate an
     environment template (``specificationVersion: environment-2023-09``), as ``openjd check``
     does (``--json``: one document). Raises ``TemplateError`` for an invalid template
-    (exit 2); with ``--json`` it prints ``{schema, template, valid: false, problems}`` first."""
+    (exit 2); with ``--json`` it prints ``{schema, template, valid: false, problems}`` instead,
+    on stdout only (each problem once), and returns 2."""
     try:
         return _check(args)
     except TemplateError as exc:
-        if getattr(args, "json", False):
-            _dump(
-                {
-                    "schema": JSON_SCHEMA_VERSION,
-                    "template": str(args.template),
-                    "valid": False,
-                    "problems": list(exc.problems),
-                }
-            )
-        raise
+        if not getattr(args, "json", False):
+            raise
+        _dump(
+            {
+                "schema": JSON_SCHEMA_VERSION,
+                "template": str(args.template),
+                "valid": False,
+                "problems": list(exc.problems),
+            }
+        )
+        return 2
 
 
 def _check(args: argparse.Namespace) -> int:
