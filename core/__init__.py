@@ -90,6 +90,7 @@ if TYPE_CHECKING:
     )
     from ._reaper import become_child_subreaper
     from ._records import (
+        AttemptSpan,
         CheckpointData,
         RunCondition,
         RunRecord,
@@ -101,11 +102,16 @@ if TYPE_CHECKING:
     from ._session import Session, clean_stale_sessions
     from ._store import CheckpointStore, default_store_location
     from ._summary import (
+        AttemptBar,
+        CheckpointMark,
         CheckpointSummary,
         TaskSummary,
+        TaskTimeline,
         describe_plan,
         summarize_checkpoint,
         summarize_task,
+        task_timeline,
+        timeline_text,
     )
     from ._task import TaskEvent, TaskExecution, TaskOutcome, TaskResult
     from ._template import (
@@ -178,6 +184,10 @@ _EXPORTS = {
     "TaskSpec": "._planning",
     "TaskStatus": "._records",
     "TaskSummary": "._summary",
+    "TaskTimeline": "._summary",
+    "AttemptBar": "._summary",
+    "CheckpointMark": "._summary",
+    "AttemptSpan": "._records",
     "TemplateError": "._errors",
     "Termination": "._termination",
     "TerminationMode": "._termination",
@@ -225,6 +235,8 @@ _EXPORTS = {
     "step_feed": "._planning",
     "summarize_checkpoint": "._summary",
     "summarize_task": "._summary",
+    "task_timeline": "._summary",
+    "timeline_text": "._summary",
     "task_label": "._planning",
     "wait_tasks_released": "._phases",
 }
@@ -282,6 +294,10 @@ __all__ = (
     "TaskSpec",
     "TaskStatus",
     "TaskSummary",
+    "TaskTimeline",
+    "AttemptBar",
+    "CheckpointMark",
+    "AttemptSpan",
     "TemplateError",
     "Termination",
     "TerminationMode",
@@ -330,6 +346,8 @@ __all__ = (
     "step_feed",
     "summarize_checkpoint",
     "summarize_task",
+    "task_timeline",
+    "timeline_text",
     "task_label",
     "wait_tasks_released",
 )

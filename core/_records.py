@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = (
     "SCHEMA_VERSION",
+    "AttemptSpan",
     "CheckpointData",
     "GenerationFile",
     "ProcessInfo",
@@ -112,6 +113,26 @@ class GenerationFile(CheckpointData):
     task: TaskIdentity | None = None
 
 
+class AttemptSpan(_Model):
+    """One attempt of a task, for its timeline: when it ran, where, what it resumed from and
+    how it ended (``core._history``)."""
+
+    attempt: int
+    """The task's attempt number (``TaskRecord.attempt`` when it started)."""
+    run_attempt: int = 0
+    started_at: float
+    """Seconds since the epoch."""
+    ended_at: float | None = None
+    """Seconds since the epoch; None while it runs (or if its process died)."""
+    host: str | None = None
+    resumed_from: int | None = None
+    """The checkpoint generation it resumed from; None: it ran from the top."""
+    resumed_saved_at: float | None = None
+    """When that checkpoint was saved (seconds since the epoch): the work before it was kept."""
+    outcome: str | None = None
+    """The task's status when it ended (``TaskStatus`` value); None while it runs."""
+
+
 class TaskRecord(_Model):
     """What the store knows of one task of a run.
 
@@ -141,6 +162,8 @@ class TaskRecord(_Model):
     host: str | None = None
     """The host id (``$OPENJD_CHECKPOINT_HOST_ID``) of the process that last ran the task, kept
     after it ended (``process`` is cleared then): which machine of a farm ran it."""
+    history: list[AttemptSpan] = Field(default_factory=list)
+    """Its latest attempts, oldest first (at most ``core._history.MAX_SPANS``)."""
     step_hash: str = ""
     message: str | None = None
     updated_at: float = Field(default_factory=time.time)

@@ -19,11 +19,16 @@ if TYPE_CHECKING:
     from ._job import TaskSpec
 
 __all__ = (
-    "describe_plan",
+    "AttemptBar",
+    "CheckpointMark",
     "CheckpointSummary",
     "TaskSummary",
+    "TaskTimeline",
+    "describe_plan",
     "summarize_checkpoint",
     "summarize_task",
+    "task_timeline",
+    "timeline_text",
 )
 
 
@@ -141,4 +146,143 @@ def describe_plan(
             lines.append(f"{spec.label}: {skipped} frame(s) finished earlier are skipped")
         elif again:
             lines.append(f"{spec.label}: no checkpoint stored; running from the top")
+    return lines
+
+
+# --- a task's timeline ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class AttemptBar:
+    """One attempt of a task on its timeline."""
+
+    attempt: int
+    start: float
+    """Seconds since the epoch."""
+    end: float
+    """Seconds since the epoch: its end, else (cut off, or running) the next attempt's start, or
+    the timeline's end."""
+    ended: bool
+    """False: still running, or cut off (its process died before it could record its end)."""
+    host: str | None
+    outcome: str | None
+    """The task's status as the attempt ended (``TaskStatus`` value); None if not ``ended``."""
+    resumed_from: int | None
+    """The checkpoint generation it resumed from; None: it ran from the top."""
+    saved_seconds: float
+    """Seconds of earlier attempts' work it did not do again (up to the checkpoint it resumed
+    from); 0 when it ran from the top."""
+
+
+@dataclass(frozen=True)
+class CheckpointMark:
+    """A stored checkpoint generation on a task's timeline."""
+
+    generation: int
+    at: float
+    """Seconds since the epoch."""
+    attempt: int
+    """The run's attempt that saved it."""
+    state_bytes: int
+    files: int
+    """Paths it names: files, folders and the checkpoint file."""
+
+
+@dataclass(frozen=True)
+class TaskTimeline:
+    """A task's attempts as bars and its stored checkpoints as marks, on one time axis from
+    ``start`` to ``end`` (seconds since the epoch). ``fraction(t)`` places a moment on it."""
+
+    label: str
+    start: float
+    end: float
+    attempts: tuple[AttemptBar, ...]
+    checkpoints: tuple[CheckpointMark, ...]
+
+    @property
+    def saved_seconds(self) -> float:
+        """Seconds of work the resumes did not do again, over every attempt."""
+        return sum(a.saved_seconds for a in self.attempts)
+
+    def fraction(self, moment: float) -> float:
+        """Where ``moment`` lies on the axis: 0.0 at ``start``, 1.0 at ``end``."""
+        span = self.end - self.start
+        return 0.0 if span <= 0 else min(1.0, max(0.0, (moment - self.start) / span))
+
+
+def task_timeline(
+    rec: TaskRecord, generations: Sequence[CheckpointData] = (), *, now: float | None = None
+) -> TaskTimeline:
+    """The timeline of one task record and its stored checkpoint generations
+    (``CheckpointStore.list_generations``; the record's latest checkpoint is added if missing).
+    ``now`` (default the record's ``updated_at``) ends a running attempt's bar."""
+    marks = {g.generation: g for g in generations}
+    if rec.checkpoint is not None:
+        marks.setdefault(rec.checkpoint.generation, rec.checkpoint)
+    checkpoints = tuple(
+        CheckpointMark(
+            generation=g.generation,
+            at=g.saved_at,
+            attempt=g.attempt,
+            state_bytes=len((g.state or "").encode()),
+            files=len(g.files) + len(g.dirs) + (1 if g.file else 0),
+        )
+        for g in sorted(marks.values(), key=lambda g: g.generation)
+    )
+    spans = rec.history
+    last = max([now or rec.updated_at, *(s.ended_at or s.started_at for s in spans)])
+    bars: list[AttemptBar] = []
+    for i, span in enumerate(spans):
+        following = spans[i + 1].started_at if i + 1 < len(spans) else last
+        end = span.ended_at if span.ended_at is not None else following
+        saved = 0.0
+        kept = span.resumed_saved_at
+        if kept is None and span.resumed_from in marks:  # a span written without it
+            kept = marks[span.resumed_from].saved_at
+        if kept is not None:
+            saved = sum(max(0.0, min(b.end, kept) - b.start) for b in bars if b.start < kept)
+        bars.append(
+            AttemptBar(
+                attempt=span.attempt,
+                start=span.started_at,
+                end=max(end, span.started_at),
+                ended=span.ended_at is not None,
+                host=span.host,
+                outcome=span.outcome,
+                resumed_from=span.resumed_from,
+                saved_seconds=saved,
+            )
+        )
+    moments = [b.start for b in bars] + [c.at for c in checkpoints]
+    start = min(moments) if moments else rec.updated_at
+    end = max([last, *(b.end for b in bars), *(c.at for c in checkpoints)])
+    return TaskTimeline(
+        label=task_label(rec), start=start, end=end, attempts=tuple(bars), checkpoints=checkpoints
+    )
+
+
+def timeline_text(timeline: TaskTimeline, width: int = 40) -> list[str]:
+    """The timeline as text, one line per attempt (for a log, a markdown artifact, a terminal):
+    ``#2 ····████████▲███|  resumed from 3, saved 12 s; succeeded on host-b``, where ``█`` is
+    the attempt running, ``▲`` a stored checkpoint it saved, ``|`` its end (``?`` where it was
+    cut off) and ``·`` time before it started."""
+    lines = []
+    for bar in timeline.attempts:
+        cells = [" "] * width
+        first = min(width - 1, int(timeline.fraction(bar.start) * (width - 1)))
+        last = min(width - 1, int(timeline.fraction(bar.end) * (width - 1)))
+        for i in range(first):
+            cells[i] = "·"
+        for i in range(first, last + 1):
+            cells[i] = "█"
+        for mark in timeline.checkpoints:
+            if bar.start <= mark.at <= bar.end:
+                cells[min(width - 1, int(timeline.fraction(mark.at) * (width - 1)))] = "▲"
+        cells[last] = "|" if bar.ended else "?"
+        how = (
+            f"resumed from {bar.resumed_from}, saved {bar.saved_seconds:.0f} s"
+            if bar.resumed_from is not None
+            else "from the top"
+        )
+        end = bar.outcome if bar.ended else "running or cut off"
+        where = f" on {bar.host}" if bar.host else ""
+        lines.append(f"#{bar.attempt} {''.join(cells)}  {how}; {end}{where}")
     return lines

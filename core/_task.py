@@ -28,6 +28,7 @@ from openjd.model import ParameterValueType, SymbolTable
 from ._action import StopIntent, StopState, supervise
 from ._capture import CaptureStats
 from ._expr import resolve_args, resolve_cancelation, resolve_int_field
+from ._history import close_span, open_span
 from ._job import PreparedJob, TaskSpec
 from ._killpoints import kill_point
 from ._messages import DEFAULT_MAX_LINE_BYTES, DEFAULT_MAX_STATE_BYTES, MessageContext
@@ -260,6 +261,7 @@ class TaskExecution:
         rec.message = None
         if self.spec.resume is not None:
             rec.resume_status = None
+        open_span(rec, self.spec.resume)
         # Written with the task's process (one durable write instead of two), or before an
         # environment action, whichever comes first; _finish writes it in any case.
         self._recorder.changed()
@@ -277,9 +279,7 @@ class TaskExecution:
             )
             self._session = session
         session.redacted.update(self._output.secrets)
-        self._output.secrets = (
-            session.redacted
-        )  # secrets of the session's onEnter hold for this task
+        self._output.secrets = session.redacted  # the session's onEnter secrets hold here
         exit_code: int | None = None
         message = ""
         failed = False
@@ -340,6 +340,7 @@ class TaskExecution:
             rec.process = None
             fail = (self._output.fail_message or message) if failed else message
             outcome, message = _outcome(rec, self.spec, self._stop.intent, failed, fail)
+            close_span(rec)
             unknown = self._ran_resume and rec.resume_status is None and exit_code is not None
             if unknown:
                 rec.resume_status = "UNKNOWN"

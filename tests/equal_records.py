@@ -26,7 +26,8 @@ equal field for field:
   ``stopped_after``, a stop request's ``deadline``: moments and durations of this one run.
 - ``runner`` (run), ``process`` (task), ``requested_by`` (stop request): pid, process group,
   start time and host of the process that held the run or task or asked for the stop; the
-  ``host`` and ``pid`` of an open session record, the ``host`` that last ran a task.
+  ``host`` and ``pid`` of an open session record, the ``host`` that last ran a task, and a
+  task's attempt ``history`` (its times and hosts).
 - ``external_key``, ``attempt_key`` (run): the scheduler's own ids (an Airflow
   ``dag_id/run_id``, a Prefect flow run id; None for the CLI).
 - the test's temporary folder (the notice file's path in a notice's ``detail``, the store's
@@ -157,6 +158,7 @@ def normalize(records: list[dict[str, Any]], tmp: str | Path) -> list[dict[str, 
             session.pop("pid", None)
         for task in entry["tasks"]:
             task["record"].pop("host", None)
+            task["record"].pop("history", None)
     return normal
 
 
