@@ -35,6 +35,8 @@ def _free_port() -> int:
 SESSION_HOME = Path(tempfile.mkdtemp(prefix="openjd-prefect-test-"))
 PREFECT_HOME = SESSION_HOME / "prefect-home"
 LOG_DIR = SESSION_HOME / "logs"
+POOL_LEASE_SECONDS = 10.0
+"""``$OPENJD_CHECKPOINT_LEASE_SECONDS`` of the work pool's workers (and their flow runs)."""
 PREFECT_HOME.mkdir()
 LOG_DIR.mkdir()
 
@@ -322,6 +324,8 @@ class ProcessWorkPool:
             OPENJD_CHECKPOINT_WORK_DIR=str(folder),
             TMPDIR=str(folder / "tmp"),
             PYTHONUNBUFFERED="1",
+            # a dead runner's task lease on S3 frees after 10 s, not the default minute
+            OPENJD_CHECKPOINT_LEASE_SECONDS=str(int(POOL_LEASE_SECONDS)),
         )
         proc = ph.ManagedProcess(
             name=self.worker_name(host),

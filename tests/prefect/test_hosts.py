@@ -22,15 +22,16 @@ import prefect_helpers as ph
 import psutil
 import pytest
 from prefect.client.schemas.objects import StateType
+from prefect_session import POOL_LEASE_SECONDS
 
 from core import CheckpointStore, RunStatus, TaskRecord
 from prefect_integration import CheckpointStoreBlock, end_flow_run
 
 REPO = Path(__file__).resolve().parents[2]
 TRAINING = REPO / "examples" / "managed-files" / "training.yaml"
-LEASE_TTL = 60.0
+LEASE_TTL = POOL_LEASE_SECONDS
 """A task lease on an S3 store expires this long after its holder's last renewal (a flock on a
-local store is free as soon as its holder dies)."""
+local store is free as soon as its holder dies): the pool workers' lease setting."""
 
 FLOW_MODULE = """
 from prefect_integration import flow_from_template
@@ -46,7 +47,7 @@ def _set_state(flow_run_id: uuid.UUID, state_type: str, name: str) -> None:
     assert resp.json()["status"] == "ACCEPT", resp.json()
 
 
-def _running_record(store: CheckpointStore, generation: int = 1, timeout: float = 90):
+def _running_record(store: CheckpointStore, generation: int = 1, timeout: float = 180):
     """The task's record once it has checkpoint ``generation`` (and a process)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
