@@ -6,6 +6,7 @@ __all__ = (
     "OpenJDCheckpointError",
     "TemplateError",
     "StoreError",
+    "SettingError",
     "RunError",
 )
 
@@ -41,6 +42,11 @@ class StoreError(OpenJDCheckpointError):
     The message names the store location and the record. A stored record that cannot be read is
     never deleted or overwritten because of this error.
     """
+
+
+class SettingError(StoreError, ValueError):
+    """A store's setting (an argument, or the environment variable standing for it) has a
+    value it cannot take; the message names the setting. A ``ValueError`` too."""
 
 
 class RunError(OpenJDCheckpointError):

@@ -29,7 +29,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-from ._errors import StoreError
+from ._errors import SettingError, StoreError
 from ._fs import NotARecordError, StoreFS, os_reason
 from ._host import host_id
 from ._records import ProcessInfo
@@ -60,7 +60,8 @@ def lease_seconds_setting(value: float | str | None = None) -> float:
     60. A holder renews its lease every third of it; a dead holder's lease frees after it.
 
     Raises:
-        ValueError: not a number from 1 to 86400, naming the setting it came from.
+        SettingError: (a ``ValueError`` and a ``StoreError``) not a number from 1 to 86400,
+            naming the setting it came from.
     """
     where = "lease_seconds"
     if value is None:
@@ -69,14 +70,24 @@ def lease_seconds_setting(value: float | str | None = None) -> float:
             return DEFAULT_LEASE_SECONDS
     try:
         seconds = float(value)
+    except OverflowError:  # an int too large for a float
+        seconds = float("inf")
     except (TypeError, ValueError):
-        raise ValueError(f"{where}: {str(value)[:40]!r} is not a number of seconds") from None
+        raise SettingError(f"{where}: {_shown(value)} is not a number of seconds") from None
     if not _MIN_LEASE_SECONDS <= seconds <= _MAX_LEASE_SECONDS:  # also refuses nan
-        raise ValueError(
-            f"{where}: {str(value)[:40]!r} must be from {_MIN_LEASE_SECONDS:g} to "
+        raise SettingError(
+            f"{where}: {_shown(value)} must be from {_MIN_LEASE_SECONDS:g} to "
             f"{_MAX_LEASE_SECONDS:g} seconds"
         )
     return seconds
+
+
+def _shown(value: object) -> str:
+    """``value`` for a message: the repr of its first 40 characters."""
+    try:
+        return repr(str(value)[:40])
+    except ValueError:  # an int of more digits than str() converts
+        return "an int of too many digits"
 
 
 LOCK_STALE_SECONDS = 30.0
@@ -198,7 +209,7 @@ def take_lease_once(fs: StoreFS, base: str, ttl_seconds: float) -> Lease | None:
             current = json.loads(raw) if raw is not None else {}
             if float(current.get("expires_at", 0)) > time.time():
                 return None
-        except (NotARecordError, ValueError, TypeError, AttributeError):
+        except (NotARecordError, ValueError, TypeError, AttributeError, OverflowError):
             pass
         lease = Lease(fs, path, ttl=ttl_seconds)
         fs.write_json(path, lease._content())
@@ -438,7 +449,7 @@ def _held_ttl(raw: bytes) -> float:
     """A lease object's ttl in seconds (what its holder renews it within); 60 if it says none."""
     try:
         ttl = float(json.loads(raw).get("ttl", DEFAULT_LEASE_SECONDS))
-    except (ValueError, TypeError, AttributeError):
+    except (ValueError, TypeError, AttributeError, OverflowError):  # OverflowError: a huge int
         return DEFAULT_LEASE_SECONDS
     return ttl if 0 <= ttl <= _MAX_LEASE_SECONDS else DEFAULT_LEASE_SECONDS
 

@@ -148,7 +148,8 @@ class CheckpointStore:
 
     Raises:
         StoreError: the location cannot be used.
-        ValueError: ``lease_seconds`` (or its variable) is not a number from 1 to 86400.
+        SettingError: (a ``StoreError`` and a ``ValueError``) ``lease_seconds`` (or its
+            variable) is not a number from 1 to 86400.
     """
 
     def __init__(
