@@ -448,8 +448,13 @@ def _task_runner(
     Raises:
         ValueError: ``max_workers`` below 1, or given with ``task_runner`` (a given task
             runner sets its own concurrency: a Dask cluster's worker threads, for example).
-        TypeError: ``task_runner`` is not a Prefect task runner (instance or class).
+        TypeError: ``max_workers`` is not an int, or ``task_runner`` is not a Prefect task
+            runner (instance or class).
     """
+    if max_workers is not None and (
+        isinstance(max_workers, bool) or not isinstance(max_workers, int)
+    ):  # a float nan would make a pool that never starts a thread: the flow would hang
+        raise TypeError(f"max_workers must be a whole number, not {max_workers!r}")
     if max_workers is not None and max_workers < 1:
         raise ValueError(f"max_workers must be 1 or more, not {max_workers}")
     if task_runner is None:
@@ -457,7 +462,7 @@ def _task_runner(
     if max_workers is not None:
         raise ValueError(
             "max_workers= sets the threads of the default ThreadPoolTaskRunner; with "
-            f"task_runner={type(task_runner).__name__}(...) the task runner decides how many "
+            f"task_runner={_runner_name(task_runner)} the task runner decides how many "
             "task runs run at once (on Dask: the cluster's worker threads)"
         )
     is_runner = isinstance(task_runner, TaskRunner) or (
@@ -470,6 +475,13 @@ def _task_runner(
             "prefect_dask.DaskTaskRunner(address=...))"
         )
     return task_runner
+
+
+def _runner_name(task_runner: object) -> str:
+    """``Name(...)`` of a task runner given as an instance, ``Name`` of one given as a class."""
+    if isinstance(task_runner, type):
+        return task_runner.__name__
+    return f"{type(task_runner).__name__}(...)"
 
 
 def _build(
