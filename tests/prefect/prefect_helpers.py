@@ -570,15 +570,22 @@ def task_runs(flow_run_id: uuid.UUID) -> list[TaskRun]:
         )
 
 
-def flow_run_logs(flow_run_id: uuid.UUID, limit: int = 200) -> list[Log]:
-    """The logs of the flow run and its task runs, oldest first. Logs are sent in batches
-    (``PREFECT_LOGGING_TO_API_BATCH_INTERVAL``): use ``wait_for_logs`` for fresh lines."""
+def flow_run_logs(flow_run_id: uuid.UUID) -> list[Log]:
+    """Every log of the flow run and its task runs, oldest first (paged: the API returns at most
+    200 a call, and a slow run's warning may come after its first 200 lines). Logs are sent in
+    batches (``PREFECT_LOGGING_TO_API_BATCH_INTERVAL``): use ``wait_for_logs`` for fresh lines."""
+    out: list[Log] = []
     with get_client(sync_client=True) as client:
-        return client.read_logs(
-            log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])),
-            sort=LogSort.TIMESTAMP_ASC,
-            limit=limit,
-        )
+        while True:
+            page = client.read_logs(
+                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])),
+                sort=LogSort.TIMESTAMP_ASC,
+                limit=200,
+                offset=len(out),
+            )
+            out.extend(page)
+            if len(page) < 200:
+                return out
 
 
 def wait_for_logs(flow_run_id: uuid.UUID, contains: str, timeout: float = 30.0) -> list[Log]:

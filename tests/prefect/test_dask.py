@@ -42,11 +42,8 @@ from prefect import get_client
 from prefect.client.schemas.filters import (
     FlowRunFilter,
     FlowRunFilterId,
-    LogFilter,
-    LogFilterFlowRunId,
 )
 from prefect.client.schemas.objects import StateType
-from prefect.client.schemas.sorting import LogSort
 
 from core import CheckpointStore, RunStatus, TaskRecord
 from prefect_integration import end_flow_run
@@ -82,20 +79,8 @@ def _flow_env(cluster: DaskCluster) -> dict[str, str]:
 
 
 def _all_logs(flow_run_id: uuid.UUID) -> list[str]:
-    """Every log line of the flow run and its task runs, oldest first (paged: the API returns
-    at most 200 a call)."""
-    out: list[str] = []
-    with get_client(sync_client=True) as client:
-        while True:
-            page = client.read_logs(
-                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])),
-                sort=LogSort.TIMESTAMP_ASC,
-                limit=200,
-                offset=len(out),
-            )
-            out.extend(log.message for log in page)
-            if len(page) < 200:
-                return out
+    """Every log line of the flow run and its task runs, oldest first."""
+    return [log.message for log in ph.flow_run_logs(flow_run_id)]
 
 
 def _logs_with(flow_run_id: uuid.UUID, contains: str, timeout: float = 30.0) -> list[str]:
