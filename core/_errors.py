@@ -1,4 +1,5 @@
-"""The small error hierarchy of openjd-checkpoint's core."""
+"""The small error hierarchy of openjd-checkpoint's core, and ``seconds_in_range``, the one
+check of a setting given in seconds (a lease's ttl, a poll interval) that raises them."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ __all__ = (
     "StoreError",
     "SettingError",
     "RunError",
+    "seconds_in_range",
 )
 
 
@@ -51,3 +53,37 @@ class SettingError(StoreError, ValueError):
 
 class RunError(OpenJDCheckpointError):
     """A run could not be started or continued (for example: it is in progress elsewhere)."""
+
+
+def seconds_in_range(
+    value: object,
+    *,
+    where: str,
+    low: float,
+    high: float,
+    error: type[ValueError] = ValueError,
+) -> float:
+    """``value`` (a number, or its text) as seconds from ``low`` to ``high``.
+
+    Raises:
+        ValueError (or ``error``, a subclass): not a number, or out of the range (nan is); the
+            message names ``where``, the argument or variable it came from, and shows at most
+            40 characters of the value.
+    """
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except OverflowError:  # an int too large for a float
+        seconds = float("inf")
+    except (TypeError, ValueError):
+        raise error(f"{where}: {_shown(value)} is not a number of seconds") from None
+    if not low <= seconds <= high:  # also refuses nan
+        raise error(f"{where}: {_shown(value)} must be from {low:g} to {high:g} seconds")
+    return seconds
+
+
+def _shown(value: object) -> str:
+    """``value`` for a message: the repr of its first 40 characters."""
+    try:
+        return repr(str(value)[:40])
+    except ValueError:  # an int of more digits than str() converts
+        return "an int of too many digits"

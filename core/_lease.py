@@ -29,7 +29,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-from ._errors import SettingError, StoreError
+from ._errors import SettingError, StoreError, seconds_in_range
 from ._fs import NotARecordError, StoreFS, os_reason
 from ._host import host_id
 from ._records import ProcessInfo
@@ -68,26 +68,9 @@ def lease_seconds_setting(value: float | str | None = None) -> float:
         value, where = os.environ.get(LEASE_SECONDS_ENV) or None, LEASE_SECONDS_ENV
         if value is None:
             return DEFAULT_LEASE_SECONDS
-    try:
-        seconds = float(value)
-    except OverflowError:  # an int too large for a float
-        seconds = float("inf")
-    except (TypeError, ValueError):
-        raise SettingError(f"{where}: {_shown(value)} is not a number of seconds") from None
-    if not _MIN_LEASE_SECONDS <= seconds <= _MAX_LEASE_SECONDS:  # also refuses nan
-        raise SettingError(
-            f"{where}: {_shown(value)} must be from {_MIN_LEASE_SECONDS:g} to "
-            f"{_MAX_LEASE_SECONDS:g} seconds"
-        )
-    return seconds
-
-
-def _shown(value: object) -> str:
-    """``value`` for a message: the repr of its first 40 characters."""
-    try:
-        return repr(str(value)[:40])
-    except ValueError:  # an int of more digits than str() converts
-        return "an int of too many digits"
+    return seconds_in_range(
+        value, where=where, low=_MIN_LEASE_SECONDS, high=_MAX_LEASE_SECONDS, error=SettingError
+    )
 
 
 LOCK_STALE_SECONDS = 30.0

@@ -45,6 +45,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from ._errors import seconds_in_range
+
 __all__ = (
     "DEFAULT_POLL_SECONDS",
     "NOTICES_ENV",
@@ -573,16 +575,7 @@ def parse_poll_seconds(text: str | float | None, *, where: str) -> float:
     """
     if text is None or text == "":
         return DEFAULT_POLL_SECONDS
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        raise ValueError(f"{where}: {str(text)[:40]!r} is not a number of seconds") from None
-    if not MIN_POLL_SECONDS <= value <= MAX_POLL_SECONDS:  # also refuses nan
-        raise ValueError(
-            f"{where}: {str(text)[:40]!r} must be from {MIN_POLL_SECONDS} to "
-            f"{MAX_POLL_SECONDS:.0f} seconds"
-        )
-    return value
+    return seconds_in_range(text, where=where, low=MIN_POLL_SECONDS, high=MAX_POLL_SECONDS)
 
 
 _NAMES = "aws, aws-rebalance, gcp, azure, file:PATH, signal:NAME"
