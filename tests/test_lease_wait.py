@@ -49,13 +49,32 @@ def _job_and_holder(location: str, tmp_path: Path, *, ttl: float = HOLDER_TTL):
     st = CheckpointStore(location, lease_seconds=ttl)
     attempt = begin_attempt(st, job, external_key="lease/wait")
     [spec] = plan_step(st, job, attempt.run_id, "S")
+    holder = start_holder(location, job, attempt.run_id, spec, ttl)
+    return st, job, attempt.run_id, spec, holder
+
+
+def start_holder(location: str, job, run_id: str, spec, ttl: float = HOLDER_TTL):
+    """A forked process that takes the task's lease (ttl ``ttl`` s) and keeps renewing it."""
     ready = FORK.Event()
     holder = FORK.Process(
-        target=_hold, args=(location, job.job_key, attempt.run_id, spec.task_key, ttl, ready)
+        target=_hold, args=(location, job.job_key, run_id, spec.task_key, ttl, ready)
     )
     holder.start()
     assert ready.wait(30), "the holder never took the lease"
-    return st, job, attempt.run_id, spec, holder
+    return holder
+
+
+def _refused(st, job, run_id: str, spec, holder) -> tuple[ResumeRefusedError, float]:
+    """Run the task while ``holder`` holds its lease: the refusal and how long it took (s);
+    the holder is killed afterwards."""
+    try:
+        began = time.monotonic()
+        with pytest.raises(ResumeRefusedError) as info:
+            run_tasks(st, job, run_id, [spec])
+        return info.value, time.monotonic() - began
+    finally:
+        holder.kill()
+        holder.join(10)
 
 
 @pytest.fixture
@@ -91,19 +110,12 @@ def test_a_dead_holders_lease_is_waited_for_then_the_task_runs(s3_location, tmp_
 
 def test_a_live_holder_is_refused_after_its_ttl_and_ten_seconds(s3_location, tmp_path) -> None:
     st, job, run_id, spec, holder = _job_and_holder(s3_location, tmp_path)
-    try:
-        began = time.monotonic()
-        with pytest.raises(ResumeRefusedError) as info:
-            run_tasks(st, job, run_id, [spec])
-        waited = time.monotonic() - began
-    finally:
-        holder.kill()
-        holder.join(10)
-    assert info.value.code.value == "already-resumed"
+    refusal, waited = _refused(st, job, run_id, spec, holder)
+    assert refusal.code.value == "already-resumed"
     bound = HOLDER_TTL + LEASE_WAIT_MARGIN_SECONDS
     assert bound <= waited < bound + 5, waited
-    assert f"process {holder.pid} on host" in str(info.value), info.value
-    assert "still renewed after 12 s of waiting" in str(info.value), info.value
+    assert f"process {holder.pid} on host" in str(refusal), refusal
+    assert "still renewed after 12 s of waiting" in str(refusal), refusal
 
 
 def test_a_stop_request_ends_the_wait_and_the_task_is_not_started(s3_location, tmp_path) -> None:
@@ -140,15 +152,8 @@ def test_a_stop_request_ends_the_wait_and_the_task_is_not_started(s3_location, t
 
 def test_a_local_store_refuses_a_held_lease_at_once(tmp_path: Path) -> None:
     st, job, run_id, spec, holder = _job_and_holder(str(tmp_path / "store"), tmp_path)
-    try:
-        began = time.monotonic()
-        with pytest.raises(ResumeRefusedError) as info:
-            run_tasks(st, job, run_id, [spec])
-        waited = time.monotonic() - began
-    finally:
-        holder.kill()
-        holder.join(10)
-    assert info.value.code.value == "already-resumed"
+    refusal, waited = _refused(st, job, run_id, spec, holder)
+    assert refusal.code.value == "already-resumed"
     assert waited < 3, waited  # the 0.5 s a probe is given, not a ttl
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import one_step_template, run_cli
+from test_lease_wait import start_holder
 
 from core import (
     LEASE_SECONDS_ENV,
@@ -137,28 +138,9 @@ def test_a_lease_object_with_a_zero_ttl_is_taken_over_soon(s3_store: str, tmp_pa
 
 
 # --- holders that die at awkward moments --------------------------------------------------------
-def _hold(location: str, job_key: str, run_id: str, task_key: str, ttl: float, ready) -> None:
-    lease = CheckpointStore(location, lease_seconds=ttl).acquire_task_lease(
-        job_key, run_id, "S", task_key
-    )
-    assert lease is not None
-    ready.set()
-    time.sleep(600)
-
-
-def _start_holder(st: CheckpointStore, location: str, job, run_id: str, spec, ttl: float = 2.0):
-    ready = FORK.Event()
-    holder = FORK.Process(
-        target=_hold, args=(location, job.job_key, run_id, spec.task_key, ttl, ready)
-    )
-    holder.start()
-    assert ready.wait(30), "the holder never took the lease"
-    return holder
-
-
 def test_a_holder_killed_while_the_claim_waits_frees_the_task_soon(s3_store, tmp_path) -> None:
     st, job, run_id, spec = _one_task(s3_store, tmp_path)
-    holder = _start_holder(st, s3_store, job, run_id, spec)
+    holder = start_holder(s3_store, job, run_id, spec)
     waiting = threading.Event()
     notes: list[str] = []
     lines: list[str] = []
@@ -212,7 +194,7 @@ def test_two_claims_waiting_for_one_dead_holder_run_the_task_once(s3_store, tmp_
     ran = tmp_path / "ran.txt"
     code = f"import time; time.sleep(0.5); open({str(ran)!r}, 'a').write('x\\n')"
     st, job, run_id, spec = _one_task(s3_store, tmp_path, code)
-    holder = _start_holder(st, s3_store, job, run_id, spec)
+    holder = start_holder(s3_store, job, run_id, spec)
     os.kill(holder.pid, signal.SIGKILL)
     holder.join(10)
     out = FORK.Queue()

@@ -5,12 +5,13 @@ table of which machine ran each task at the end.
 Start a Dask scheduler and workers first (docs/prefect.md, "One flow run over many machines:
 Dask"), each worker with its own ``OPENJD_CHECKPOINT_HOST_ID``, then::
 
-    python examples/prefect/dask_flow.py [FRAMES]
+    python examples/prefect/dask_flow.py [FRAMES [RESUME]]
 
 ``$DASK_SCHEDULER_ADDRESS`` names the scheduler (default ``tcp://127.0.0.1:8786``) and
 ``$OPENJD_CHECKPOINT_STORE`` the store every machine reaches (default the per-user folder,
-which is fine when the workers run on this machine). Run with ``resume=latest`` after a cancel
-(``prefect flow-run cancel <id>``), it resumes each task on whichever worker gets it.
+which is fine when the workers run on this machine). ``RESUME`` is the flow's ``resume``
+parameter: after a cancel (``prefect flow-run cancel <id>``), run it again with the same frames
+and ``latest`` to resume each task on whichever worker gets it.
 """
 
 import json
@@ -51,6 +52,9 @@ def print_hosts(flow_run_id: object) -> None:
 
 if __name__ == "__main__":
     frames = sys.argv[1] if len(sys.argv) > 1 else "1-40"
-    state = chunked_on_dask(Frames=frames, FramesPerChunk=5, FrameSeconds=0.2, return_state=True)
+    resume = sys.argv[2] if len(sys.argv) > 2 else None
+    state = chunked_on_dask(
+        Frames=frames, FramesPerChunk=5, FrameSeconds=0.2, resume=resume, return_state=True
+    )
     print(f"flow run {state.state_details.flow_run_id}: {state.name}")
     print_hosts(state.state_details.flow_run_id)

@@ -74,6 +74,24 @@ def _flow_module(flows_dir: Path, cluster: DaskCluster, store: str) -> Path:
     return ph.write_module(flows_dir, name.replace("-", "_"), source)
 
 
+def _start_farm(
+    cluster: DaskCluster,
+    s3_server: Any,
+    flows_dir: Path,
+    log_dir: Path,
+    prefix: str,
+    params: dict[str, Any],
+) -> tuple[CheckpointStore, Path, ph.FlowProcess]:
+    """A fresh S3 store (``prefix``), the farm flow on the cluster, and its flow run started
+    with ``params`` in a process of its own (host id ``dask-flow``)."""
+    store = CheckpointStore(s3_server.new_store(prefix))
+    module = _flow_module(flows_dir, cluster, store.url)
+    flow = ph.start_flow_in_subprocess(
+        module, "farm", params, log_dir=log_dir, env=_flow_env(cluster)
+    )
+    return store, module, flow
+
+
 def _flow_env(cluster: DaskCluster) -> dict[str, str]:
     return {**cluster.env(), "OPENJD_CHECKPOINT_HOST_ID": "dask-flow"}
 
@@ -147,6 +165,27 @@ def _wait_final(
     return flow_run_id, run
 
 
+def _trains_on_both_workers(store: CheckpointStore, generation: int) -> None:
+    """Wait until a Train task runs on each worker with checkpoint ``generation`` stored."""
+    running = _running(store, "Train", 2, generation=generation)
+    assert {r.process.host for r in running if r.process} == set(DASK_HOSTS)
+
+
+def _trains_suspended(store: CheckpointStore) -> list[TaskRecord]:
+    """The job run is suspended, and both Train tasks with it, each with its managed checkpoint
+    file kept and no process left; returns every task record."""
+    job_run = _job_run(store)
+    assert job_run.status == RunStatus.INTERRUPTED, job_run
+    records = store.read_tasks(job_run.job_key, job_run.run_id)[0]
+    trains = [r for r in records if r.step == "Train"]
+    assert len(trains) == 2
+    for rec in trains:
+        assert rec.status.value == "interrupted", rec
+        assert rec.checkpoint is not None and rec.checkpoint.manifest, rec  # the file kept
+        assert rec.process is None
+    return records
+
+
 def _job_run(store: CheckpointStore):
     [run] = store.list_runs()[0]
     return run
@@ -200,28 +239,17 @@ def test_a_prefect_cancel_suspends_tasks_on_both_workers_and_a_resume_finishes(
     job run Suspended. A new flow run with ``resume="latest"`` resumes both (RESUMED, from the
     checkpoint file restored on whichever worker runs it), runs no finished Render chunk again,
     and finishes right."""
-    store = CheckpointStore(s3_server.new_store("dask-cancel"))
-    module = _flow_module(flows_dir, dask_cluster, store.url)
     params = {"Frames": "1-4", "ChunkSize": 2, "Epochs": 120, "EpochSeconds": 0.25}
-    first = ph.start_flow_in_subprocess(
-        module, "farm", params, log_dir=proc_log_dir, env=_flow_env(dask_cluster)
+    store, module, first = _start_farm(
+        dask_cluster, s3_server, flows_dir, proc_log_dir, "dask-cancel", params
     )
-    running = _running(store, "Train", 2, generation=2)
-    assert {r.process.host for r in running} == set(DASK_HOSTS)
+    _trains_on_both_workers(store, generation=2)
     result = ph.cancel_flow_run_via_api(first.flow_run_id())
     assert result["status"] == "ACCEPT", result
     first_id, stopped = _wait_final(first, dask_cluster)
     assert (stopped.state_type, stopped.state_name) == (StateType.CANCELLED, "Suspended")
-    job_run = _job_run(store)
-    assert job_run.status == RunStatus.INTERRUPTED, job_run
-    records = {r.task_key: r for r in store.read_tasks(job_run.job_key, job_run.run_id)[0]}
-    trains = [r for r in records.values() if r.step == "Train"]
-    assert len(trains) == 2
-    for rec in trains:
-        assert rec.status.value == "interrupted", rec
-        assert rec.checkpoint is not None and rec.checkpoint.manifest, rec  # file kept
-        assert rec.process is None
-    renders = [r for r in records.values() if r.step == "Render"]
+    records = _trains_suspended(store)
+    renders = [r for r in records if r.step == "Render"]
     assert len(renders) == 2 and all(r.status.value == "succeeded" for r in renders)
     before = _all_logs(first_id)
     assert sum("TRAIN-STOPPED" in line for line in before) == 2, before[-40:]
@@ -265,25 +293,15 @@ def test_a_sigterm_to_the_flow_run_process_reaches_both_workers(
     """A SIGTERM straight to the process running the flow (its machine shutting down, no
     cancel): the Train tasks running on both workers each store a checkpoint and stop, and the
     flow run ends Cancelled (Suspended) only once no task process is left on either worker."""
-    store = CheckpointStore(s3_server.new_store("dask-sigterm"))
-    module = _flow_module(flows_dir, dask_cluster, store.url)
     params = {"Frames": "1-2", "ChunkSize": 2, "Epochs": 200, "EpochSeconds": 0.25}
-    flow = ph.start_flow_in_subprocess(
-        module, "farm", params, log_dir=proc_log_dir, env=_flow_env(dask_cluster)
+    store, module, flow = _start_farm(
+        dask_cluster, s3_server, flows_dir, proc_log_dir, "dask-sigterm", params
     )
-    running = _running(store, "Train", 2, generation=1)
-    assert {r.process.host for r in running} == set(DASK_HOSTS)
+    _trains_on_both_workers(store, generation=1)
     os.kill(flow.process.pid, signal.SIGTERM)
     flow_run_id, final = _wait_final(flow, dask_cluster)
     assert (final.state_type, final.state_name) == (StateType.CANCELLED, "Suspended")
-    job_run = _job_run(store)
-    assert job_run.status == RunStatus.INTERRUPTED, job_run
-    trains = [r for r in store.read_tasks(job_run.job_key, job_run.run_id)[0] if r.step == "Train"]
-    assert len(trains) == 2
-    for rec in trains:
-        assert rec.status.value == "interrupted", rec
-        assert rec.checkpoint is not None and rec.checkpoint.manifest, rec
-        assert rec.process is None
+    _trains_suspended(store)
     lines = _logs_with(flow_run_id, "TRAIN-STOPPED")
     assert sum("TRAIN-STOPPED" in line for line in lines) == 2, lines[-40:]
 
@@ -297,11 +315,9 @@ def test_a_killed_worker_s_task_resumes_on_the_other_worker(
     it expires, ``LEASE_SECONDS``) makes the new try wait, said in the log, instead of refusing
     it; the task then resumes from its last checkpoint, its checkpoint file restored into a
     session working directory of the other worker's, and the flow run succeeds."""
-    store = CheckpointStore(s3_server.new_store("dask-kill"))
-    module = _flow_module(flows_dir, dask_cluster, store.url)
     params = {"Frames": "1-2", "ChunkSize": 2, "Trainers": 1, "Epochs": 80, "EpochSeconds": 0.3}
-    flow = ph.start_flow_in_subprocess(
-        module, "farm", params, log_dir=proc_log_dir, env=_flow_env(dask_cluster)
+    store, module, flow = _start_farm(
+        dask_cluster, s3_server, flows_dir, proc_log_dir, "dask-kill", params
     )
     [rec] = _running(store, "Train", 1, generation=3)
     assert rec.process is not None
@@ -337,14 +353,11 @@ def test_end_flow_run_cancelled_run_finally_reaches_both_workers(
     both are cancelled on their workers, Total never runs, the finally step runs once with
     ``Job.Status`` ``Cancelled``, and the flow run ends Cancelled (named CancelledRunFinally)
     once no task process is left."""
-    store = CheckpointStore(s3_server.new_store("dask-finally"))
-    module = _flow_module(flows_dir, dask_cluster, store.url)
     params = {"Frames": "1-2", "ChunkSize": 2, "Epochs": 200, "EpochSeconds": 0.25}
-    flow = ph.start_flow_in_subprocess(
-        module, "farm", params, log_dir=proc_log_dir, env=_flow_env(dask_cluster)
+    store, module, flow = _start_farm(
+        dask_cluster, s3_server, flows_dir, proc_log_dir, "dask-finally", params
     )
-    running = _running(store, "Train", 2, generation=1)
-    assert {r.process.host for r in running} == set(DASK_HOSTS)
+    _trains_on_both_workers(store, generation=1)
     end_flow_run(flow.flow_run_id(), "CancelledRunFinally")
     flow_run_id, final = _wait_final(flow, dask_cluster)
     assert (final.state_type, final.state_name) == (StateType.CANCELLED, "CancelledRunFinally")
