@@ -3,7 +3,7 @@ with the ``@openjd_flow`` decorator, whose function checks the job parameters fi
 
 Serve it::
 
-    .venv-prefect/bin/python examples/prefect/chunked_flow.py
+    python examples/prefect/chunked_flow.py
 
 and run it with ``prefect deployment run chunked-frames/chunked-frames -p Frames=1-40 -p
 FrameSeconds=2`` (slow enough to cancel by hand). Each

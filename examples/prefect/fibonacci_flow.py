@@ -2,13 +2,13 @@
 
 Serve it (a long-running process that runs the deployment's flow runs)::
 
-    .venv-prefect/bin/python examples/prefect/fibonacci_flow.py
+    python examples/prefect/fibonacci_flow.py
 
 From another shell, start a run, cancel it, and resume it::
 
-    .venv-prefect/bin/prefect deployment run fibonacci/fibonacci -p N=300
-    .venv-prefect/bin/prefect flow-run cancel <FLOW RUN ID>      # the task checkpoints
-    .venv-prefect/bin/prefect deployment run fibonacci/fibonacci -p N=300 -p resume=latest
+    prefect deployment run fibonacci/fibonacci -p N=300
+    prefect flow-run cancel <FLOW RUN ID>      # the task checkpoints
+    prefect deployment run fibonacci/fibonacci -p N=300 -p resume=latest
 
 The cancelled run ends ``Cancelled`` (state name ``Suspended``) with its checkpoint stored; the
 resumed run's log says ``resuming from checkpoint generation ...`` and the task prints
