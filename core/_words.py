@@ -87,7 +87,9 @@ def _n(count: int, one: str, many: str | None = None) -> str:
     return f"{count} {one if count == 1 else (many or one + 's')}"
 
 
-def outcome_sentence(status: str, tasks: Iterable[Any], ran: int) -> str:
+def outcome_sentence(
+    status: str, tasks: Iterable[Any], ran: int, *, next_step: str = "run again to continue"
+) -> str:
     """What happened to a run and what the user can do next, counted over the whole run (every
     attempt), e.g. ``"suspended: 2 tasks checkpointed, 1 chunk kept 4 finished frames; run
     again to continue"``.
@@ -97,6 +99,8 @@ def outcome_sentence(status: str, tasks: Iterable[Any], ran: int) -> str:
         tasks: the run's ``TaskRecord``s in the store (a finished run has none left), read
             once (a stream from the store will do).
         ran: how many task executions this attempt ran (used when no records are left).
+        next_step: how to continue, in the runner's words (the CLI's by default; a Prefect
+            flow run's retry, for example); said only when something was kept to resume from.
     """
     words = run_status_words(status)
     if status == "succeeded":
@@ -123,7 +127,7 @@ def outcome_sentence(status: str, tasks: Iterable[Any], ran: int) -> str:
     summary = f"{words}: {', '.join(parts) or 'no task finished'}"
     if not (done or checkpointed or chunks):
         return summary  # the report goes on: nothing was stored to resume from
-    nxt = "run again to continue"
+    nxt = next_step
     if status == "failed" and failed:
         nxt = "fix what failed, then " + nxt
     return f"{summary}; {nxt}"

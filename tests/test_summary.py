@@ -91,3 +91,22 @@ def test_describe_plan_says_what_each_original_task_does_in_this_try(tmp_path) -
         group_result_key(job.job_key, attempt.run_id, "Render", originals, attempt=2)
         == key + "/attempt-2"
     )
+
+
+def test_the_outcome_sentence_says_how_to_continue_in_the_runner_s_words() -> None:
+    """``outcome_sentence`` counts what a run kept; the next step is the CLI's unless a runner
+    gives its own (a Prefect flow run's retry), and is left out when nothing was kept."""
+    from core import outcome_sentence
+
+    ckpt = CheckpointData(generation=2, state="1", saved_at=100.0, attempt=1)
+    kept = [_record(status="interrupted", checkpoint=ckpt), _record(status="succeeded")]
+    assert outcome_sentence("interrupted", kept, 2) == (
+        "suspended: 1 task done, 1 task checkpointed; run again to continue"
+    )
+    assert outcome_sentence("interrupted", kept, 2, next_step="resume with `X`") == (
+        "suspended: 1 task done, 1 task checkpointed; resume with `X`"
+    )
+    nothing = [_record(status="interrupted")]
+    assert outcome_sentence("interrupted", nothing, 1, next_step="resume with `X`") == (
+        "suspended: no task finished"
+    )
