@@ -126,8 +126,8 @@ def end_flow_run(
 
 class CancelWatcher:
     """Polls a flow run's state from a thread; on a cancel, asks the core run to end in the
-    mode the state names (else ``default_mode``) with a deadline ``STOP_DEADLINE_SECONDS``
-    away. Keeps polling, so a later, more forceful mode still counts.
+    mode the state names (else ``default_mode``) with a deadline ``deadline_seconds`` away.
+    Keeps polling, so a later, more forceful mode still counts.
 
     Args:
         flow_run_id: the flow run to watch.
@@ -135,6 +135,9 @@ class CancelWatcher:
         default_mode: the mode of a plain cancel.
         log: where notes go (a Prefect run logger's ``info``).
         poll_seconds: how often the API is read.
+        deadline_seconds: a request's deadline, this many seconds after it is made
+            (``STOP_DEADLINE_SECONDS``, before a runner's SIGKILL); None: none (a flow called
+            directly, which nothing kills: the actions' own notify periods hold).
     """
 
     def __init__(
@@ -146,7 +149,9 @@ class CancelWatcher:
         default_mode: TerminationMode,
         log: Callable[[str], None],
         poll_seconds: float = 1.0,
+        deadline_seconds: float | None = STOP_DEADLINE_SECONDS,
     ) -> None:
+        self._deadline_seconds = deadline_seconds
         self._flow_run_id = flow_run_id
         self._store = store
         self._key = (job_key, run_id)
@@ -185,8 +190,8 @@ class CancelWatcher:
                 return
             self._asked.add((mode, force))
             self.requested.append(mode)
-        if deadline is None:
-            deadline = time.time() + STOP_DEADLINE_SECONDS
+        if deadline is None and self._deadline_seconds is not None:
+            deadline = time.time() + self._deadline_seconds
         try:
             _, note = core.request_termination(
                 self._store, *self._key, mode, force=force, deadline=deadline

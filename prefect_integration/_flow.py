@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import Flow, get_client, get_run_logger
-from prefect.artifacts import create_table_artifact
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.client.schemas.objects import StateType
 from prefect.context import FlowRunContext
 from prefect.exceptions import TerminationSignal
@@ -51,16 +51,19 @@ from core import (
     load_template,
 )
 
+from ._artifacts import RunView, read_run_view
 from ._blocks import CheckpointStoreBlock
 from ._cancel import (
     LABEL_FILES,
     LABEL_JOB_KEY,
     LABEL_RUN_ID,
     LABEL_STORE,
+    STOP_DEADLINE_SECONDS,
     CancelWatcher,
     mode_of_state,
 )
 from ._params import RESUME_PARAMETER, flow_signature
+from ._report import end_uncaught_quietly, flow_entrypoint, resume_hint, under_runner
 from ._stopping import Stopping, wait_all
 from ._tasks import cache_key, remember_job, run_group
 
@@ -102,6 +105,8 @@ class _Config:
     """Notice sources for every task run (None: ``$OPENJD_CHECKPOINT_INTERRUPTION_NOTICES`` of
     the task run's process)."""
     notice_poll_seconds: float | None = None
+    source_file: str | None = None
+    """The file that built the flow (for ``FILE.py:FLOW`` in a resume hint)."""
 
 
 def _store_location(config: _Config) -> str:
@@ -312,34 +317,6 @@ def _final_state(outcome: RunOutcome, run_id: str) -> State[Any]:
     return Failed(message=message)
 
 
-def _table(store: CheckpointStore, job: PreparedJob, run_id: str) -> list[dict[str, Any]]:
-    """The rows of the run's table artifact: its tasks, their checkpoints (generation, state
-    size, files) and resume status; never a state's contents.
-    Read before ``finish_attempt``, which deletes a succeeded run's records."""
-    records, _ = store.read_tasks(job.job_key, run_id)
-    rows = []
-    for rec in sorted(records, key=lambda r: (job.step_order().index(r.step), r.task_key)):
-        task = core.summarize_task(rec)
-        ckpt = task.checkpoint
-        rows.append(
-            {
-                "task": task.label,
-                "status": task.status,
-                "attempts": task.attempts,
-                "frames done": len(task.frames_done),
-                "checkpoint generation": ckpt.generation if ckpt else "",
-                "state bytes": ckpt.state_bytes if ckpt and ckpt.state_bytes else "",
-                "files": len(ckpt.files) if ckpt else "",
-                "files kept by the store": ("yes" if ckpt.files_mode == "managed" else "no")
-                if ckpt
-                else "",
-                "resume status": task.resume_status or "",
-                "host": task.host or "",
-            }
-        )
-    return rows
-
-
 def _flow_body(
     config: _Config, user_fn: Callable[..., Any] | None, values: dict[str, Any]
 ) -> State[Any]:
@@ -392,10 +369,18 @@ def _flow_body(
             )
     except Exception as exc:  # end_flow_run will not find the run; the run itself goes on
         logger.warning("could not label the flow run with its core run: %s", exc)
+    # Without a runner's SIGKILL 30 s after a stop, no deadline: notify periods hold
+    runner_kills = under_runner(ctx.flow_run)
     watcher = CancelWatcher(
-        flow_run_id, store, job.job_key, run_id, config.cancel_mode, logger.info
+        flow_run_id,
+        store,
+        job.job_key,
+        run_id,
+        config.cancel_mode,
+        logger.info,
+        deadline_seconds=STOP_DEADLINE_SECONDS if runner_kills else None,
     )
-    with Stopping(watcher, config.cancel_mode) as stopping:
+    with Stopping(watcher, config.cancel_mode, runner_kills=runner_kills) as stopping:
         watcher.start()
         try:
             early = mode_of_state(ctx.flow_run.state, config.cancel_mode)
@@ -413,10 +398,10 @@ def _flow_body(
                     logger.info("the flow run is being cancelled: finally steps run in the flow")
                     _run_inline(job, run_id, store, finally_steps, stopping, logger)
             stopping.tick()
-            try:
-                rows = _table(store, job, run_id)
+            try:  # before finish_attempt, which deletes a succeeded run's records
+                view: RunView | None = read_run_view(store, job, run_id)
             except Exception as exc:  # the table is a view; the run's outcome stands
-                rows = []
+                view = None
                 logger.warning("no task table: %s", exc)
             outcome = core.finish_attempt(store, job, run_id)
         finally:
@@ -424,18 +409,43 @@ def _flow_body(
     logger.info(
         "run %s ended: %s (%s)", run_id, outcome.condition.reason, outcome.condition.message
     )
+    heading = (
+        f"core run {run_id}, attempt {attempt.attempt}"
+        f"{' (resumed)' if attempt.resumed else ''}: {outcome.condition.reason}"
+    )
+    _artifacts(config, view, heading, logger)
+    final = _final_state(outcome, run_id)
+    hint = resume_hint(
+        flow_run_id,
+        deployment=ctx.flow_run.deployment_id is not None,
+        entrypoint=flow_entrypoint(ctx.flow, config.source_file),
+    )
+    records = view.records if view is not None else ()
+    ran = sum(1 for r in records if r.run_attempt == attempt.attempt)
+    sentence = core.outcome_sentence(outcome.status.value, records, ran, next_step=hint)
+    logger.info("%s", sentence)
+    if stopping.signal_at is not None and outcome.mode is None:
+        raise TerminationSignal(signal=signal.SIGTERM)  # Prefect reports it (Crashed)
+    if outcome.mode is not None and not runner_kills and ctx.flow_run.parent_task_run_id is None:
+        # A flow called directly raises CancelledRun for this state: uncaught, one line
+        end_uncaught_quietly(final.message or "", f"flow run {ctx.flow_run.name!r} {sentence}")
+    return final
+
+
+def _artifacts(config: _Config, view: RunView | None, heading: str, logger: Any) -> None:
+    """The flow run's table artifact (key ``config.artifact_key``) and timeline markdown
+    artifact (that key and ``-timeline``), from the tasks read before the attempt finished."""
+    if view is None:
+        return
     try:
-        create_table_artifact(
-            table=rows,
-            key=config.artifact_key,
-            description=f"core run {run_id}, attempt {attempt.attempt}"
-            f"{' (resumed)' if attempt.resumed else ''}: {outcome.condition.reason}",
+        create_table_artifact(table=view.rows(), key=config.artifact_key, description=heading)
+        create_markdown_artifact(
+            markdown=view.markdown(heading),
+            key=f"{config.artifact_key}-timeline",
+            description=f"{heading}: each task's attempts and checkpoints",
         )
     except Exception as exc:  # the table is a view; the run's outcome stands
         logger.warning("no artifact: %s", exc)
-    if stopping.signal_at is not None and outcome.mode is None:
-        raise TerminationSignal(signal=signal.SIGTERM)  # Prefect reports it (Crashed)
-    return _final_state(outcome, run_id)
 
 
 # --- building flows ----------------------------------------------------------------------------
@@ -545,6 +555,7 @@ def _build(
         artifact_key=f"openjd-{_slug(flow_name)}"[:60].rstrip("-"),
         interruption_notices=interruption_notices,
         notice_poll_seconds=notice_poll_seconds,
+        source_file=caller_file,
     )
     signature, annotations = flow_signature(template)
 

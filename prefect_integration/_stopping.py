@@ -35,14 +35,20 @@ class Stopping:
     before the runner's SIGKILL; a second Ctrl-C kills the tasks at once (``Cancelled``), as
     the CLI's does; what still runs ``ESCALATE_AFTER_SECONDS`` after the first signal is
     killed. Without this, Python's KeyboardInterrupt left the task processes running to
-    their end and the core run recorded as running."""
+    their end and the core run recorded as running.
 
-    def __init__(self, watcher: CancelWatcher, default: TerminationMode) -> None:
+    ``runner_kills`` False (a flow called directly, which no runner SIGKILLs): no deadline and
+    no kill after ``ESCALATE_AFTER_SECONDS``; the actions' own notify periods hold, and a
+    second Ctrl-C kills the tasks, as with the CLI."""
+
+    def __init__(
+        self, watcher: CancelWatcher, default: TerminationMode, *, runner_kills: bool = True
+    ) -> None:
         self.watcher = watcher
         self.escalation = core.StopEscalation(
             mode=default,
-            deadline_seconds=STOP_DEADLINE_SECONDS,
-            escalate_after=ESCALATE_AFTER_SECONDS,
+            deadline_seconds=STOP_DEADLINE_SECONDS if runner_kills else None,
+            escalate_after=ESCALATE_AFTER_SECONDS if runner_kills else None,
         )
         self._previous: Any = None
         self._previous_int: Any = None

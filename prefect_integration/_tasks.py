@@ -15,11 +15,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from prefect import get_run_logger, task
+from prefect.context import FlowRunContext, TaskRunContext
 from prefect.states import Cancelled
 from prefect.transactions import get_transaction
 
 import core
 from core import CheckpointStore, PreparedJob, TaskOutcome, TaskSpec
+
+from ._artifacts import GroupProgress
+from ._report import flow_entrypoint, kept_line, quiet_finished_line, resume_hint
 
 __all__ = ("job_for", "remember_job", "run_group")
 
@@ -112,6 +116,10 @@ def run_group(
     (None: this process's ``$OPENJD_CHECKPOINT_INTERRUPTION_NOTICES`` and
     ``$OPENJD_CHECKPOINT_NOTICE_POLL_SECONDS``).
 
+    The task run has a progress artifact (``GroupProgress``: its tasks' ``openjd_progress``,
+    sent at most every 5 s and at its end). A task stopped with a checkpoint or finished frames
+    kept gets an INFO line saying what was kept and how to resume.
+
     Returns a summary (``{"step", "ran": [[label, outcome], ...]}``) when every task of the
     group succeeded (that result is persisted under ``result_key``, so a retry skips it); a
     ``Cancelled`` state, not persisted, when tasks were stopped or not started because the run
@@ -141,25 +149,43 @@ def run_group(
         for line in lines:
             logger.info("%s | %s", execution.spec.label, line)
 
+    progress = GroupProgress(
+        _task_run_name(step),
+        [s.task_key for s in specs],
+        done_before=max(0, len(originals_specs) - len(specs)),
+        warn=logger.warning,
+    ).start()
+
     def on_event(execution: core.TaskExecution, event: core.TaskEvent) -> None:
+        progress.on_event(execution, event)
         if event.kind == "checkpoint_saved":
             logger.info("%s: checkpoint generation %s stored", execution.spec.label, event.value)
         elif event.kind == "warning":
             logger.warning("%s: %s", execution.spec.label, event.value)
 
     notices: list[core.Notice] = []
-    results = core.run_tasks(
-        store,
-        job,
-        run_id,
-        specs,
-        on_output=on_output,
-        on_event=on_event,
-        on_note=logger.info,
-        notices=sources,
-        notice_poll_seconds=poll,
-        on_notice=notices.append,
-    )
+    try:
+        results = core.run_tasks(
+            store,
+            job,
+            run_id,
+            specs,
+            on_output=on_output,
+            on_event=on_event,
+            on_note=logger.info,
+            notices=sources,
+            notice_poll_seconds=poll,
+            on_notice=notices.append,
+        )
+    except BaseException:
+        progress.close("stopped by an error")
+        raise
+    progress.close(_ending(results))
+    hint = _resume_hint()
+    for spec, res in zip(specs, results, strict=True):
+        line = kept_line(spec.label, res, hint)
+        if line is not None:
+            logger.info("%s", line)
     ran = [[spec.label, res.outcome.value] for spec, res in zip(specs, results, strict=True)]
     failed = [
         f"{spec.label}: {res.message or 'failed'}"
@@ -183,5 +209,39 @@ def run_group(
         txn = get_transaction()
         if txn is not None:
             txn.write_on_commit = False  # a stopped group must not be skipped by a retry
+        ctx = TaskRunContext.get()
+        if ctx is not None and ctx.task_run is not None:
+            quiet_finished_line(ctx.task_run.id)  # a stop asked for is not an error
         return Cancelled(message="; ".join(stopped), name="Stopped")
     return {"step": step, "ran": ran}
+
+
+def _ending(results: Sequence[core.TaskResult]) -> str:
+    """How a task run's tasks ended, for its progress artifact: ``1 succeeded, 2 suspended
+    with a checkpoint``."""
+    counts: dict[str, int] = {}
+    for res in results:
+        words = core.OUTCOME_WORDS.get(core.outcome_key(res), res.outcome.value)
+        counts[words] = counts.get(words, 0) + 1
+    return ", ".join(f"{n} {words}" for words, n in counts.items())
+
+
+def _task_run_name(default: str) -> str:
+    ctx = TaskRunContext.get()
+    return ctx.task_run.name if ctx is not None and ctx.task_run is not None else default
+
+
+def _resume_hint() -> str:
+    """How to resume this task run's flow run (``resume_hint``): from the flow run's context
+    where the task run has it (a thread of the flow run process), else (a Dask worker) the
+    task run's flow run id alone."""
+    flow_ctx = FlowRunContext.get()
+    if flow_ctx is not None and flow_ctx.flow_run is not None:
+        return resume_hint(
+            flow_ctx.flow_run.id,
+            deployment=flow_ctx.flow_run.deployment_id is not None,
+            entrypoint=flow_entrypoint(flow_ctx.flow, None),
+        )
+    ctx = TaskRunContext.get()
+    flow_run_id = ctx.task_run.flow_run_id if ctx is not None and ctx.task_run else None
+    return resume_hint(flow_run_id, deployment=None)

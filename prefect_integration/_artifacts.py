@@ -1,0 +1,264 @@
+"""What a flow run shows of its tasks as Prefect artifacts (translation only).
+
+- ``GroupProgress``: the progress artifact of one task run, fed by its tasks'
+  ``openjd_progress`` messages (``core.TaskEvent`` ``progress``), sent at most every
+  ``PROGRESS_EVERY_SECONDS`` and once at the end; over a group of tasks, the group's share done.
+- ``RunView``: the flow run's table artifact rows (a task each: status, checkpoint history,
+  resume status) and its markdown artifact (each task's timeline, ``core.timeline_text``), both
+  from core's one summary of a task (``core.summarize_task``, ``core.task_timeline``). Read
+  before ``core.finish_attempt``, which deletes a succeeded run's records.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
+import core
+from core import CheckpointStore, PreparedJob, TaskOutcome, TaskRecord
+
+__all__ = ("PROGRESS_EVERY_SECONDS", "GroupProgress", "RunView", "read_run_view")
+
+PROGRESS_EVERY_SECONDS = 5.0
+"""A task run's progress artifact is updated at most this often (seconds), and once at its end:
+one API call per interval whatever the tasks report, so a task run's cost stays low."""
+
+
+class GroupProgress:
+    """The progress artifact of one task run that runs ``len(task_keys)`` OpenJD tasks (after
+    ``done_before`` tasks of its group finished in an earlier try): the percentage is the mean
+    of its tasks' last ``openjd_progress`` (0..100; a task that succeeded counts 100, one
+    finished earlier too).
+
+    ``start`` (in the task run's thread: the artifact belongs to the task run in its context)
+    creates the artifact and a thread that sends the percentage when it changed, at most every
+    ``every`` seconds; ``on_event`` is given the core's task events (from any thread); ``close``
+    sends the last percentage and a description of how the task run ended. An API error is
+    reported once through ``warn`` and never fails the task run.
+
+    Args:
+        label: the task run's name (``Render[Frame=1-6] (3 tasks)``).
+        task_keys: the task keys (``TaskSpec.task_key``) of what the task run runs now.
+        done_before: tasks of the group that had finished before (0 or more).
+        every: seconds between updates (> 0).
+        warn: where an API error goes (a run logger's ``warning``).
+    """
+
+    def __init__(
+        self,
+        label: str,
+        task_keys: Sequence[str],
+        done_before: int = 0,
+        *,
+        every: float = PROGRESS_EVERY_SECONDS,
+        warn: Callable[[str], None] | None = None,
+    ) -> None:
+        self.label = label
+        self.every = every
+        self._warn = warn
+        self._shares = {key: 0.0 for key in task_keys}
+        self._done_before = max(0, done_before)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._artifact_id: Any = None
+        self._sent: float | None = None
+        self._warned = False
+        self.updates = 0
+        """API calls made (creation included)."""
+
+    @property
+    def artifact_id(self) -> Any:
+        """The artifact's id (None before ``start``, or when it could not be created)."""
+        return self._artifact_id
+
+    @property
+    def total(self) -> int:
+        return len(self._shares) + self._done_before
+
+    def percent(self) -> float:
+        """The task run's share done, 0..100 (100 for a task run with nothing to run)."""
+        with self._lock:
+            if not self.total:
+                return 100.0
+            return (100.0 * self._done_before + sum(self._shares.values())) / self.total
+
+    def done(self) -> int:
+        """Tasks finished: before this task run, and in it (succeeded)."""
+        with self._lock:
+            return self._done_before + sum(1 for share in self._shares.values() if share >= 100)
+
+    def on_event(self, execution: core.TaskExecution, event: core.TaskEvent) -> None:
+        """A core task event (``on_event`` of ``core.run_tasks``): ``progress`` sets the task's
+        share, ``ended`` with a success makes it 100."""
+        key = execution.spec.task_key
+        if event.kind == "progress" and isinstance(event.value, (int, float)):
+            share = float(event.value)
+        elif event.kind == "ended" and getattr(event.value, "outcome", None) == (
+            TaskOutcome.SUCCEEDED
+        ):
+            share = 100.0
+        else:
+            return
+        self.set(key, share)
+
+    def set(self, task_key: str, share: float) -> None:
+        """Task ``task_key`` is ``share`` percent done (0..100; another key is ignored)."""
+        with self._lock:
+            if task_key in self._shares:
+                self._shares[task_key] = min(100.0, max(0.0, share))
+
+    def start(self) -> GroupProgress:
+        """Create the artifact (in the task run's context) and start the update thread."""
+        percent = self.percent()
+        try:
+            self._artifact_id = create_progress_artifact(
+                percent, description=f"{self.label}: {self._describe()}"
+            )
+            self._sent = percent
+            self.updates += 1
+        except Exception as exc:  # a view: the task run goes on without it
+            self._failed(exc)
+            return self
+        context = contextvars.copy_context()  # Prefect's settings and client context
+        self._thread = threading.Thread(
+            target=context.run, args=(self._loop,), name="openjd-prefect-progress", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def close(self, ending: str | None = None) -> None:
+        """Stop the thread and send the last percentage, with ``ending`` (how the task run
+        ended, for the description) if given."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+        if self._artifact_id is None:
+            return
+        description = f"{self.label}: {self._describe()}" + (f"; {ending}" if ending else "")
+        self._send(description)
+
+    def _describe(self) -> str:
+        return f"{self.done()} of {self.total} task(s) finished"
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every):
+            if self.percent() != self._sent:
+                self._send(None)
+
+    def _send(self, description: str | None) -> None:
+        percent = self.percent()
+        try:
+            update_progress_artifact(self._artifact_id, percent, description=description)
+            self._sent = percent
+            self.updates += 1
+        except Exception as exc:  # a view: the task run goes on without it
+            self._failed(exc)
+
+    def _failed(self, exc: Exception) -> None:
+        if not self._warned and self._warn is not None:
+            self._warned = True
+            self._warn(f"progress artifact of {self.label}: {exc}")
+
+
+# --- the flow run's table and timeline ----------------------------------------------------------
+@dataclass(frozen=True)
+class RunView:
+    """The run's tasks as read before ``finish_attempt``: their records, stored checkpoint
+    generations (oldest first) and timelines, in step order."""
+
+    records: tuple[TaskRecord, ...]
+    timelines: tuple[core.TaskTimeline, ...]
+    summaries: tuple[core.TaskSummary, ...]
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The table artifact's rows: one a task, its status in the CLI's words
+        (``core.run_status_words``: ``finished``, ``suspended``...), its checkpoint history
+        (every kept generation: number, UTC time, state bytes, files) and resume status; never
+        a state's contents."""
+        rows = []
+        for task, line in zip(self.summaries, self.timelines, strict=True):
+            ckpt = task.checkpoint
+            resumed = [a.resumed_from for a in line.attempts if a.resumed_from is not None]
+            rows.append(
+                {
+                    "task": task.label,
+                    "status": core.run_status_words(task.status),
+                    "attempts": task.attempts,
+                    "frames done": len(task.frames_done),
+                    "checkpoint generation": ckpt.generation if ckpt else "",
+                    "state bytes": ckpt.state_bytes if ckpt and ckpt.state_bytes else "",
+                    "files": len(ckpt.files) if ckpt else "",
+                    "files kept by the store": ("yes" if ckpt.files_mode == "managed" else "no")
+                    if ckpt
+                    else "",
+                    "checkpoint history": "; ".join(_mark(m) for m in line.checkpoints),
+                    "resume status": task.resume_status or "",
+                    "resumed from": ", ".join(str(g) for g in resumed),
+                    "work saved by resumes (s)": round(line.saved_seconds, 1) if resumed else "",
+                    "host": task.host or "",
+                }
+            )
+        return rows
+
+    def markdown(self, heading: str) -> str:
+        """The markdown artifact: under ``heading``, each task's timeline as
+        ``core.timeline_text`` draws it, in a code block."""
+        parts = [f"### {heading}", ""]
+        if not self.records:
+            parts.append("No task records: nothing ran, or they could not be read.")
+        for task, line in zip(self.summaries, self.timelines, strict=True):
+            saved = (
+                f"; resumes saved {line.saved_seconds:.0f} s of work" if line.saved_seconds else ""
+            )
+            parts.append(
+                f"**{task.label}**: {core.run_status_words(task.status)}, "
+                f"{task.attempts} attempt(s), "
+                f"{len(line.checkpoints)} checkpoint generation(s) kept{saved}"
+            )
+            parts.append("")
+            parts.append("```")
+            parts.extend(core.timeline_text(line) or ["(never started)"])
+            for mark in line.checkpoints:
+                parts.append(f"  ▲ {_mark(mark)}")
+            parts.append("```")
+            parts.append("")
+        parts.append("█ running, ▲ a stored checkpoint, | end of an attempt, ? cut off.")
+        return "\n".join(parts)
+
+
+def _mark(mark: core.CheckpointMark) -> str:
+    at = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(mark.at))
+    return (
+        f"generation {mark.generation} at {at} (attempt {mark.attempt}, "
+        f"{mark.state_bytes} B of state, {mark.files} file(s))"
+    )
+
+
+def read_run_view(
+    store: CheckpointStore, job: PreparedJob, run_id: str, now: float | None = None
+) -> RunView:
+    """The run's tasks, checkpoint generations and timelines, read from the store now
+    (before ``finish_attempt`` deletes a succeeded run's records).
+
+    Raises:
+        StoreError: the store cannot be read.
+    """
+    records, _ = store.read_tasks(job.job_key, run_id)
+    order = job.step_order()
+    records = sorted(
+        records, key=lambda r: (order.index(r.step) if r.step in order else len(order), r.task_key)
+    )
+    now = time.time() if now is None else now
+    timelines = tuple(core.task_timeline(r, store.list_generations(r), now=now) for r in records)
+    return RunView(
+        records=tuple(records),
+        timelines=timelines,
+        summaries=tuple(core.summarize_task(r) for r in records),
+    )

@@ -1,0 +1,210 @@
+"""What a person sees of a stopped and resumed flow run: the progress artifact of each task run,
+the table artifact (checkpoint history, resume status) and the timeline markdown artifact, our
+INFO line on what was kept and how to resume, the one line a directly called flow ends with
+after a Ctrl-C (no traceback, no warning about a runner's kill that does not apply), and
+``prefect flow-run retry ID --entrypoint FILE.py:FLOW`` of that run resuming the task."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import prefect_helpers as ph
+from prefect import flow, get_client
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterId
+from prefect.client.schemas.objects import Artifact, StateType
+
+from core import CheckpointStore, RunStatus
+from prefect_integration._artifacts import GroupProgress
+
+REPO = Path(__file__).resolve().parents[2]
+TRAINING = REPO / "examples" / "managed-files" / "training.yaml"
+EPOCHS = 30
+RESULT = sum(k * k for k in range(EPOCHS))  # the sum over every epoch's sample file
+
+SCRIPT = """
+import json, sys
+from prefect_integration import flow_from_template
+
+train = flow_from_template({template!r}, store={store!r}, files="managed", name={name!r})
+
+if __name__ == "__main__":
+    train(**json.loads(sys.argv[1]))
+"""
+
+
+def _flow_run_of_store(store: CheckpointStore, timeout: float = 60) -> uuid.UUID:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        runs = [r for r in store.list_runs()[0] if r.status == RunStatus.RUNNING]
+        if runs and runs[-1].external_key:
+            return uuid.UUID(runs[-1].external_key)
+        time.sleep(0.1)
+    raise AssertionError("no running core run appeared in the store")
+
+
+def _by_type(flow_run_id: uuid.UUID, kind: str) -> list[Artifact]:
+    """The flow run's artifacts of one type, oldest first."""
+    found = [a for a in ph.artifacts(flow_run_id) if a.type == kind]
+    return sorted(found, key=lambda a: a.created or 0)
+
+
+def _data(artifact: Artifact) -> Any:
+    return json.loads(artifact.data) if isinstance(artifact.data, str) else artifact.data
+
+
+def _logs(flow_run_id: uuid.UUID) -> list[tuple[int, str]]:
+    return [(log.level, log.message) for log in ph.flow_run_logs(flow_run_id)]
+
+
+def test_a_suspended_flow_run_shows_what_it_kept_and_its_retry_resumes(
+    flows_dir: Path, proc_log_dir: Path, tmp_path: Path
+) -> None:
+    """A script calls the flow (no runner); Ctrl-C (SIGINT) after three checkpoints. The
+    process ends with one line saying what was kept and how to resume (no traceback, no
+    "would outlast the stop deadline": no runner kills a directly called flow); the task run
+    is Cancelled (Stopped), not Completed; our INFO line names the kept generation; Prefect's
+    own "Finished in state" line of that task run is at INFO; the progress artifact, the table
+    (checkpoint history) and the timeline are there. ``prefect flow-run retry`` with the
+    entrypoint the line gives resumes the task (RESUMED) and the result is right."""
+    store = CheckpointStore(tmp_path / "store", files="managed")
+    name = f"training-{uuid.uuid4().hex[:8]}"
+    module = ph.write_module(
+        flows_dir,
+        name.replace("-", "_"),
+        SCRIPT.format(template=str(TRAINING), store=store.location, name=name),
+    )
+    stderr_path = proc_log_dir / f"{name}.stderr"
+    params = {"Epochs": EPOCHS, "EpochSeconds": 0.3}
+    with open(stderr_path, "wb") as err, open(proc_log_dir / f"{name}.stdout", "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, module.name, json.dumps(params)],
+            cwd=flows_dir,
+            stdout=out,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,
+        )
+    try:
+        flow_run_id = _flow_run_of_store(store)
+        ph.wait_for_logs(flow_run_id, "checkpoint generation 3 stored", timeout=60)
+        os.kill(proc.pid, signal.SIGINT)
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    stderr = stderr_path.read_text(errors="replace")
+    last = stderr.strip().splitlines()[-1]
+    # 1. the direct call's end: one line, exit status 1 (an uncaught CancelledRun)
+    assert code == 1, stderr[-3000:]
+    assert "Traceback" not in stderr and "CancelledRun" not in stderr, stderr[-3000:]
+    assert "would outlast the stop deadline" not in stderr, stderr[-3000:]
+    assert last.startswith(f"flow run {ph.flow_run(flow_run_id).name!r} suspended: 1 task "), last
+    match = re.search(rf"`prefect flow-run retry {flow_run_id} --entrypoint (\S+)`", last)
+    assert match and "resume=latest" in last, last
+    entrypoint = match.group(1)
+    assert entrypoint == f"{module.name}:train", last
+
+    # 2. states and log lines
+    fr = ph.flow_run(flow_run_id)
+    assert fr.state_type == StateType.CANCELLED and fr.state_name == "Suspended"
+    [task_run] = ph.task_runs(flow_run_id)
+    assert task_run.state_type == StateType.CANCELLED and task_run.state_name == "Stopped"
+    [core_run] = store.list_runs()[0]
+    [rec] = store.read_tasks(core_run.job_key, core_run.run_id)[0]
+    assert rec.checkpoint is not None and rec.checkpoint.generation >= 3
+    kept = rec.checkpoint.generation
+    logs = ph.wait_for_logs(flow_run_id, "suspended: 1 task checkpointed")
+    levels = {log.message: log.level for log in logs}
+    ours = [m for m in levels if m.startswith("Train: suspended with a checkpoint; ")]
+    assert ours == [
+        f"Train: suspended with a checkpoint; checkpoint generation {kept} kept "
+        f"({kept + 1} file(s), kept by the store); resume with `prefect flow-run retry "
+        f"{flow_run_id} --entrypoint {entrypoint}` or a new flow run with resume=latest"
+    ], ours
+    assert levels[ours[0]] == logging.INFO
+    [finished] = [m for m in levels if m.startswith("Finished in state Stopped(")]
+    assert levels[finished] == logging.INFO  # Prefect's own ERROR, for a stop that was asked
+    assert not [m for m, lv in levels.items() if lv >= logging.WARNING], levels
+
+    # 3. the artifacts of the suspended run
+    [progress] = _by_type(flow_run_id, "progress")
+    assert progress.task_run_id == task_run.id
+    assert 100 * 3 / EPOCHS <= _data(progress) < 100, _data(progress)
+    assert progress.description == "Train: 0 of 1 task(s) finished; 1 suspended with a checkpoint"
+    [table] = _by_type(flow_run_id, "table")
+    assert table.key == f"openjd-{name}"
+    [row] = _data(table)
+    assert row["status"] == "suspended" and row["checkpoint generation"] == kept
+    history = row["checkpoint history"].split("; ")
+    assert [h.split(" at ")[0] for h in history] == [
+        f"generation {g}" for g in range(kept - 2, kept + 1)
+    ], history  # the store keeps three generations
+    assert row["resume status"] == "" and row["files kept by the store"] == "yes"
+    [timeline] = _by_type(flow_run_id, "markdown")
+    assert timeline.key == f"openjd-{name}-timeline"
+    assert "#1 " in timeline.data and "from the top; interrupted" in timeline.data
+    assert f"▲ generation {kept} at " in timeline.data
+
+    # 4. the retry the line names, run where the script ran
+    done = subprocess.run(
+        [sys.executable, "-m", "prefect", "flow-run", "retry", str(flow_run_id)]
+        + ["--entrypoint", entrypoint],
+        cwd=flows_dir,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert ph.flow_run(flow_run_id).state_type == StateType.COMPLETED
+    logs = ph.wait_for_logs(flow_run_id, f"result: {RESULT}")
+    messages = [log.message for log in logs]
+    assert any(f"Train: resuming from checkpoint generation {kept} " in m for m in messages)
+    assert any('"status": "RESUMED"' in m for m in messages)
+    progress_runs = _by_type(flow_run_id, "progress")
+    assert len(progress_runs) == 2 and _data(progress_runs[1]) == 100
+    assert progress_runs[1].description == "Train: 1 of 1 task(s) finished; 1 succeeded"
+    [row] = _data(_by_type(flow_run_id, "table")[-1])
+    assert row["status"] == "finished" and row["attempts"] == 2
+    assert row["resume status"] == "RESUMED" and row["resumed from"] == str(kept)
+    assert row["work saved by resumes (s)"] > 0
+    timeline = _by_type(flow_run_id, "markdown")[-1]
+    assert "#2 " in timeline.data and f"resumed from {kept}, saved " in timeline.data
+
+
+def test_the_progress_artifact_is_updated_at_most_once_an_interval() -> None:
+    """``GroupProgress`` in a flow run, fed 100 progress values in about 2 s with a 0.5 s
+    interval: a few API calls, not 100, and the artifact ends at the group's share done (two
+    tasks finished earlier, one at 99 %, one never started: (2 * 100 + 99) / 4)."""
+
+    @flow(name=f"progress-{uuid.uuid4().hex[:8]}")
+    def feed() -> tuple[GroupProgress, float]:
+        progress = GroupProgress("Group", ["a", "b"], done_before=2, every=0.5).start()
+        began = time.monotonic()
+        for i in range(100):
+            progress.set("a", i)
+            time.sleep(0.02)
+        elapsed = time.monotonic() - began
+        progress.close("stopped")
+        return progress, elapsed
+
+    progress, elapsed = feed()
+    assert 2 <= progress.updates <= 2 + elapsed / 0.5 + 1, (progress.updates, elapsed)
+    with get_client(sync_client=True) as client:
+        [artifact] = client.read_artifacts(
+            artifact_filter=ArtifactFilter(id=ArtifactFilterId(any_=[progress.artifact_id]))
+        )
+    assert _data(artifact) == (2 * 100 + 99) / 4
+    assert artifact.description == "Group: 2 of 4 task(s) finished; stopped"
