@@ -23,7 +23,13 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 import core
 from core import CheckpointStore, PreparedJob, TaskOutcome, TaskRecord
 
-__all__ = ("PROGRESS_EVERY_SECONDS", "GroupProgress", "RunView", "read_run_view")
+__all__ = (
+    "PROGRESS_EVERY_SECONDS",
+    "GroupProgress",
+    "RunView",
+    "flush_progress",
+    "read_run_view",
+)
 
 PROGRESS_EVERY_SECONDS = 5.0
 """A task run's progress artifact is updated at most this often (seconds), and once at its end:
@@ -37,10 +43,13 @@ class GroupProgress:
     finished earlier too).
 
     ``start`` (in the task run's thread: the artifact belongs to the task run in its context)
-    creates the artifact and a thread that sends the percentage when it changed, at most every
-    ``every`` seconds; ``on_event`` is given the core's task events (from any thread); ``close``
-    sends the last percentage and a description of how the task run ended. An API error is
-    reported once through ``warn`` and never fails the task run.
+    starts a thread that, every ``every`` seconds, creates the artifact (the first time) or
+    sends the percentage when it changed; ``on_event`` is given the core's task events (from
+    any thread); ``close`` has the thread send the last percentage and a description of how
+    the task run ended, and returns at once (the task run's time does not include that call;
+    ``wait`` or ``flush_progress`` waits for it). A task run shorter than ``every`` makes one
+    API call (the artifact, created at its end), a longer one one more per ``every`` seconds
+    at most. An API error is reported once through ``warn`` and never fails the task run.
 
     Args:
         label: the task run's name (``Render[Frame=1-6] (3 tasks)``).
@@ -67,6 +76,7 @@ class GroupProgress:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._ending: str | None = None
         self._artifact_id: Any = None
         self._sent: float | None = None
         self._warned = False
@@ -115,56 +125,79 @@ class GroupProgress:
                 self._shares[task_key] = min(100.0, max(0.0, share))
 
     def start(self) -> GroupProgress:
-        """Create the artifact (in the task run's context) and start the update thread."""
-        percent = self.percent()
-        try:
-            self._artifact_id = create_progress_artifact(
-                percent, description=f"{self.label}: {self._describe()}"
-            )
-            self._sent = percent
-            self.updates += 1
-        except Exception as exc:  # a view: the task run goes on without it
-            self._failed(exc)
-            return self
-        context = contextvars.copy_context()  # Prefect's settings and client context
+        """Start the update thread, in a copy of this thread's context (the task run's, and
+        Prefect's settings and API client)."""
+        context = contextvars.copy_context()
         self._thread = threading.Thread(
             target=context.run, args=(self._loop,), name="openjd-prefect-progress", daemon=True
         )
+        with _PENDING_LOCK:
+            _PENDING.add(self._thread)
         self._thread.start()
         return self
 
     def close(self, ending: str | None = None) -> None:
-        """Stop the thread and send the last percentage, with ``ending`` (how the task run
-        ended, for the description) if given."""
+        """Have the thread send the last percentage, with ``ending`` (how the task run ended,
+        for the description) if given, and end; returns at once."""
+        self._ending = ending
         self._stop.set()
+
+    def wait(self, timeout: float = 30.0) -> None:
+        """Wait (up to ``timeout`` seconds) until the thread has sent its last update."""
         if self._thread is not None:
-            self._thread.join(10)
-        if self._artifact_id is None:
-            return
-        description = f"{self.label}: {self._describe()}" + (f"; {ending}" if ending else "")
-        self._send(description)
+            self._thread.join(timeout)
 
     def _describe(self) -> str:
         return f"{self.done()} of {self.total} task(s) finished"
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.every):
-            if self.percent() != self._sent:
-                self._send(None)
+        try:
+            while not self._stop.wait(self.every):
+                if self._artifact_id is None or self.percent() != self._sent:
+                    self._send(None)
+            ending = f"; {self._ending}" if self._ending else ""
+            self._send(f"{self.label}: {self._describe()}{ending}")
+        finally:
+            with _PENDING_LOCK:
+                _PENDING.discard(threading.current_thread())
 
     def _send(self, description: str | None) -> None:
+        """Create the artifact (the first time), else update it."""
+        if self._warned:
+            return  # the API failed once: no more calls
         percent = self.percent()
         try:
-            update_progress_artifact(self._artifact_id, percent, description=description)
+            if self._artifact_id is None:
+                self._artifact_id = create_progress_artifact(
+                    percent, description=description or f"{self.label}: {self._describe()}"
+                )
+            else:
+                update_progress_artifact(self._artifact_id, percent, description=description)
             self._sent = percent
             self.updates += 1
         except Exception as exc:  # a view: the task run goes on without it
             self._failed(exc)
 
     def _failed(self, exc: Exception) -> None:
-        if not self._warned and self._warn is not None:
+        if not self._warned:
             self._warned = True
-            self._warn(f"progress artifact of {self.label}: {exc}")
+            if self._warn is not None:
+                self._warn(f"progress artifact of {self.label}: {exc}")
+
+
+_PENDING: set[threading.Thread] = set()
+_PENDING_LOCK = threading.Lock()
+
+
+def flush_progress(timeout: float = 30.0) -> None:
+    """Wait (up to ``timeout`` seconds in all) until the progress artifacts of this process's
+    closed task runs are sent (the flow body calls it before it ends, so that a process that
+    exits after its flow run loses none)."""
+    deadline = time.monotonic() + timeout
+    with _PENDING_LOCK:
+        pending = list(_PENDING)
+    for thread in pending:
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 # --- the flow run's table and timeline ----------------------------------------------------------

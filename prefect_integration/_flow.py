@@ -51,7 +51,7 @@ from core import (
     load_template,
 )
 
-from ._artifacts import RunView, read_run_view
+from ._artifacts import RunView, flush_progress, read_run_view
 from ._blocks import CheckpointStoreBlock
 from ._cancel import (
     LABEL_FILES,
@@ -398,6 +398,7 @@ def _flow_body(
                     logger.info("the flow run is being cancelled: finally steps run in the flow")
                     _run_inline(job, run_id, store, finally_steps, stopping, logger)
             stopping.tick()
+            flush_progress()  # the task runs' last progress updates, sent by their threads
             try:  # before finish_attempt, which deletes a succeeded run's records
                 view: RunView | None = read_run_view(store, job, run_id)
             except Exception as exc:  # the table is a view; the run's outcome stands

@@ -198,6 +198,7 @@ def test_the_progress_artifact_is_updated_at_most_once_an_interval() -> None:
             time.sleep(0.02)
         elapsed = time.monotonic() - began
         progress.close("stopped")
+        progress.wait()
         return progress, elapsed
 
     progress, elapsed = feed()
