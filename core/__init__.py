@@ -92,6 +92,9 @@ if TYPE_CHECKING:
     from ._records import (
         AttemptSpan,
         CheckpointData,
+        CheckpointsKept,
+        KeptCheckpoint,
+        KeptTask,
         RunCondition,
         RunRecord,
         RunStatus,
@@ -108,6 +111,7 @@ if TYPE_CHECKING:
         TaskSummary,
         TaskTimeline,
         describe_plan,
+        kept_timeline,
         summarize_checkpoint,
         summarize_task,
         task_timeline,
@@ -121,13 +125,19 @@ if TYPE_CHECKING:
         load_template,
         parse_template,
     )
-    from ._termination import Termination, TerminationMode, request_termination
+    from ._termination import (
+        Termination,
+        TerminationMode,
+        request_termination,
+        termination_choices,
+    )
     from ._words import (
         OUTCOME_WORDS,
         describe_exit,
         outcome_key,
         outcome_sentence,
         run_status_words,
+        task_status_words,
     )
 
 _EXPORTS = {
@@ -188,6 +198,12 @@ _EXPORTS = {
     "AttemptBar": "._summary",
     "CheckpointMark": "._summary",
     "AttemptSpan": "._records",
+    "CheckpointsKept": "._records",
+    "KeptCheckpoint": "._records",
+    "KeptTask": "._records",
+    "kept_timeline": "._summary",
+    "termination_choices": "._termination",
+    "task_status_words": "._words",
     "TemplateError": "._errors",
     "Termination": "._termination",
     "TerminationMode": "._termination",
@@ -298,6 +314,9 @@ __all__ = (
     "AttemptBar",
     "CheckpointMark",
     "AttemptSpan",
+    "CheckpointsKept",
+    "KeptCheckpoint",
+    "KeptTask",
     "TemplateError",
     "Termination",
     "TerminationMode",
@@ -320,6 +339,7 @@ __all__ = (
     "group_tasks",
     "host_id",
     "iter_attempt_records",
+    "kept_timeline",
     "load_document",
     "load_environment_template",
     "load_path_mapping_rules",
@@ -346,7 +366,9 @@ __all__ = (
     "step_feed",
     "summarize_checkpoint",
     "summarize_task",
+    "task_status_words",
     "task_timeline",
+    "termination_choices",
     "timeline_text",
     "task_label",
     "wait_tasks_released",

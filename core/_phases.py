@@ -21,7 +21,7 @@ from ._attempt import iter_attempt_records, reap_run, require_run
 from ._errors import RunError, StoreError
 from ._job import PreparedJob, TaskSpec
 from ._planning import PlanHistory
-from ._records import RunCondition, RunStatus, TaskRecord, TaskStatus
+from ._records import CheckpointData, RunCondition, RunStatus, TaskRecord, TaskStatus
 from ._resume import (
     RefusalCode,
     ResumeRefusedError,
@@ -29,6 +29,7 @@ from ._resume import (
 from ._store import (
     CheckpointStore,
 )
+from ._summary import KeptCollector
 from ._termination import (
     TerminationMode,
     resolve_termination,
@@ -323,6 +324,21 @@ class RunOutcome:
     still_running: list[str] = field(default_factory=list)
 
 
+def _generations(
+    store: CheckpointStore, records: Sequence[TaskRecord]
+) -> dict[tuple[str, str], list[CheckpointData]]:
+    """The stored generations of the records that hold a checkpoint (an unreadable listing
+    leaves that task with its latest checkpoint only)."""
+    out = {}
+    for rec in records:
+        if rec.checkpoint is not None:
+            try:
+                out[(rec.step, rec.task_key)] = store.list_generations(rec)
+            except StoreError:
+                continue
+    return out
+
+
 def finish_attempt(
     store: CheckpointStore,
     job: PreparedJob,
@@ -362,8 +378,10 @@ def finish_attempt(
         stopped = False
         failed_here: set[str] = set()  # finally steps with a task failed in this attempt
         ran: set[tuple[str, str]] = set()  # tasks started in this attempt (original keys)
+        kept = KeptCollector()  # what the run's checkpoints were, should it succeed
         for rec in iter_attempt_records(store, job, run):
             records.add(rec)
+            kept.add(rec)
             stopped = stopped or rec.status in _STOPPED
             if rec.run_attempt != run.attempt:
                 continue
@@ -436,6 +454,8 @@ def finish_attempt(
         run.skipped_tasks = list(skipped)
         run.runner = None
         run.phase = "ended"
+        if status == RunStatus.SUCCEEDED:
+            run.kept = kept.result(_generations(store, kept.detailed()), at=time.time())
         store.write_run(run)
         if status == RunStatus.SUCCEEDED:
             # After the record: a crash in between leaves files for gc, never a run that

@@ -18,7 +18,10 @@ __all__ = (
     "SCHEMA_VERSION",
     "AttemptSpan",
     "CheckpointData",
+    "CheckpointsKept",
     "GenerationFile",
+    "KeptCheckpoint",
+    "KeptTask",
     "ProcessInfo",
     "RunCondition",
     "RunRecord",
@@ -131,6 +134,62 @@ class AttemptSpan(_Model):
     """When that checkpoint was saved (seconds since the epoch): the work before it was kept."""
     outcome: str | None = None
     """The task's status when it ended (``TaskStatus`` value); None while it runs."""
+
+
+class KeptCheckpoint(_Model):
+    """A checkpoint generation as ``CheckpointsKept`` remembers it: never its state, only its
+    size."""
+
+    generation: int
+    saved_at: float
+    """Seconds since the epoch."""
+    attempt: int
+    """The run's attempt that saved it."""
+    state_bytes: int
+    files: int
+    """Paths it named: files, folders and the checkpoint file."""
+
+
+class KeptTask(_Model):
+    """One task of a succeeded run as ``CheckpointsKept`` remembers it: enough for its timeline
+    (``core.kept_timeline``)."""
+
+    step: str
+    label: str
+    attempts: int
+    frames_done: int
+    """How many frames of its chunk were reported finished."""
+    resume_status: str | None = None
+    host: str | None = None
+    history: list[AttemptSpan] = Field(default_factory=list)
+    checkpoints: list[KeptCheckpoint] = Field(default_factory=list)
+
+
+class CheckpointsKept(_Model):
+    """What a run that succeeded kept until its end, written into its run record just before
+    its task records and checkpoints are deleted (``finish_attempt``), so that a page can still
+    say what the checkpoints did. Totals count every task; ``tasks`` details at most
+    ``core._summary.MAX_KEPT_TASKS`` of them (those with a checkpoint or more than one attempt
+    first), ``left_out`` counts the others."""
+
+    at: float
+    """When the checkpoints were deleted (seconds since the epoch)."""
+    task_count: int = 0
+    tasks_with_checkpoints: int = 0
+    generations: int = 0
+    """Checkpoint generations stored over the run (the latest generation numbers, summed)."""
+    state_bytes: int = 0
+    """Bytes of state of each task's latest checkpoint, summed."""
+    files: int = 0
+    """Paths named by each task's latest checkpoint, summed."""
+    interruptions: int = 0
+    """Task attempts that ended interrupted (suspended or cut off) and were run again."""
+    resumes: int = 0
+    """Task attempts that resumed from a checkpoint."""
+    saved_seconds: float = 0.0
+    """Seconds of work the resumes did not do again, over every task."""
+    tasks: list[KeptTask] = Field(default_factory=list)
+    left_out: int = 0
 
 
 class TaskRecord(_Model):
@@ -275,3 +334,5 @@ class RunRecord(_Model):
     """A later run of the same job that started from the top instead of resuming this one
     (a requeue, or a retry that was refused): retries no longer pick this run; an operator
     resume still can."""
+    kept: CheckpointsKept | None = None
+    """Set when the run succeeded: what its checkpoints were until they were deleted."""

@@ -8,12 +8,19 @@ values: only its size in bytes. Pure functions of stored records (``core._store`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ._planning import task_label
-from ._records import CheckpointData, TaskRecord
+from ._records import (
+    AttemptSpan,
+    CheckpointData,
+    CheckpointsKept,
+    KeptCheckpoint,
+    KeptTask,
+    TaskRecord,
+)
 
 if TYPE_CHECKING:
     from ._job import TaskSpec
@@ -22,9 +29,11 @@ __all__ = (
     "AttemptBar",
     "CheckpointMark",
     "CheckpointSummary",
+    "KeptCollector",
     "TaskSummary",
     "TaskTimeline",
     "describe_plan",
+    "kept_timeline",
     "summarize_checkpoint",
     "summarize_task",
     "task_timeline",
@@ -217,7 +226,7 @@ def task_timeline(
     marks = {g.generation: g for g in generations}
     if rec.checkpoint is not None:
         marks.setdefault(rec.checkpoint.generation, rec.checkpoint)
-    checkpoints = tuple(
+    checkpoints = [
         CheckpointMark(
             generation=g.generation,
             at=g.saved_at,
@@ -226,17 +235,40 @@ def task_timeline(
             files=len(g.files) + len(g.dirs) + (1 if g.file else 0),
         )
         for g in sorted(marks.values(), key=lambda g: g.generation)
-    )
-    spans = rec.history
-    last = max([now or rec.updated_at, *(s.ended_at or s.started_at for s in spans)])
+    ]
+    return _timeline(task_label(rec), rec.history, checkpoints, now or rec.updated_at)
+
+
+def kept_timeline(task: KeptTask) -> TaskTimeline:
+    """The timeline of a task of a succeeded run, from what its run record kept
+    (``RunRecord.kept``: ``CheckpointsKept.tasks``), its records being gone."""
+    checkpoints = [
+        CheckpointMark(
+            generation=c.generation,
+            at=c.saved_at,
+            attempt=c.attempt,
+            state_bytes=c.state_bytes,
+            files=c.files,
+        )
+        for c in sorted(task.checkpoints, key=lambda c: c.generation)
+    ]
+    last = max([0.0, *(s.ended_at or s.started_at for s in task.history)])
+    return _timeline(task.label, task.history, checkpoints, last)
+
+
+def _timeline(
+    label: str, spans: Sequence[AttemptSpan], checkpoints: Sequence[CheckpointMark], now: float
+) -> TaskTimeline:
+    saved_at = {c.generation: c.at for c in checkpoints}
+    last = max([now, *(s.ended_at or s.started_at for s in spans)])
     bars: list[AttemptBar] = []
     for i, span in enumerate(spans):
         following = spans[i + 1].started_at if i + 1 < len(spans) else last
         end = span.ended_at if span.ended_at is not None else following
         saved = 0.0
         kept = span.resumed_saved_at
-        if kept is None and span.resumed_from in marks:  # a span written without it
-            kept = marks[span.resumed_from].saved_at
+        if kept is None and span.resumed_from is not None:  # a span written without it
+            kept = saved_at.get(span.resumed_from)
         if kept is not None:
             saved = sum(max(0.0, min(b.end, kept) - b.start) for b in bars if b.start < kept)
         bars.append(
@@ -252,11 +284,87 @@ def task_timeline(
             )
         )
     moments = [b.start for b in bars] + [c.at for c in checkpoints]
-    start = min(moments) if moments else rec.updated_at
+    start = min(moments) if moments else now
     end = max([last, *(b.end for b in bars), *(c.at for c in checkpoints)])
     return TaskTimeline(
-        label=task_label(rec), start=start, end=end, attempts=tuple(bars), checkpoints=checkpoints
+        label=label, start=start, end=end, attempts=tuple(bars), checkpoints=tuple(checkpoints)
     )
+
+
+# --- what a succeeded run kept until its end ----------------------------------------------------
+MAX_KEPT_TASKS = 50
+"""How many tasks ``CheckpointsKept`` details (the run record stays small for any task count)."""
+
+
+class KeptCollector:
+    """Gathers ``CheckpointsKept`` from a run's task records, one at a time (memory bounded by
+    ``MAX_KEPT_TASKS`` records whatever the task count): ``add`` each record, then ``result``.
+    Pure: the caller lists the detailed tasks' generations (``detailed``)."""
+
+    def __init__(self) -> None:
+        self._totals = CheckpointsKept(at=0.0)
+        self._busy: list[TaskRecord] = []  # with a checkpoint or more than one attempt
+        self._plain: list[TaskRecord] = []
+        self._seen = 0
+
+    def add(self, rec: TaskRecord) -> None:
+        """Count one task record (its latest checkpoint, its attempts and what resumes saved)."""
+        t = self._totals
+        self._seen += 1
+        t.task_count += 1
+        ck = rec.checkpoint
+        if ck is not None:
+            t.tasks_with_checkpoints += 1
+            t.generations += ck.generation
+            t.state_bytes += len((ck.state or "").encode())
+            t.files += len(ck.files) + len(ck.dirs) + (1 if ck.file else 0)
+        spans = rec.history
+        t.interruptions += sum(1 for s in spans[:-1] if s.outcome in (None, "interrupted"))
+        t.resumes += sum(1 for s in spans if s.resumed_from is not None)
+        t.saved_seconds += task_timeline(rec).saved_seconds
+        busy = ck is not None or len(spans) > 1
+        keep = self._busy if busy else self._plain
+        if len(keep) < MAX_KEPT_TASKS:
+            keep.append(rec)
+
+    def detailed(self) -> list[TaskRecord]:
+        """The records ``result`` details: those with a checkpoint or more than one attempt
+        first, at most ``MAX_KEPT_TASKS``."""
+        return (self._busy + self._plain)[:MAX_KEPT_TASKS]
+
+    def result(
+        self, generations: Mapping[tuple[str, str], Sequence[CheckpointData]], *, at: float
+    ) -> CheckpointsKept:
+        """The summary; ``generations``: (step, task key) -> its stored generations (those of
+        ``detailed()``; a task missing from it shows its latest checkpoint only)."""
+        tasks = []
+        for rec in self.detailed():
+            stored = generations.get((rec.step, rec.task_key), ())
+            marks = task_timeline(rec, stored).checkpoints
+            tasks.append(
+                KeptTask(
+                    step=rec.step,
+                    label=task_label(rec),
+                    attempts=rec.attempt,
+                    frames_done=len(rec.completed_frames),
+                    resume_status=rec.resume_status,
+                    host=rec.host,
+                    history=list(rec.history),
+                    checkpoints=[
+                        KeptCheckpoint(
+                            generation=m.generation,
+                            saved_at=m.at,
+                            attempt=m.attempt,
+                            state_bytes=m.state_bytes,
+                            files=m.files,
+                        )
+                        for m in marks
+                    ],
+                )
+            )
+        return self._totals.model_copy(
+            update={"at": at, "tasks": tasks, "left_out": self._seen - len(tasks)}
+        )
 
 
 def timeline_text(timeline: TaskTimeline, width: int = 40) -> list[str]:

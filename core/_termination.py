@@ -30,6 +30,7 @@ __all__ = (
     "run_is_live",
     "starts_no_tasks",
     "task_stop_for",
+    "termination_choices",
 )
 
 
@@ -163,6 +164,33 @@ def run_is_live(store: CheckpointStore, run: RunRecord) -> bool:
     if run.runner is not None:
         return store.lease_held(run)
     return True
+
+
+def termination_choices(store: CheckpointStore, run: RunRecord) -> tuple[TerminationMode, ...]:
+    """The modes a request could end ``run`` in now, and change something: none once it has
+    ended (or its runner died); while it stops, only the more forceful modes
+    (``request_termination`` refuses the others); while its finally steps run, neither
+    ``CancelledRunFinally`` nor ``StoppedRunFinally`` (they change nothing then). In the order
+    of ``TerminationMode``'s least forceful first: Suspended, StoppedRunFinally,
+    CancelledRunFinally, Cancelled.
+
+    Raises:
+        StoreError: the run's stop requests cannot be read.
+    """
+    if not run_is_live(store, run):
+        return ()
+    current = resolve_termination(store.read_stop_requests(run.job_key, run.run_id), run.attempt)
+    order = (
+        TerminationMode.SUSPENDED,
+        TerminationMode.STOPPED_RUN_FINALLY,
+        TerminationMode.CANCELLED_RUN_FINALLY,
+        TerminationMode.CANCELLED,
+    )
+    return tuple(
+        mode
+        for mode in order
+        if mode != current.mode and fold_request(current, mode, phase=run.phase)[1] is None
+    )
 
 
 def request_termination(

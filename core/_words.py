@@ -16,6 +16,7 @@ __all__ = (
     "outcome_key",
     "outcome_sentence",
     "run_status_words",
+    "task_status_words",
 )
 
 
@@ -81,6 +82,13 @@ def run_status_words(status: str, *, runner_alive: bool = True) -> str:
     if status == "running" and not runner_alive:
         return "interrupted"
     return _RUN_STATUS.get(status, status)
+
+
+def task_status_words(status: str) -> str:
+    """A task's stored status (``TaskStatus`` value) in the words the CLI uses: ``suspended``
+    for ``interrupted``, the others as they are (``pending``, ``running``, ``succeeded``,
+    ``failed``, ``canceled``)."""
+    return "suspended" if status == "interrupted" else status
 
 
 def _n(count: int, one: str, many: str | None = None) -> str:

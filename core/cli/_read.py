@@ -23,6 +23,7 @@ from core import (
     TemplateError,
     run_status_words,
     summarize_task,
+    task_status_words,
 )
 
 __all__ = (
@@ -282,7 +283,7 @@ def cmd_show(args: argparse.Namespace, store: CheckpointStore) -> int:
     for task in summaries:
         ck = task.checkpoint
         ckt = f"gen {ck.generation}, {ck.state_bytes}B" if ck else "-"
-        status = "suspended" if task.status == "interrupted" else task.status
+        status = task_status_words(task.status)
         print(
             f"  {task.label:<28} {status:<12} {ckt:<22} {len(task.frames_done):>6}  "
             f"{task.message or ''}"
