@@ -16,16 +16,21 @@ Mounted by the api-server under ``/openjd`` (register ``OpenJDCheckpointPlugin``
   generations (number, time, state size in bytes, files, ``files_mode``: ``managed`` when the
   store keeps the files); never checkpoint states. Needs permission to read the DAG's task
   instances.
-- ``GET /openjd/ui/runs/{dag_id}/{dag_run_id}``: a page showing the above, with buttons for the
-  termination modes; shown as the "OpenJD checkpoints" tab of a DAG run (``external_views``). It
-  calls the endpoints with the UI's session cookie.
+- ``GET /openjd/dags/{dag_id}/dagRuns/{dag_run_id}/page``: the same job run as an HTML fragment
+  for the UI page (``_page.fragment``: states in the CLI's words, each task's timeline and
+  checkpoint history, buttons for the termination modes that can still act). Needs permission
+  to read the DAG's task instances. A DAG run with no job run (yet) gets a fragment that says
+  so, not a 404.
+- ``GET /openjd/ui/runs/{dag_id}/{dag_run_id}``: the page, shown as the "OpenJD checkpoints"
+  tab of a DAG run (``external_views``). It holds no data and answers without credentials; its
+  script fetches the fragment with the UI's session cookie every 3 s until the run has ended
+  (``_page.shell``), and says "sign in to Airflow" on a 401 or 403.
 
 Unauthenticated calls get 401, calls with a bad token 403.
 """
 
 from __future__ import annotations
 
-import html
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -101,23 +106,37 @@ def terminate(
     }
 
 
-@app.get(
-    "/dags/{dag_id}/dagRuns/{dag_run_id}/checkpoints",
-    dependencies=[
-        Depends(requires_access_dag(method="GET", access_entity=DagAccessEntity.TASK_INSTANCE))
-    ],
-)
-def checkpoints(dag_id: str, dag_run_id: str, session: SessionDep) -> dict[str, Any]:
-    import core
+def _read(
+    session: Any, dag_id: str, dag_run_id: str
+) -> tuple[core.CheckpointStore, core.RunRecord, list[core.TaskRecord], list[str]]:
+    """The DAG run's job run: its store, run record, task records (regular steps first, then
+    finally steps, each by step and task) and the warnings of records that could not be read.
 
+    Raises:
+        HTTPException: 404, the DAG run has no job run, or the store no longer has it.
+    """
     attempt = _attempt(session, dag_id, dag_run_id)
     store = _store(attempt)
     run = store.read_run(attempt["job_key"], attempt["run_id"])
     if run is None:
         raise HTTPException(404, f"job run {attempt['run_id']} is not in the store")
     records, warnings = store.read_tasks(attempt["job_key"], attempt["run_id"])
+    records.sort(key=lambda r: (run.finally_steps.count(r.step), r.step, r.task_key))
+    return store, run, records, warnings
+
+
+_READ_TASKS = [
+    Depends(requires_access_dag(method="GET", access_entity=DagAccessEntity.TASK_INSTANCE))
+]
+
+
+@app.get("/dags/{dag_id}/dagRuns/{dag_run_id}/checkpoints", dependencies=_READ_TASKS)
+def checkpoints(dag_id: str, dag_run_id: str, session: SessionDep) -> dict[str, Any]:
+    import core
+
+    store, run, records, warnings = _read(session, dag_id, dag_run_id)
     tasks = []
-    for rec in sorted(records, key=lambda r: (run.finally_steps.count(r.step), r.step, r.task_key)):
+    for rec in records:
         generations = [core.summarize_checkpoint(g) for g in store.list_generations(rec)]
         task = core.summarize_task(rec)
         tasks.append(
@@ -156,84 +175,43 @@ def checkpoints(dag_id: str, dag_run_id: str, session: SessionDep) -> dict[str, 
     }
 
 
-_PAGE = """<!doctype html>
-<html><head><meta charset="utf-8"><title>OpenJD checkpoints</title>
-<style>
-body {{ font-family: sans-serif; margin: 1em; }}
-table {{ border-collapse: collapse; }} td, th {{ border: 1px solid #ccc; padding: 2px 6px; }}
-#error {{ color: #b00; }}
-</style></head>
-<body>
-<h2>OpenJD checkpoints: <span id="dag">{dag}</span> / <span id="run">{run}</span></h2>
-<p>Job run <b id="job-run">…</b>: <b id="status">loading</b> <span id="condition"></span>;
-checkpoint files: <b id="files-mode">…</b></p>
-<p id="error"></p>
-<table><thead><tr><th>task</th><th>status</th><th>generation</th><th>saved</th>
-<th>state bytes</th><th>files</th><th>frames done</th><th>resume</th></tr></thead>
-<tbody id="tasks"></tbody></table>
-<p>End the run: {buttons}</p>
-<p id="result"></p>
-<script>
-const base = {base};
-async function load() {{
-  const r = await fetch(base + "/checkpoints", {{credentials: "same-origin"}});
-  if (!r.ok) {{
-    document.getElementById("error").textContent = r.status + " " + await r.text();
-    return;
-  }}
-  const data = await r.json();
-  document.getElementById("error").textContent = "";
-  document.getElementById("job-run").textContent = data.run_id;
-  document.getElementById("status").textContent = data.status;
-  document.getElementById("files-mode").textContent = data.file_data_flow;
-  document.getElementById("condition").textContent =
-    data.condition.reason + (data.condition.message ? ": " + data.condition.message : "");
-  const body = document.getElementById("tasks");
-  body.replaceChildren();
-  for (const t of data.tasks) {{
-    const last = t.checkpoints.length ? t.checkpoints[t.checkpoints.length - 1] : null;
-    const cells = [t.label, t.status, last ? last.generation : "",
-      last ? new Date(last.saved_at * 1000).toISOString() : "", last ? last.state_bytes : "",
-      last ? last.files.join(", ") : "", t.frames_done.length, t.resume_status || ""];
-    const row = document.createElement("tr");
-    row.className = "task";
-    for (const c of cells) {{
-      const td = document.createElement("td");
-      td.textContent = c;
-      row.append(td);
-    }}
-    body.append(row);
-  }}
-}}
-async function terminate(mode) {{
-  const r = await fetch(base + "/termination", {{method: "POST", credentials: "same-origin",
-    headers: {{"Content-Type": "application/json"}}, body: JSON.stringify({{mode}})}});
-  document.getElementById("result").textContent = r.status + " " + await r.text();
-  load();
-}}
-load();
-setInterval(load, 3000);
-</script></body></html>
-"""
+@app.get(
+    "/dags/{dag_id}/dagRuns/{dag_run_id}/page",
+    response_class=HTMLResponse,
+    dependencies=_READ_TASKS,
+)
+def page_fragment(dag_id: str, dag_run_id: str, session: SessionDep) -> str:
+    """The page's content for the DAG run, as an HTML fragment (``_page.fragment``)."""
+    import core
+
+    from . import _page
+
+    try:
+        store, run, records, warnings = _read(session, dag_id, dag_run_id)
+    except HTTPException as exc:
+        if exc.status_code != 404:
+            raise
+        return _page.waiting_fragment(str(exc.detail))
+    return _page.fragment(
+        run,
+        [(rec, store.list_generations(rec)) for rec in records],
+        file_data_flow=store.file_flow.value,
+        choices=core.termination_choices(store, run),
+        warnings=warnings,
+        keep_generations=store.keep_generations,
+    )
 
 
 @app.get("/ui/runs/{dag_id}/{dag_run_id}", response_class=HTMLResponse)
 def page(dag_id: str, dag_run_id: str) -> str:
-    """The page (no data in it: its script reads the endpoints with the user's credentials)."""
-    import json
+    """The page (no data in it: its script reads the fragment with the user's credentials)."""
     import urllib.parse
+
+    from . import _page
 
     quote = urllib.parse.quote
     base = f"{URL_PREFIX}/dags/{quote(dag_id, safe='')}/dagRuns/{quote(dag_run_id, safe='')}"
-    buttons = " ".join(
-        f'<button onclick="terminate({html.escape(json.dumps(m))})">{m}</button>' for m in MODES
-    )
-    return _PAGE.format(
-        dag=html.escape(dag_id),
-        run=html.escape(dag_run_id),
-        base=json.dumps(base).replace("<", "\\u003c"),
-        buttons=buttons,
-    )
+    return _page.shell(dag_id, dag_run_id, base)
 
 
 class OpenJDCheckpointPlugin(AirflowPlugin):

@@ -5,11 +5,14 @@ tasks ended), and list the run's checkpoints."""
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from pathlib import Path
 
 import airflow_helpers as ah
 import pytest
+
+from airflow_plugin._page import frame_ranges
 
 ROOT = Path(__file__).resolve().parents[2]
 THREE_STEPS = ROOT / "tests" / "data" / "three_steps.yaml"
@@ -27,6 +30,7 @@ def test_endpoints_refuse_unauthenticated_calls(airflow_live: ah.AirflowStack) -
     for method, sub, body in (
         ("POST", "/termination", {"mode": "Cancelled"}),
         ("GET", "/checkpoints", None),
+        ("GET", "/page", None),
     ):
         resp = client.request(method, path + sub, auth=False, expect=None, json=body)
         assert resp.status_code == 401, resp.text
@@ -42,6 +46,9 @@ def test_endpoints_refuse_unauthenticated_calls(airflow_live: ah.AirflowStack) -
     # Authenticated, the same call reaches the endpoint (no such DAG run: 404).
     resp = client.request("GET", path + "/checkpoints", expect=None)
     assert resp.status_code == 404 and "no OpenJD job run" in resp.text
+    resp = client.request("GET", path + "/page", expect=None)  # the page's fragment: says so
+    assert resp.status_code == 200 and "No OpenJD job run yet" in resp.text, resp.text
+    assert 'data-live="1"' in resp.text  # the page keeps polling: the run may begin
     plugins = {p["name"]: p for p in client.get("/api/v2/plugins")["plugins"]}
     [view] = plugins["openjd_checkpoint"]["external_views"]
     assert view["href"] == "/openjd/ui/runs/{DAG_ID}/{RUN_ID}"
@@ -57,6 +64,15 @@ def _ts(text: str) -> datetime:
 # Cancelled runs no finally step; StoppedRunFinally lets the running task finish and starts no
 # new one, then runs the finally step; CancelledRunFinally cancels it, then runs the finally
 # step; Suspended checkpoints it and runs no finally step (core/_termination.py, finish_attempt).
+# mode -> the end buttons the page may still show once that request is in (only modes that
+# could replace it: core.termination_choices).
+STILL_OFFERED = {
+    "Suspended": {"Cancelled"},
+    "StoppedRunFinally": {"CancelledRunFinally", "Cancelled"},
+    "CancelledRunFinally": {"Cancelled"},
+    "Cancelled": set(),
+}
+
 MODES = {
     "Suspended": ("interrupted", None, "interrupted"),
     "StoppedRunFinally": ("stopped", "Stopped\n", "succeeded"),
@@ -96,6 +112,8 @@ def test_termination_mode_through_the_plugin(
     caught = ah.wait_until(rendering, timeout=120, what="a Render task to finish a frame")
     resp = client.request("POST", base + "/termination", json={"mode": mode})
     assert resp.json()["mode"] == mode
+    fragment = client.request("GET", base + "/page").text
+    assert set(re.findall(r'data-mode="(\w+)"', fragment)) <= STILL_OFFERED[mode], fragment
     again = client.request(
         "POST", base + "/termination", json={"mode": "StoppedRunFinally"}, expect=None
     )
@@ -110,12 +128,24 @@ def test_termination_mode_through_the_plugin(
     assert listing["termination"] == mode
     assert listing["file_data_flow"] == "shared"  # the default: no [openjd_checkpoint] files
     renders = [t for t in listing["tasks"] if t["step"] == "Render"]
+    # The page's fragment of the ended run: no end button, what happened to the checkpoints,
+    # states in the CLI's words, the finished frames of the caught chunk as ranges.
+    fragment = client.request("GET", base + "/page").text
+    assert 'data-live="0"' in fragment and "data-mode=" not in fragment, fragment
+    assert 'id="ended-note"' in fragment
+    assert ('id="resume-hint"' in fragment) == (mode == "Suspended")
+    words = {"interrupted": "suspended", "canceled": "canceled", "stopped": "stopped"}
+    assert f'data-status="{words[core_status]}"' in fragment
+    assert 'data-status="interrupted"' not in fragment
     assert renders and all(t["status"] != "running" for t in renders)
     caught_record = json.loads(caught.read_text())
     assert caught_record["status"] == caught_status, caught_record
     # No regular task starts once the request is in: Assemble (after Render) never runs.
     assert not [t for t in listing["tasks"] if t["step"] == "Assemble"], listing
     assert all(t["state"] != "success" for k, t in tis.items() if k[0] == "Assemble"), tis
+    frames = caught_record["completed_frames"]
+    if frames:
+        assert f"frames done {frame_ranges(frames)} ({len(frames)})" in fragment, fragment
     if mode == "Suspended":
         assert caught_record["checkpoint"], caught_record  # stopped with a checkpoint
         assert caught_record["completed_frames"], caught_record  # and its finished frame
@@ -152,4 +182,12 @@ def test_checkpoints_page_is_served(airflow_live: ah.AirflowStack) -> None:
     resp = airflow_live.client.request("GET", "/openjd/ui/runs/some_dag/some_run", auth=False)
     assert "OpenJD checkpoints" in resp.text
     assert '"/openjd/dags/some_dag/dagRuns/some_run"' in resp.text
-    assert 'checkpoint files: <b id="files-mode">' in resp.text
+    # the shell answers without credentials, and holds no data: its script loads the fragment
+    assert 'base + "/page"' in resp.text and "chakra-ui-color-mode" in resp.text
+    assert 'id="job-run"' not in resp.text
+
+
+def test_frame_ranges() -> None:
+    assert frame_ranges([]) == ""
+    assert frame_ranges([9, 1, 2, 3, 4, 5, 6, 7]) == "1-7,9"
+    assert frame_ranges([3, 5, 6, 5]) == "3,5-6"
