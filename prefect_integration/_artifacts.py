@@ -212,7 +212,7 @@ class RunView:
 
     def rows(self) -> list[dict[str, Any]]:
         """The table artifact's rows: one a task, its status in the CLI's words
-        (``core.run_status_words``: ``finished``, ``suspended``...), its checkpoint history
+        (``core.task_status_words``: ``succeeded``, ``suspended``...), its checkpoint history
         (every kept generation: number, UTC time, state bytes, files) and resume status; never
         a state's contents."""
         rows = []
@@ -222,7 +222,7 @@ class RunView:
             rows.append(
                 {
                     "task": task.label,
-                    "status": core.run_status_words(task.status),
+                    "status": core.task_status_words(task.status),
                     "attempts": task.attempts,
                     "frames done": len(task.frames_done),
                     "checkpoint generation": ckpt.generation if ckpt else "",
@@ -251,7 +251,7 @@ class RunView:
                 f"; resumes saved {line.saved_seconds:.0f} s of work" if line.saved_seconds else ""
             )
             parts.append(
-                f"**{task.label}**: {core.run_status_words(task.status)}, "
+                f"**{task.label}**: {core.task_status_words(task.status)}, "
                 f"{task.attempts} attempt(s), "
                 f"{len(line.checkpoints)} checkpoint generation(s) kept{saved}"
             )

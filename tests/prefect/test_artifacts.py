@@ -177,7 +177,7 @@ def test_a_suspended_flow_run_shows_what_it_kept_and_its_retry_resumes(
     assert len(progress_runs) == 2 and _data(progress_runs[1]) == 100
     assert progress_runs[1].description == "Train: 1 of 1 task(s) finished; 1 succeeded"
     [row] = _data(_by_type(flow_run_id, "table")[-1])
-    assert row["status"] == "finished" and row["attempts"] == 2
+    assert row["status"] == "succeeded" and row["attempts"] == 2
     assert row["resume status"] == "RESUMED" and row["resumed from"] == str(kept)
     assert row["work saved by resumes (s)"] > 0
     timeline = _by_type(flow_run_id, "markdown")[-1]

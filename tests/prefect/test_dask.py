@@ -210,7 +210,7 @@ def test_a_two_step_job_spreads_over_both_workers(
     assert run.state_type == StateType.COMPLETED, ph.flow_run_states(flow_run_id)
     rows = _table(flow_run_id)
     assert len(rows) == 6 + 2 + 1 + 1, rows
-    assert {r["status"] for r in rows} == {"finished"}, rows
+    assert {r["status"] for r in rows} == {"succeeded"}, rows
     by_host = Counter(r["host"] for r in rows)
     assert set(by_host) == set(DASK_HOSTS), by_host  # the records name both workers' hosts
     lines = _logs_with(flow_run_id, "REPORT status=Succeeded")

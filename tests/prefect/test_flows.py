@@ -84,7 +84,7 @@ def test_three_steps_through_flow_from_template(tmp_path: Path) -> None:
     logs = ph.wait_for_logs(flow_run_id, "ASSEMBLED")
     assert any("RENDER-DONE 5-6" in log.message for log in logs)
     [table] = [a for a in ph.artifacts(flow_run_id) if a.type == "table"]
-    assert "Render[Frame=1-2]" in str(table.data) and "finished" in str(table.data)
+    assert "Render[Frame=1-2]" in str(table.data) and "succeeded" in str(table.data)
 
 
 def test_three_steps_through_the_decorator_with_a_failing_step(tmp_path: Path) -> None:
