@@ -42,6 +42,20 @@ def run_cli(
     )
 
 
+def checkpoint_at_least(store: Path | str, generation: int, timeout: float = 30.0) -> None:
+    """Wait until a task of a run in ``store`` has stored checkpoint ``generation`` or later."""
+    from core import CheckpointStore
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        for run in CheckpointStore(store).list_runs()[0]:
+            for rec in CheckpointStore(store).read_tasks(run.job_key, run.run_id)[0]:
+                if rec.checkpoint is not None and rec.checkpoint.generation >= generation:
+                    return
+        time.sleep(0.05)
+    raise AssertionError(f"no checkpoint generation {generation}")
+
+
 class CliProcess:
     """A running ``openjd-checkpoint`` (forked from the server of ``forked_cli.py``: a process
     of its own, in a session of its own) whose stdout and stderr are collected on threads."""

@@ -6,10 +6,9 @@ still act in (``core.termination_choices``), and a task's status in the CLI's wo
 from __future__ import annotations
 
 import signal
-import time
 from pathlib import Path
 
-from conftest import DATA, CliProcess
+from conftest import DATA, CliProcess, checkpoint_at_least
 
 import core
 from core import CheckpointStore, TerminationMode
@@ -23,23 +22,12 @@ S, C, R, CR = (
 )
 
 
-def _checkpoint_at_least(store: Path, generation: int, timeout: float = 30.0) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        for run in CheckpointStore(store).list_runs()[0]:
-            for rec in CheckpointStore(store).read_tasks(run.job_key, run.run_id)[0]:
-                if rec.checkpoint is not None and rec.checkpoint.generation >= generation:
-                    return
-        time.sleep(0.05)
-    raise AssertionError(f"no checkpoint generation {generation}")
-
-
 def test_a_succeeded_run_keeps_a_summary_of_the_checkpoints_it_deleted(tmp_path: Path) -> None:
     store = tmp_path / "store"
     args = ("run", str(DATA / "counter.yaml"), "--store", str(store), "-q")
     args += ("-p", "N=60", "-p", "StepSeconds=0.05")
     cli = CliProcess(*args)
-    _checkpoint_at_least(store, 4)
+    checkpoint_at_least(store, 4)
     cli.proc.send_signal(signal.SIGINT)
     assert cli.wait(60) == 75, cli.stderr  # suspended
     st = CheckpointStore(store)

@@ -8,22 +8,11 @@ import signal
 import time
 from pathlib import Path
 
-from conftest import DATA, CliProcess
+from conftest import DATA, CliProcess, checkpoint_at_least
 
 import core
 from core import CheckpointStore
 from core._history import MAX_SPANS
-
-
-def _checkpoint_at_least(store: Path, generation: int, timeout: float = 30.0) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        for run in CheckpointStore(store).list_runs()[0]:
-            for rec in CheckpointStore(store).read_tasks(run.job_key, run.run_id)[0]:
-                if rec.checkpoint is not None and rec.checkpoint.generation >= generation:
-                    return
-        time.sleep(0.05)
-    raise AssertionError(f"no checkpoint generation {generation}")
 
 
 def test_a_task_suspended_twice_has_a_span_per_attempt_and_a_timeline(tmp_path: Path) -> None:
@@ -32,7 +21,7 @@ def test_a_task_suspended_twice_has_a_span_per_attempt_and_a_timeline(tmp_path: 
     args += ("-p", "N=200", "-p", "StepSeconds=0.05")
     for target in (3, 8):
         cli = CliProcess(*args)
-        _checkpoint_at_least(store, target)
+        checkpoint_at_least(store, target)
         cli.proc.send_signal(signal.SIGINT)
         assert cli.wait(60) == 75, cli.stderr  # suspended
     st = CheckpointStore(store)
