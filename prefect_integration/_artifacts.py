@@ -187,6 +187,28 @@ class GroupProgress:
 
 _PENDING: set[threading.Thread] = set()
 _PENDING_LOCK = threading.Lock()
+_FLOW_BODIES = 0
+"""Flow bodies running in this process. A task run in a process with none (a Dask worker's,
+say) has no ``flush_progress`` coming after it: it waits for its own last update."""
+
+
+def flow_body_started() -> None:
+    """The flow body runs in this process (it calls ``flush_progress`` before it ends)."""
+    global _FLOW_BODIES
+    with _PENDING_LOCK:
+        _FLOW_BODIES += 1
+
+
+def flow_body_ended() -> None:
+    global _FLOW_BODIES
+    with _PENDING_LOCK:
+        _FLOW_BODIES = max(0, _FLOW_BODIES - 1)
+
+
+def flushed_here() -> bool:
+    """True if a flow body in this process will wait for this process's progress updates."""
+    with _PENDING_LOCK:
+        return _FLOW_BODIES > 0
 
 
 def flush_progress(timeout: float = 30.0) -> None:

@@ -51,7 +51,13 @@ from core import (
     load_template,
 )
 
-from ._artifacts import RunView, flush_progress, read_run_view
+from ._artifacts import (
+    RunView,
+    flow_body_ended,
+    flow_body_started,
+    flush_progress,
+    read_run_view,
+)
 from ._blocks import CheckpointStoreBlock
 from ._cancel import (
     LABEL_FILES,
@@ -561,7 +567,11 @@ def _build(
     signature, annotations = flow_signature(template)
 
     def body(**values: Any) -> State[Any]:
-        return _flow_body(config, user_fn, values)
+        flow_body_started()  # task runs in this process leave their last progress to us
+        try:
+            return _flow_body(config, user_fn, values)
+        finally:
+            flow_body_ended()
 
     body.__signature__ = signature  # type: ignore[attr-defined]
     body.__annotations__ = {**annotations, "return": Any}

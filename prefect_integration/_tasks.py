@@ -22,7 +22,7 @@ from prefect.transactions import get_transaction
 import core
 from core import CheckpointStore, PreparedJob, TaskOutcome, TaskSpec
 
-from ._artifacts import GroupProgress
+from ._artifacts import GroupProgress, flushed_here
 from ._report import flow_entrypoint, kept_line, quiet_finished_line, resume_hint
 
 __all__ = ("job_for", "remember_job", "run_group")
@@ -179,8 +179,12 @@ def run_group(
         )
     except BaseException:
         progress.close("stopped by an error")
+        if not flushed_here():
+            progress.wait()
         raise
     progress.close(_ending(results))
+    if not flushed_here():  # a worker of another process (Dask): its client closes after us
+        progress.wait()
     hint = _resume_hint()
     for spec, res in zip(specs, results, strict=True):
         line = kept_line(spec.label, res, hint)

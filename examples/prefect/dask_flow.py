@@ -44,8 +44,10 @@ def print_hosts(flow_run_id: object) -> None:
             artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
         )
     for artifact in found:
+        if artifact.type != "table":  # the progress and timeline artifacts
+            continue
         data = json.loads(artifact.data) if isinstance(artifact.data, str) else artifact.data
-        if artifact.type == "table" and isinstance(data, list):
+        if isinstance(data, list):
             for row in data:
                 print(f"{row['task']:<28} {row['status']:<12} host={row['host']}")
 

@@ -218,6 +218,7 @@ def test_a_two_step_job_spreads_over_both_workers(
         int(line.split("FRAME ")[1].split()[0]) for line in lines if "| FRAME " in line
     )
     assert frames == Counter(range(1, 13)), frames
+    assert not [line for line in lines if "progress artifact of" in line]  # sent from workers
     hosts = {line.rsplit("host=", 1)[1] for line in lines if "| FRAME " in line}
     assert hosts == set(DASK_HOSTS), hosts
     done = [line for line in lines if "TRAIN-DONE" in line]

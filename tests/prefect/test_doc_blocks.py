@@ -40,3 +40,5 @@ def test_a_prefect_block_runs_as_written(block, tmp_path: Path) -> None:
     [expected] = [want for key, want in CHECKS.items() if key in block.text]
     for text in expected:
         assert text in done.stdout, f"{block.where}: no {text!r} in:\n{done.stdout[-4000:]}"
+    assert "Traceback" not in done.stdout, done.stdout[-4000:]
+    assert "progress artifact of" not in done.stdout, done.stdout[-4000:]  # none lost
