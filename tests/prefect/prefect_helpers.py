@@ -570,6 +570,20 @@ def task_runs(flow_run_id: uuid.UUID) -> list[TaskRun]:
         )
 
 
+def flow_run_of_store(store: Any, timeout: float = 60) -> uuid.UUID:
+    """The flow run id of the running core run in ``store`` (a ``core.CheckpointStore``), once
+    one is there: its external key."""
+    from core import RunStatus
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        runs = [r for r in store.list_runs()[0] if r.status == RunStatus.RUNNING]
+        if runs and runs[-1].external_key:
+            return uuid.UUID(runs[-1].external_key)
+        time.sleep(0.1)
+    raise AssertionError("no running core run appeared in the store")
+
+
 def flow_run_logs(flow_run_id: uuid.UUID) -> list[Log]:
     """Every log of the flow run and its task runs, oldest first (paged: the API returns at most
     200 a call, and a slow run's warning may come after its first 200 lines). Logs are sent in

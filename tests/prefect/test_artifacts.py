@@ -23,7 +23,7 @@ from prefect import flow, get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterId
 from prefect.client.schemas.objects import Artifact, StateType
 
-from core import CheckpointStore, RunStatus
+from core import CheckpointStore
 from prefect_integration._artifacts import GroupProgress
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,16 +40,6 @@ train = flow_from_template({template!r}, store={store!r}, files="managed", name=
 if __name__ == "__main__":
     train(**json.loads(sys.argv[1]))
 """
-
-
-def _flow_run_of_store(store: CheckpointStore, timeout: float = 60) -> uuid.UUID:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        runs = [r for r in store.list_runs()[0] if r.status == RunStatus.RUNNING]
-        if runs and runs[-1].external_key:
-            return uuid.UUID(runs[-1].external_key)
-        time.sleep(0.1)
-    raise AssertionError("no running core run appeared in the store")
 
 
 def _by_type(flow_run_id: uuid.UUID, kind: str) -> list[Artifact]:
@@ -96,7 +86,7 @@ def test_a_suspended_flow_run_shows_what_it_kept_and_its_retry_resumes(
             start_new_session=True,
         )
     try:
-        flow_run_id = _flow_run_of_store(store)
+        flow_run_id = ph.flow_run_of_store(store)
         ph.wait_for_logs(flow_run_id, "checkpoint generation 3 stored", timeout=60)
         os.kill(proc.pid, signal.SIGINT)
         code = proc.wait(timeout=60)

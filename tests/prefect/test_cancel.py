@@ -46,16 +46,6 @@ def _frames(out: Path) -> dict[int, str]:
     return {int(p.name.split("-")[1]): p.read_text() for p in frames}
 
 
-def _flow_run_of_store(store: CheckpointStore, timeout: float = 60) -> uuid.UUID:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        runs = [r for r in store.list_runs()[0] if r.status == RunStatus.RUNNING]
-        if runs and runs[-1].external_key:
-            return uuid.UUID(runs[-1].external_key)
-        time.sleep(0.1)
-    raise AssertionError("no running core run appeared in the store")
-
-
 EXPECTED = {
     # mode: (core status, Cleanup's Job.Status or None, a line of Render's output)
     "Suspended": (RunStatus.INTERRUPTED, None, "RENDER-CKPT"),
@@ -78,7 +68,7 @@ def test_end_flow_run_in_each_mode(mode: str, tmp_path: Path) -> None:
     answers: list[Any] = []
 
     def stop_it() -> None:
-        flow_run_id = _flow_run_of_store(store)
+        flow_run_id = ph.flow_run_of_store(store)
         ph.wait_for_logs(flow_run_id, "RENDER-START 1-2")
         answers.append(end_flow_run(flow_run_id, mode))
 
