@@ -285,14 +285,28 @@ class Conductor:
     termination request once ``Work[I=2]`` resumed. ``join()`` raises what went wrong."""
 
     def __init__(
-        self, location: str | Path, notice_file: Path, *, sessions: int, timeout: float = 90
+        self,
+        location: str | Path,
+        notice_file: Path,
+        *,
+        sessions: int,
+        timeout: float = 90,
+        sequential: bool = False,
     ) -> None:
         """``sessions``: how many sessions of the run are open when the notice is due. The
         CLI keeps one per slot open to the end of the phase (2, ``--max-parallel 2``); Airflow
         and Prefect close ``Work[I=1]``'s with its unit (1). A notice that reaches a unit while
         its session exits, after its tasks succeeded, stops that unit too (it fails and is
-        retried): not this scenario's."""
+        retried): not this scenario's.
+
+        ``sequential``: the runner runs one task at a time in an order of its own
+        (``dag.test()`` runs the scheduled task instances of a loop in the order of a Python
+        set). When it starts ``Work[I=2]`` before ``Work[I=1]`` succeeded the scenario cannot
+        be played: the conductor then cancels the run at once (``Cancelled``) and sets
+        ``out_of_order``, and the test runs it again on a fresh store."""
         self.sessions = sessions
+        self.sequential = sequential
+        self.out_of_order = threading.Event()
         self.store = CheckpointStore(location)
         self.notice_file = notice_file
         self.timeout = timeout
@@ -311,6 +325,8 @@ class Conductor:
         self._thread.join(10)
         if self.error is not None:
             raise self.error
+        if self.out_of_order.is_set():
+            return
         assert self.noticed.is_set(), "the notice was never written"
         assert self.requested.is_set(), "the termination was never requested"
 
@@ -345,9 +361,21 @@ class Conductor:
                 and by_i["sessions"] == self.sessions
             )
 
+        def wrong_order(run: Any, by_i: dict[str, Any]) -> bool:
+            return (
+                self.sequential
+                and "2" in by_i
+                and by_i["2"].status.value == "running"
+                and not ("1" in by_i and by_i["1"].status.value == "succeeded")
+            )
+
         try:
             what = f"Work[I=2] checkpointed beside a finished Work[I=1], {self.sessions} session(s)"
-            self._wait(due, what)
+            run, by_i = self._wait(lambda *seen: due(*seen) or wrong_order(*seen), what)
+            if wrong_order(run, by_i):
+                self.out_of_order.set()
+                request_termination(self.store, run.job_key, run.run_id, "Cancelled")
+                return
             time.sleep(0.5)  # a unit that just closed its session has stopped watching by now
             self._wait(due, what)
             self.notice_file.write_text(f"{time.time() + 30}\n")
