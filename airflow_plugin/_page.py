@@ -296,7 +296,7 @@ def _timeline(timeline: core.TaskTimeline, *, live: bool) -> str:
             f" ({took})</li>"
         )
     for mark in timeline.checkpoints:
-        at = timeline.fraction(mark.at) * 100
+        at = timeline.fraction(mark.saved_at) * 100
         bars.append(
             f'<div class="checkpoint" data-generation="{mark.generation}" style="left:{at:.2f}%" '
             f'title="checkpoint generation {mark.generation}: {mark.state_bytes} bytes of '

@@ -8,6 +8,7 @@ values: only its size in bytes. Pure functions of stored records (``core._store`
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -183,10 +184,11 @@ class AttemptBar:
 
 @dataclass(frozen=True)
 class CheckpointMark:
-    """A stored checkpoint generation on a task's timeline."""
+    """A stored checkpoint generation on a task's timeline (the fields of
+    ``KeptCheckpoint``, which a succeeded run's record keeps of it)."""
 
     generation: int
-    at: float
+    saved_at: float
     """Seconds since the epoch."""
     attempt: int
     """The run's attempt that saved it."""
@@ -229,7 +231,7 @@ def task_timeline(
     checkpoints = [
         CheckpointMark(
             generation=g.generation,
-            at=g.saved_at,
+            saved_at=g.saved_at,
             attempt=g.attempt,
             state_bytes=len((g.state or "").encode()),
             files=len(g.files) + len(g.dirs) + (1 if g.file else 0),
@@ -243,13 +245,7 @@ def kept_timeline(task: KeptTask) -> TaskTimeline:
     """The timeline of a task of a succeeded run, from what its run record kept
     (``RunRecord.kept``: ``CheckpointsKept.tasks``), its records being gone."""
     checkpoints = [
-        CheckpointMark(
-            generation=c.generation,
-            at=c.saved_at,
-            attempt=c.attempt,
-            state_bytes=c.state_bytes,
-            files=c.files,
-        )
+        CheckpointMark(**c.model_dump())
         for c in sorted(task.checkpoints, key=lambda c: c.generation)
     ]
     last = max([0.0, *(s.ended_at or s.started_at for s in task.history)])
@@ -259,7 +255,7 @@ def kept_timeline(task: KeptTask) -> TaskTimeline:
 def _timeline(
     label: str, spans: Sequence[AttemptSpan], checkpoints: Sequence[CheckpointMark], now: float
 ) -> TaskTimeline:
-    saved_at = {c.generation: c.at for c in checkpoints}
+    saved_at = {c.generation: c.saved_at for c in checkpoints}
     last = max([now, *(s.ended_at or s.started_at for s in spans)])
     bars: list[AttemptBar] = []
     for i, span in enumerate(spans):
@@ -283,9 +279,9 @@ def _timeline(
                 saved_seconds=saved,
             )
         )
-    moments = [b.start for b in bars] + [c.at for c in checkpoints]
+    moments = [b.start for b in bars] + [c.saved_at for c in checkpoints]
     start = min(moments) if moments else now
-    end = max([last, *(b.end for b in bars), *(c.at for c in checkpoints)])
+    end = max([last, *(b.end for b in bars), *(c.saved_at for c in checkpoints)])
     return TaskTimeline(
         label=label, start=start, end=end, attempts=tuple(bars), checkpoints=tuple(checkpoints)
     )
@@ -350,16 +346,7 @@ class KeptCollector:
                     resume_status=rec.resume_status,
                     host=rec.host,
                     history=list(rec.history),
-                    checkpoints=[
-                        KeptCheckpoint(
-                            generation=m.generation,
-                            saved_at=m.at,
-                            attempt=m.attempt,
-                            state_bytes=m.state_bytes,
-                            files=m.files,
-                        )
-                        for m in marks
-                    ],
+                    checkpoints=[KeptCheckpoint(**dataclasses.asdict(m)) for m in marks],
                 )
             )
         return self._totals.model_copy(
@@ -382,8 +369,8 @@ def timeline_text(timeline: TaskTimeline, width: int = 40) -> list[str]:
         for i in range(first, last + 1):
             cells[i] = "█"
         for mark in timeline.checkpoints:
-            if bar.start <= mark.at <= bar.end:
-                cells[min(width - 1, int(timeline.fraction(mark.at) * (width - 1)))] = "▲"
+            if bar.start <= mark.saved_at <= bar.end:
+                cells[min(width - 1, int(timeline.fraction(mark.saved_at) * (width - 1)))] = "▲"
         cells[last] = "|" if bar.ended else "?"
         how = (
             f"resumed from {bar.resumed_from}, saved {bar.saved_seconds:.0f} s"

@@ -289,7 +289,7 @@ class RunView:
 
 
 def _mark(mark: core.CheckpointMark) -> str:
-    at = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(mark.at))
+    at = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(mark.saved_at))
     return (
         f"generation {mark.generation} at {at} (attempt {mark.attempt}, "
         f"{mark.state_bytes} B of state, {mark.files} file(s))"
