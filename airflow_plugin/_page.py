@@ -232,14 +232,6 @@ def _time(moment: float) -> str:
     return f'<time datetime="{at.isoformat()}">{at.strftime("%Y-%m-%d %H:%M:%S")} UTC</time>'
 
 
-def _seconds(s: float) -> str:
-    if s < 90:
-        return f"{s:.0f} s"
-    if s < 5400:
-        return f"{s / 60:.1f} min"
-    return f"{s / 3600:.1f} h"
-
-
 def _state(words: str) -> str:
     return f'<span class="state {_STATE_CLASS.get(words, "")}">{_e(words)}</span>'
 
@@ -280,14 +272,14 @@ def _timeline(timeline: core.TaskTimeline, *, live: bool) -> str:
             else "from the top"
         )
         where = f" on {bar.host}" if bar.host else ""
-        took = _seconds(max(0.0, bar.end - bar.start))
+        took = core.duration_words(max(0.0, bar.end - bar.start))
         bars.append(
             f'<div class="attempt {_e(klass)}" data-attempt="{bar.attempt}" '
             f'style="left:{left:.2f}%;width:{width:.2f}%" '
             f'title="#{bar.attempt}: {_e(how)}; {_e(what)}{_e(where)} ({took})"></div>'
         )
         saved = (
-            f', <span class="saved">saved {_seconds(bar.saved_seconds)}</span>'
+            f', <span class="saved">saved {core.duration_words(bar.saved_seconds)}</span>'
             if bar.resumed_from is not None
             else ""
         )
@@ -304,7 +296,7 @@ def _timeline(timeline: core.TaskTimeline, *, live: bool) -> str:
         )
     total = timeline.saved_seconds
     summary = (
-        f" Resumes saved {_seconds(total)} of work."
+        f" Resumes saved {core.duration_words(total)} of work."
         if total > 0
         else (" No resume yet." if len(timeline.attempts) <= 1 else "")
     )
@@ -457,20 +449,6 @@ def _ended_note(run: core.RunRecord, words: str) -> str:
                 "succeeds deletes its checkpoints at its end; this one kept no summary of "
                 "them.</div>"
             )
-        files = f" and {_n(kept.files, 'file')} named" if kept.files else ""
-        what = (
-            f"stored {_n(kept.generations, 'checkpoint generation')} over "
-            f"{_n(kept.tasks_with_checkpoints, 'task')} (the latest: {kept.state_bytes} bytes "
-            f"of state{files})"
-            if kept.tasks_with_checkpoints
-            else "stored no checkpoint"
-        )
-        resumed = (
-            f"; {_n(kept.interruptions, 'interruption')}, {_n(kept.resumes, 'resume')}, "
-            f"saving {_seconds(kept.saved_seconds)} of work"
-            if kept.resumes or kept.interruptions
-            else ""
-        )
         left = (
             f" Details of {_n(len(kept.tasks), 'task')} of {kept.task_count} below."
             if kept.left_out
@@ -479,7 +457,7 @@ def _ended_note(run: core.RunRecord, words: str) -> str:
         return (
             '<div class="note success" id="ended-note">Every task succeeded, and the run '
             f"deleted its checkpoints at its end ({_time(kept.at)}), as a run that succeeds "
-            f"does. Until then it {what}{resumed}.{left}</div>"
+            f"does. Until then it {_e(core.kept_sentence(kept))}.{left}</div>"
         )
     if status == "interrupted":
         return (

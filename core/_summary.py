@@ -381,3 +381,39 @@ def timeline_text(timeline: TaskTimeline, width: int = 40) -> list[str]:
         where = f" on {bar.host}" if bar.host else ""
         lines.append(f"#{bar.attempt} {''.join(cells)}  {how}; {end}{where}")
     return lines
+
+
+def duration_words(seconds: float) -> str:
+    """A duration for people: ``"12 s"`` under 90 s, ``"4.5 min"`` under 90 minutes, else
+    ``"2.1 h"``. ``seconds``: a duration in seconds (negative or NaN reads as 0)."""
+    s = seconds if seconds > 0 else 0.0  # NaN > 0 is False
+    if s < 90:
+        return f"{s:.0f} s"
+    if s < 5400:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def _count(n: int, one: str) -> str:
+    return f"{n} {one}" if n == 1 else f"{n} {one}s"
+
+
+def kept_sentence(kept: CheckpointsKept) -> str:
+    """What a succeeded run stored until its end, from its record's summary (``RunRecord.kept``)
+    in words: ``stored 3 checkpoint generations over 1 task (the latest: 120 bytes of state and
+    2 files named); 1 interruption, 1 resume, saving 12 s of work``. The Airflow page and
+    ``checkpoints show`` say it after "until then it"."""
+    files = f" and {_count(kept.files, 'file')} named" if kept.files else ""
+    what = (
+        f"stored {_count(kept.generations, 'checkpoint generation')} over "
+        f"{_count(kept.tasks_with_checkpoints, 'task')} (the latest: {kept.state_bytes} bytes "
+        f"of state{files})"
+        if kept.tasks_with_checkpoints
+        else "stored no checkpoint"
+    )
+    if kept.resumes or kept.interruptions:
+        what += (
+            f"; {_count(kept.interruptions, 'interruption')}, {_count(kept.resumes, 'resume')}, "
+            f"saving {duration_words(kept.saved_seconds)} of work"
+        )
+    return what

@@ -6,9 +6,10 @@ still act in (``core.termination_choices``), and a task's status in the CLI's wo
 from __future__ import annotations
 
 import signal
+import subprocess
 from pathlib import Path
 
-from conftest import DATA, CliProcess, checkpoint_at_least
+from conftest import DATA, CliProcess, checkpoint_at_least, cli_cmd
 
 import core
 from core import CheckpointStore, TerminationMode
@@ -64,6 +65,17 @@ def test_a_succeeded_run_keeps_a_summary_of_the_checkpoints_it_deleted(tmp_path:
     assert abs(kept.saved_seconds - timeline.saved_seconds) < 1e-6
     assert [c.generation for c in timeline.checkpoints] == gens
     assert timeline.fraction(timeline.start) == 0.0 and timeline.fraction(timeline.end) == 1.0
+    # checkpoints show says the same in words, with the timeline of each task
+    shown = subprocess.run(
+        cli_cmd("checkpoints", "show", run.run_id, "--store", str(store)),
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    assert f"until then it {core.kept_sentence(kept)}" in shown, shown
+    assert "1 interruption, 1 resume, saving" in shown and "no task records kept" not in shown
+    lines = shown.splitlines()
+    i = lines.index("  Count:")
+    assert lines[i + 1 : i + 3] == [f"    {t}" for t in core.timeline_text(timeline)], shown
+    assert "resumed from" in lines[i + 2]
     # a record written before the field reads (no summary), and one with it round-trips
     assert core.RunRecord.model_validate(run.model_dump(exclude={"kept"})).kept is None
     assert core.RunRecord.model_validate_json(run.model_dump_json()).kept == kept

@@ -21,9 +21,12 @@ from core import (
     TaskRecord,
     TaskSummary,
     TemplateError,
+    kept_sentence,
+    kept_timeline,
     run_status_words,
     summarize_task,
     task_status_words,
+    timeline_text,
 )
 
 __all__ = (
@@ -277,7 +280,17 @@ def cmd_show(args: argparse.Namespace, store: CheckpointStore) -> int:
         print(f"  {run.condition.message}")
     print(f"  checkpoint files: {data['file_data_flow']}")
     if not data["tasks"]:
-        print("  no task records kept (a finished run deletes them)")
+        if run.kept is None:
+            print("  no task records kept (a finished run deletes them)")
+            return 0
+        print(f"  checkpoints deleted at its end ({_local(run.kept.at)}), as a run that succeeds")
+        print(f"  does; until then it {kept_sentence(run.kept)}")
+        for kept_task in run.kept.tasks:
+            print(f"  {kept_task.label}:")
+            for line in timeline_text(kept_timeline(kept_task)):
+                print(f"    {line}")
+        if run.kept.left_out:
+            print(f"  ({run.kept.left_out} more task(s) without checkpoints or resumes)")
         return 0
     print(f"  {'TASK':<28} {'STATUS':<12} {'CHECKPOINT':<22} {'FRAMES':>6}  MESSAGE")
     for task in summaries:
