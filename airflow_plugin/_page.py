@@ -332,18 +332,21 @@ def _files(names: Sequence[str], count: int) -> str:
 
 
 def _history(
-    rows: Sequence[tuple[int, float, int, int, Sequence[str], int, str | None]],
+    rows: Sequence[tuple[int, float, int, int, Sequence[str], int, str | None, int | None]],
     resumes: dict[int, str],
     keep: int | None,
 ) -> str:
     """The checkpoint history table: (generation, saved at, attempt, state bytes, file names,
-    file count, files mode) per generation, newest first; ``keep``: how many generations of a
-    task the store keeps (the caption says so when older ones were pruned)."""
+    file count, files mode, bytes of the files the store keeps) per generation, newest first;
+    ``keep``: how many generations of a task the store keeps (the caption says so when older
+    ones were pruned)."""
     if not rows:
         return '<p class="muted history-empty">No checkpoint stored.</p>'
     body = []
-    for gen, saved, attempt, size, names, count, mode in sorted(rows, reverse=True):
+    for gen, saved, attempt, size, names, count, mode, file_bytes in sorted(rows, reverse=True):
         kept = {"managed": "kept by the store", "shared": "paths on a shared file system"}
+        if mode == "managed" and file_bytes is not None:
+            kept["managed"] = f"{file_bytes:,} bytes kept by the store"
         body.append(
             f'<tr class="generation" data-generation="{gen}"><td class="num">{gen}</td>'
             f'<td>{_time(saved)}</td><td class="num">{attempt}</td>'
@@ -392,7 +395,7 @@ def _task(
         summaries.append(task.checkpoint)
     rows = [
         (s.generation, s.saved_at, s.attempt, s.state_bytes, (*s.files, *s.dirs), s.named,
-         s.files_mode)
+         s.files_mode, s.file_bytes)
         for s in summaries
     ]  # fmt: skip
     return (
@@ -414,7 +417,7 @@ def _kept_task(task: core.KeptTask, keep: int | None) -> str:
     if task.host:
         facts.append(f"host {task.host}")
     rows = [
-        (c.generation, c.saved_at, c.attempt, c.state_bytes, (), c.files, None)
+        (c.generation, c.saved_at, c.attempt, c.state_bytes, (), c.files, None, None)
         for c in task.checkpoints
     ]
     return (

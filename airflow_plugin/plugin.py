@@ -153,6 +153,7 @@ def checkpoints(dag_id: str, dag_run_id: str, session: SessionDep) -> dict[str, 
                         "state_bytes": g.state_bytes,
                         "files": list(g.files),
                         "files_mode": g.files_mode,
+                        "file_bytes": g.file_bytes,
                         "attempt": g.attempt,
                     }
                     for g in generations

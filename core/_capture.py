@@ -73,8 +73,9 @@ class _Save:
     file: str | None
     files: list[str]
     dirs: list[str]
-    commit: Callable[[str, str | None], None]
-    """Called with (manifest hash, the save's file as resolved) once everything is in."""
+    commit: Callable[[str, str | None, int], None]
+    """Called with (manifest hash, the save's file as resolved, bytes of its files) once
+    everything is in."""
     file_fd: int | None = None
     """The save's file, opened when the save line was read: its content as it was then (a
     file replaced by a rename afterwards is still read whole; one rewritten in place fails)."""
@@ -654,7 +655,7 @@ class FileCapture:
             self._warn(f"checkpoint not stored, the previous generation stays: {exc}")
             return
         if not self._abandoned:  # a deadline or a cancel came meanwhile: commit nothing more
-            save.commit(digest, save.file)
+            save.commit(digest, save.file, sum(e.size for e in manifest.entries))
 
     def _entry_for(self, path: str, *, declared: bool, fd: int | None = None) -> ManifestEntry:
         """The manifest entry of a file: a declared file must still be as it was declared;

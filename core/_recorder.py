@@ -38,13 +38,11 @@ class TaskRecorder:
     """The store side of one task execution. Thread-safe: the reader thread records messages,
     the capture thread commits saves, the task's thread records its start and end.
 
-    Args:
-        record: the task's record, changed in place (under ``lock``).
-        store: where it is written (None: nothing is stored; checkpoints stay in the record).
-        attempt: the run's attempt number, written into each checkpoint.
-        warn: reports a warning (a save not stored, a file not restored).
-        emit: reports a ``TaskEvent`` kind and value (``checkpoint_saved``, ``status``).
-    """
+    Args: ``record``, the task's record, changed in place (under ``lock``); ``store``, where
+    it is written (None: nothing is stored; checkpoints stay in the record); ``attempt``, the
+    run's attempt number, written into each checkpoint; ``warn`` reports a warning (a save not
+    stored, a file not restored); ``emit`` a ``TaskEvent`` kind and value (``checkpoint_saved``,
+    ``status``)."""
 
     def __init__(
         self,
@@ -246,8 +244,8 @@ class TaskRecorder:
             self._save_dataset = None
             if self._capture is not None:
 
-                def commit(manifest: str, file: str | None) -> None:
-                    self._commit(save, file, files, dirs, manifest)
+                def commit(manifest: str, file: str | None, file_bytes: int) -> None:
+                    self._commit(save, file, files, dirs, manifest, file_bytes)
 
                 self._capture.save(save.file, files, dirs, commit)
                 return
@@ -260,6 +258,7 @@ class TaskRecorder:
         files: list[str],
         dirs: list[str],
         manifest: str | None,
+        file_bytes: int | None = None,
     ) -> None:
         """Store the next checkpoint generation (the generation file, then the record)."""
         with self.lock:
@@ -274,6 +273,7 @@ class TaskRecorder:
                 saved_at=time.time(),
                 attempt=self.attempt,
                 manifest=manifest,
+                file_bytes=file_bytes,
             )
             self._sync_dataset()
             if self.store is not None:

@@ -94,6 +94,9 @@ class CheckpointData(_Model):
     """Managed file data flow: the SHA-256 of the manifest of this generation's files in the
     store (``core._files``); None in shared mode, where ``file``/``files``/``dirs`` are paths on a
     shared file system."""
+    file_bytes: int | None = None
+    """Managed file data flow: bytes of this generation's files in the store (the manifest's
+    file sizes, summed); None in shared mode, and in generations stored by earlier versions."""
 
 
 class TaskIdentity(_Model):

@@ -57,6 +57,8 @@ class CheckpointSummary:
     dirs: tuple[str, ...]
     files_mode: str
     """``managed`` when the store keeps the files, ``shared`` when only their paths."""
+    file_bytes: int | None = None
+    """Managed: bytes of the files the store keeps for it (None: shared, or not recorded)."""
 
     @property
     def named(self) -> int:
@@ -102,6 +104,7 @@ def summarize_checkpoint(ck: CheckpointData) -> CheckpointSummary:
         files=(*ck.files, *([ck.file] if ck.file else [])),
         dirs=tuple(ck.dirs),
         files_mode="managed" if ck.manifest else "shared",
+        file_bytes=ck.file_bytes if ck.manifest else None,
     )
 
 

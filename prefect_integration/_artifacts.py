@@ -235,7 +235,8 @@ class RunView:
     def rows(self) -> list[dict[str, Any]]:
         """The table artifact's rows: one a task, its status in the CLI's words
         (``core.task_status_words``: ``succeeded``, ``suspended``...), its checkpoint history
-        (every kept generation: number, UTC time, state bytes, files) and resume status; never
+        (every kept generation: number, UTC time, state bytes, files; the bytes of its files
+        that a managed store keeps) and resume status; never
         a state's contents."""
         rows = []
         for task, line in zip(self.summaries, self.timelines, strict=True):
@@ -250,9 +251,9 @@ class RunView:
                     "checkpoint generation": ckpt.generation if ckpt else "",
                     "state bytes": ckpt.state_bytes if ckpt and ckpt.state_bytes else "",
                     "files": len(ckpt.files) if ckpt else "",
-                    "files kept by the store": ("yes" if ckpt.files_mode == "managed" else "no")
-                    if ckpt
-                    else "",
+                    "bytes kept by the store": (
+                        ckpt.file_bytes if ckpt and ckpt.file_bytes is not None else ""
+                    ),
                     "checkpoint history": "; ".join(_mark(m) for m in line.checkpoints),
                     "resume status": task.resume_status or "",
                     "resumed from": ", ".join(str(g) for g in resumed),

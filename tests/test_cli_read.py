@@ -23,7 +23,7 @@ RUN_FIELDS = {
 }  # fmt: skip
 CHECKPOINT_FIELDS = {
     "run_id", "job", "step", "task", "task_status", "generation", "saved_at", "saved_time",
-    "state_bytes", "files", "files_mode", "frames_done",
+    "state_bytes", "files", "files_mode", "file_bytes", "frames_done",
 }  # fmt: skip
 
 

@@ -28,6 +28,7 @@ from core import (
     TaskOutcome,
     parse_template,
     prepare_job,
+    summarize_checkpoint,
 )
 from core._files import manifest_key
 from core._gc import collect_file_garbage
@@ -901,6 +902,10 @@ def test_every_generation_is_consistent_when_uploads_lag(managed_store, tmp_path
         assert Path(restored.file).read_text() == gen.state
         names = sorted(Path(f).name for f in restored.files)
         assert names == [f"sample-{k}.bin" for k in range(1, int(gen.state) + 1)]
+        # the generation records the bytes of the files the store keeps for it
+        paths = {str(Path(f).resolve()) for f in [*restored.files, restored.file]}
+        assert gen.file_bytes == sum(Path(f).stat().st_size for f in paths) > 0, gen
+        assert summarize_checkpoint(gen).file_bytes == gen.file_bytes
 
 
 DECLARE_THEN_FAIL = """

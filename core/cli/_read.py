@@ -199,6 +199,7 @@ def checkpoint_row(run: RunRecord, rec: TaskRecord) -> dict[str, Any]:
         "state_bytes": ck.state_bytes if ck is not None else 0,
         "files": ck.named if ck is not None else 0,
         "files_mode": ck.files_mode if ck is not None else None,
+        "file_bytes": ck.file_bytes if ck is not None else None,
         "frames_done": len(task.frames_done),
     }
 
@@ -302,7 +303,8 @@ def cmd_show(args: argparse.Namespace, store: CheckpointStore) -> int:
             f"{task.message or ''}"
         )
         if ck:
-            print(f"  {'':<28} checkpoint files: {ck.files_mode}, {ck.named} named")
+            kept = f", {ck.file_bytes:,} bytes kept" if ck.file_bytes is not None else ""
+            print(f"  {'':<28} checkpoint files: {ck.files_mode}, {ck.named} named{kept}")
     for out in data["outputs"]:
         print(f"  output: {json.dumps(out, sort_keys=True)}")
     for w in data["warnings"]:
