@@ -10,7 +10,9 @@ protocol: ``browser.py``) against the live stack, through one job run's life:
    checkpoint history the store keeps, the resume hint, no end buttons, and no more polling;
 3. succeeded (a new DAG run with ``resume=latest``): the run ``finished``, the note that its
    checkpoints were deleted at its end and what was kept until then, the timeline of both
-   attempts from the run record's summary (``RunRecord.kept``), no end buttons.
+   attempts from the run record's summary (``RunRecord.kept``), no end buttons;
+4. the same run in Airflow's own UI (its React app, signed in by the same cookie): the DAG
+   run's "OpenJD checkpoints" tab holds the page in an iframe, filled as above.
 
 A screenshot of each (1000 px wide) is taken; with ``OPENJD_WRITE_SCREENSHOTS=1`` they are
 written to ``docs/images/airflow-page-{running,suspended,succeeded}.png`` (the doc's pictures).
@@ -25,6 +27,7 @@ import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import airflow_helpers as ah
 import pytest
@@ -297,3 +300,25 @@ def test_page_in_headless_chromium(
     assert page.wait_for(
         "document.documentElement.dataset.theme", timeout=10, check=lambda t: t == "light"
     )
+
+    # --- the tab inside Airflow's own UI (its React app, signed in with the same cookie): the
+    # DAG run's "OpenJD checkpoints" tab is an iframe of the page, which fills as above ---
+    page.navigate(f"{airflow_live.base_url}/dags/{dag_id}/runs/{second}/plugin/openjd-checkpoints")
+    framed = page.wait_for(
+        """(() => {
+          const f = document.querySelector('iframe[src*="/openjd/ui/runs/"]');
+          const d = f && f.contentDocument;
+          if (!d || !d.querySelector("#ended-note")) return null;
+          const tab = [...document.querySelectorAll("a, button")].find(
+            (e) => e.textContent.trim() === "OpenJD checkpoints");
+          return {src: f.getAttribute("src"), tab: !!tab,
+                   status: d.querySelector("#status").textContent,
+                   tasks: [...d.querySelectorAll("article.task")].map((a) => a.dataset.label)};
+        })()""",
+        timeout=90,
+        what="the OpenJD checkpoints tab's iframe in Airflow's UI",
+    )
+    # Airflow fills the href's {RUN_ID} URL-encoded (encodeURIComponent)
+    assert unquote(framed["src"]).endswith(f"/openjd/ui/runs/{dag_id}/{second}"), framed
+    assert framed["tab"], framed  # the tab is there, named as the plugin names it
+    assert framed["status"] == "finished" and framed["tasks"] == ["Count"], framed
