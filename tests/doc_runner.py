@@ -1,7 +1,11 @@
 """Run one doc block (``doc_blocks.Block``) as a person would paste it into bash: in the
 repository's root, with ``set -e``, in a session of its own, whose processes (servers the block
 started with ``&``) are all killed when it ends. ``ports`` maps the doc's default ports to free
-loopback ones, so that a test never takes a port a person's own servers use."""
+loopback ones, so that a test never takes a port a person's own servers use.
+
+``Shell`` is one bash that several blocks are pasted into one after the other, as a person
+types them into one terminal: a later block can use what an earlier one started (``kill %1``
+stops the first background job of an earlier block)."""
 
 from __future__ import annotations
 
@@ -22,6 +26,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _script(block: Block, ports: dict[int, int] | None) -> str:
+    script = block.text
+    for default, port in (ports or {}).items():
+        script = script.replace(str(default), str(port))
+    return script
+
+
+def _environ(venv: Path, env: dict[str, str] | None) -> dict[str, str]:
+    full = dict(os.environ if env is None else env)
+    full["PATH"] = f"{venv / 'bin'}:{full.get('PATH', '')}"
+    full["VIRTUAL_ENV"] = str(venv)
+    return full
+
+
 def run_block(
     block: Block,
     *,
@@ -31,12 +49,8 @@ def run_block(
     timeout: float = 300.0,
 ) -> subprocess.CompletedProcess[str]:
     """The block's exit status and output (stdout and stderr together)."""
-    script = block.text
-    for default, port in (ports or {}).items():
-        script = script.replace(str(default), str(port))
-    full = dict(os.environ if env is None else env)
-    full["PATH"] = f"{venv / 'bin'}:{full.get('PATH', '')}"
-    full["VIRTUAL_ENV"] = str(venv)
+    script = _script(block, ports)
+    full = _environ(venv, env)
     with tempfile.TemporaryFile(mode="w+") as log:  # not a pipe: background jobs keep it open
         proc = subprocess.Popen(
             ["bash", "-e", "-c", script],
@@ -59,6 +73,63 @@ def run_block(
     if code == -9:
         out += f"\n(timed out after {timeout} s)"
     return subprocess.CompletedProcess(proc.args, code, out)
+
+
+class Shell:
+    """One ``bash -e`` in the repository's root, in a session of its own, reading the blocks
+    ``send`` gives it from its standard input (as a terminal would), its output in ``log``."""
+
+    def __init__(
+        self,
+        *,
+        venv: Path,
+        log: Path,
+        env: dict[str, str] | None = None,
+        ports: dict[int, int] | None = None,
+    ) -> None:
+        self.ports = ports
+        self.log = log
+        self._out = log.open("w")
+        self.proc = subprocess.Popen(
+            ["bash", "-e"],
+            cwd=ROOT,
+            env=_environ(venv, env),
+            stdin=subprocess.PIPE,
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+
+    def send(self, block: Block) -> None:
+        """Paste the block (its ports replaced); it runs once the shell has read it."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(_script(block, self.ports) + "\n")
+        self.proc.stdin.flush()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def output(self) -> str:
+        self._out.flush()
+        return self.log.read_text(errors="replace")
+
+    def exit(self, timeout: float) -> int:
+        """End the input and wait for the shell to exit: its status, -9 if it did not in time
+        (then it is killed, with whatever it left running)."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return -9
+
+    def kill(self) -> None:
+        """Kill the shell and every process of its session."""
+        _kill_session(self.proc.pid)
+        self.proc.wait()
+        self._out.close()
 
 
 def _kill_session(sid: int) -> None:

@@ -171,7 +171,10 @@ def pytest_collection_modifyitems(session, config, items) -> None:
 
     Starting takes about 30 s of CPU over three processes, mostly waiting on each other:
     the dag.test() tests run meanwhile. ``OPENJD_AIRFLOW_EARLY_STACK=0``: start at first use.
+    ``test_doc_blocks.py`` (which starts an Airflow of its own) is moved to the end.
     """
+    # The doc test's Airflow (its own home and ports) runs last, not beside the dag.test() runs.
+    items.sort(key=lambda item: item.path.name == "test_doc_blocks.py")
     if config.option.collectonly or os.environ.get("OPENJD_AIRFLOW_EARLY_STACK") == "0":
         return
     if any("airflow_live" in getattr(item, "fixturenames", ()) for item in items):
