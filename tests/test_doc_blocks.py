@@ -1,6 +1,7 @@
 """Every shell command block of ``README.md``, ``docs/airflow.md`` and ``docs/prefect.md`` is
 marked to run or to skip with a reason (``doc_blocks.py``); the core environment's blocks run
-here, as written, and succeed (the Prefect ones run in ``tests/prefect/test_doc_blocks.py``)."""
+here, as written, and succeed (the Prefect ones run in ``tests/prefect/test_doc_blocks.py``, the
+Airflow ones in ``tests/airflow/test_doc_blocks.py``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from doc_blocks import all_blocks, blocks, check_markers
+from doc_blocks import ROOT, all_blocks, blocks, check_markers
 from doc_runner import run_block
 
 
@@ -29,6 +30,9 @@ def test_an_unmarked_block_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     doc.write_text(
         "Text\n\n<!-- doc-test: run -->\n\n    echo one\n\nMore\n\n    echo two\n\n"
         "- a list\n\n```sh\necho three\n```\n\n```python\nprint(4)\n```\n"
+        "\n<!-- doc-test: run prefect -->\n\n    echo five\n\n"
+        "<!-- doc-test:  run   airflow -->\n```bash\necho six\n```\n\n"
+        "<!-- doc-test: run celery -->\n\n    echo seven\n"
     )
     monkeypatch.setattr(doc_blocks, "ROOT", tmp_path)
     found = blocks("doc.md")
@@ -36,8 +40,21 @@ def test_an_unmarked_block_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         ("echo one", "run"),
         ("echo two", None),
         ("echo three", None),
+        ("echo five", "run prefect"),
+        ("echo six", "run airflow"),
+        ("echo seven", None),  # no suite of that name
     ]
-    assert len(check_markers(found)) == 2 and "doc.md:9" in check_markers(found)[0]
+    assert len(check_markers(found)) == 3 and "doc.md:9" in check_markers(found)[0]
+
+
+def test_each_suite_marker_has_its_blocks_and_its_test() -> None:
+    found = all_blocks()
+    for marker, test in (
+        ("run prefect", "tests/prefect/test_doc_blocks.py"),
+        ("run airflow", "tests/airflow/test_doc_blocks.py"),
+    ):
+        assert any(b.marker == marker for b in found), f"no block marked {marker!r}"
+        assert (ROOT / test).is_file(), f"blocks marked {marker!r} are run by {test}"
 
 
 @pytest.mark.parametrize(
