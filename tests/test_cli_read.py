@@ -190,3 +190,20 @@ def test_reading_commands_change_nothing_in_a_damaged_store(
         if args[0] != "logs":
             assert "unreadable" in proc.stderr and "left as it is" in proc.stderr, (args, proc)
         assert snapshot() == before, args
+
+
+def test_a_run_a_scheduler_drives_is_running_not_interrupted(tmp_path: Path) -> None:
+    """A run begun by a scheduler (Airflow's ``openjd_begin``, Prefect's flow: an external key,
+    no driving process, no run lease; its tasks run in the scheduler's workers) is ``running``
+    in ``runs`` and ``checkpoints show`` until it ends, as on the plugin's page, not
+    ``interrupted`` (which is for a CLI run whose process died)."""
+    from core import CheckpointStore, begin_attempt, prepare_job
+
+    store = tmp_path / "store"
+    job = prepare_job(one_step_template(tmp_path / "t.yaml", "Scheduled", "print(1)"), {})
+    run_id = begin_attempt(CheckpointStore(store), job, external_key="dag/run-1").run_id
+    (row,) = as_json("runs", "--store", str(store))["runs"]
+    assert (row["run_id"], row["stored_status"], row["status"]) == (run_id, "running", "running")
+    shown = as_json("checkpoints", "show", run_id, "--store", str(store))
+    assert (shown["external_key"], shown["status_words"]) == ("dag/run-1", "running")
+    assert "running" in cli("runs", "--store", str(store)).stdout.splitlines()[1].split()
