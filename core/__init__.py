@@ -131,6 +131,7 @@ if TYPE_CHECKING:
         Termination,
         TerminationMode,
         request_termination,
+        runner_lost,
         termination_choices,
     )
     from ._words import (
@@ -248,6 +249,7 @@ _EXPORTS = {
     "read_input_file": "._inputs",
     "record_task_done": "._phases",
     "request_termination": "._termination",
+    "runner_lost": "._termination",
     "run_status_words": "._words",
     "run_task": "._executor",
     "run_tasks": "._executor",
@@ -365,6 +367,7 @@ __all__ = (
     "read_input_file",
     "record_task_done",
     "request_termination",
+    "runner_lost",
     "run_status_words",
     "run_task",
     "run_tasks",

@@ -161,9 +161,15 @@ def run_is_live(store: CheckpointStore, run: RunRecord) -> bool:
     run's lease. A run with no driving process (Airflow, Prefect) is live until it ends."""
     if run.status != RunStatus.RUNNING or run.phase == "ended":
         return False
-    if run.runner is not None:
-        return store.lease_held(run)
-    return True
+    return not runner_lost(store, run)
+
+
+def runner_lost(store: CheckpointStore, run: RunRecord) -> bool:
+    """True for a running run whose driving process (the CLI's, recorded as ``runner``) no
+    longer holds its lease: it died, and the run reads as interrupted. A run a scheduler drives
+    (Airflow, Prefect: no ``runner``, no run lease; its tasks run in the scheduler's workers)
+    has no such process to lose: it runs until it ends."""
+    return run.status == RunStatus.RUNNING and run.runner is not None and not store.lease_held(run)
 
 
 def termination_choices(store: CheckpointStore, run: RunRecord) -> tuple[TerminationMode, ...]:

@@ -24,6 +24,7 @@ from core import (
     kept_sentence,
     kept_timeline,
     run_status_words,
+    runner_lost,
     summarize_task,
     task_status_words,
     timeline_text,
@@ -112,15 +113,8 @@ def _warn(warnings: list[str], text: str, as_json: bool) -> None:
         print(f"warning: {text}", file=sys.stderr)
 
 
-def _driver_gone(store: CheckpointStore, run: RunRecord) -> bool:
-    """A running run whose driving process (the CLI's, recorded as ``runner``) no longer holds
-    its lease. A run a scheduler drives (Airflow, Prefect: no ``runner``, no run lease; its
-    tasks run in the scheduler's workers) has no such process: it runs until it ends."""
-    return run.status.value == "running" and run.runner is not None and not store.lease_held(run)
-
-
 def _run_status(store: CheckpointStore, run: RunRecord) -> str:
-    alive = not _driver_gone(store, run)
+    alive = not runner_lost(store, run)
     return run_status_words(run.status.value, runner_alive=alive)
 
 
@@ -428,7 +422,7 @@ def cmd_logs(args: argparse.Namespace, store: CheckpointStore) -> int:
             break
         sys.stdout.flush()
         rec = store.find_run(run.run_id)
-        ended = rec is None or rec.status.value != "running" or _driver_gone(store, rec)
+        ended = rec is None or rec.status.value != "running" or runner_lost(store, rec)
         if ended and last_pass:
             break
         last_pass = ended  # one more read after the end: the last flush
