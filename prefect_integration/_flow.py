@@ -69,7 +69,13 @@ from ._cancel import (
     mode_of_state,
 )
 from ._params import RESUME_PARAMETER, flow_signature
-from ._report import end_uncaught_quietly, flow_entrypoint, resume_hint, under_runner
+from ._report import (
+    end_uncaught_quietly,
+    flow_entrypoint,
+    quiet_engine_exit,
+    resume_hint,
+    under_runner,
+)
 from ._stopping import Stopping, wait_all
 from ._tasks import cache_key, remember_job, run_group
 
@@ -433,6 +439,8 @@ def _flow_body(
     logger.info("%s", sentence)
     if stopping.signal_at is not None and outcome.mode is None:
         raise TerminationSignal(signal=signal.SIGTERM)  # Prefect reports it (Crashed)
+    if outcome.mode is not None:
+        quiet_engine_exit(ctx.flow_run.id, final.message or "")
     if outcome.mode is not None and not runner_kills and ctx.flow_run.parent_task_run_id is None:
         # A flow called directly raises CancelledRun for this state: uncaught, one line
         end_uncaught_quietly(final.message or "", f"flow run {ctx.flow_run.name!r} {sentence}")

@@ -20,6 +20,7 @@ __all__ = (
     "end_uncaught_quietly",
     "flow_entrypoint",
     "kept_line",
+    "quiet_engine_exit",
     "quiet_finished_line",
     "resume_hint",
     "under_runner",
@@ -138,6 +139,48 @@ def quiet_finished_line(task_run_id: uuid.UUID | str) -> None:
         if _FILTER is None:
             _FILTER = _StoppedAtInfo()
             logging.getLogger("prefect.task_runs").addFilter(_FILTER)
+
+
+# --- Prefect's "Engine execution exited" traceback of our stopped flow runs, under a worker ------
+_ENGINE_EXIT = "Engine execution exited with unexpected exception"
+_QUIET_FLOWS: dict[str, str] = {}
+_FLOW_FILTER: _EngineExitAtInfo | None = None
+
+
+class _EngineExitAtInfo(logging.Filter):
+    """On Prefect's flow run logger: the ``Engine execution exited with unexpected exception``
+    record (ERROR, with a traceback) that Prefect's engine under a worker logs for a flow run
+    that ends by raising, when the flow run is one of ours named in ``_QUIET_FLOWS`` and the
+    exception is the ``CancelledRun`` of the state we ended it in (a stop that was asked): it
+    becomes one INFO line without the traceback. Every other record passes unchanged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        flow_run_id = getattr(record, "flow_run_id", None)
+        if flow_run_id is None or record.levelno != logging.ERROR or record.msg != _ENGINE_EXIT:
+            return True
+        from prefect.exceptions import CancelledRun
+
+        exc = record.exc_info[1] if record.exc_info else None
+        with _QUIET_LOCK:
+            message = _QUIET_FLOWS.pop(str(flow_run_id), None)
+        if message is not None and isinstance(exc, CancelledRun) and str(exc) == message:
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.msg, record.args = "Engine execution ended as asked: %s", (message,)
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def quiet_engine_exit(flow_run_id: uuid.UUID | str, message: str) -> None:
+    """Have Prefect's engine log the end of this flow run, stopped as asked in a state whose
+    message is ``message`` (``Suspended`` and the other termination modes raise
+    ``CancelledRun``), as one INFO line instead of an ERROR traceback. Only that flow run's
+    record of that exception changes."""
+    global _FLOW_FILTER
+    with _QUIET_LOCK:
+        _QUIET_FLOWS[str(flow_run_id)] = message
+        if _FLOW_FILTER is None:
+            _FLOW_FILTER = _EngineExitAtInfo()
+            logging.getLogger("prefect.flow_runs").addFilter(_FLOW_FILTER)
 
 
 # --- the end of a directly called flow -----------------------------------------------------------

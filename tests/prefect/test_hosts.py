@@ -12,6 +12,7 @@ workers and their flow runs inherit its endpoint and credentials).
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 import uuid
@@ -196,7 +197,12 @@ def test_managed_files_resume_on_the_other_host(
     assert final.state_type == StateType.COMPLETED, ph.flow_run_states(second.id)
     a_tmp = str(process_work_pool.host_dir(host_a) / "tmp") + os.sep
     b_tmp = str(process_work_pool.host_dir(host_b) / "tmp") + os.sep
-    before = [log.message for log in ph.flow_run_logs(first.id)]
+    logs = ph.flow_run_logs(first.id)
+    before = [log.message for log in logs]
+    # the worker's engine logs the end of a run stopped as asked at INFO, with no traceback
+    # (Prefect logs "Engine execution exited with unexpected exception" at ERROR otherwise)
+    engine = [(log.level, log.message) for log in logs if log.message.startswith("Engine exec")]
+    assert engine == [(logging.INFO, f"Engine execution ended as asked: {stopped.state.message}")]
     saved = [m for m in before if "openjd_checkpoint_save" in m]
     assert saved and all(f'"file": "{a_tmp}' in m for m in saved), saved
     expected = sum(k * k for k in range(epochs))
