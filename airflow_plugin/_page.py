@@ -375,7 +375,9 @@ def _task(
     *,
     live: bool,
     keep: int | None,
+    note: str | None = None,
 ) -> str:
+    """One task's article; ``note``: what continued it (``core.continuations``), if any."""
     task = core.summarize_task(rec)
     words = core.task_status_words(task.status)
     timeline = core.task_timeline(rec, generations, now=time.time() if live else None)
@@ -388,6 +390,8 @@ def _task(
         facts.append(f"host {task.host}")
     if task.message:
         facts.append(task.message)
+    if note:
+        facts.append(note)
     summaries = [core.summarize_checkpoint(g) for g in generations]
     if task.checkpoint is not None and all(
         s.generation != task.checkpoint.generation for s in summaries
@@ -536,8 +540,10 @@ def fragment(
     if not live:
         parts.append(_ended_note(run, words))
     parts.append(_buttons(run, choices))
+    continued = core.continuations(rec for rec, _ in tasks)
     for rec, generations in tasks:
-        parts.append(_task(rec, generations, live=live, keep=keep_generations))
+        note = continued.get((rec.step, rec.task_key))
+        parts.append(_task(rec, generations, live=live, keep=keep_generations, note=note))
     if not tasks and run.status.value == "succeeded" and run.kept is not None:
         parts.extend(_kept_task(t, keep_generations) for t in run.kept.tasks)
     elif not tasks and live:

@@ -9,7 +9,7 @@ values: only its size in bytes. Pure functions of stored records (``core._store`
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -420,3 +420,23 @@ def kept_sentence(kept: CheckpointsKept) -> str:
             f"saving {duration_words(kept.saved_seconds)} of work"
         )
     return what
+
+
+def continuations(records: Iterable[TaskRecord]) -> dict[tuple[str, str], str]:
+    """Which task records a later one continued, in words: the rest of an interrupted chunk
+    runs as a task record of its own (task key ``<key>#<frames>``, label ``Render[Frame=9,10]``)
+    while the chunk's record keeps the status it stopped with (``interrupted``: suspended), so a
+    view of a run whose chunks were resumed shows both. Maps (step, task key) of each record so
+    continued to ``"continued as Render[Frame=9,10]"`` (the next record of that chunk, by
+    ``updated_at``); a record not continued is not in it. The Airflow page, the Prefect table
+    artifact and ``checkpoints show`` say it beside the record's status."""
+    chunks: dict[tuple[str, str], list[TaskRecord]] = {}
+    for rec in records:
+        chunks.setdefault((rec.step, rec.task_key.partition("#")[0]), []).append(rec)
+    out: dict[tuple[str, str], str] = {}
+    for recs in chunks.values():
+        recs.sort(key=lambda r: (r.updated_at, "#" in r.task_key))
+        for earlier, later in zip(recs, recs[1:], strict=False):
+            if earlier.status.value != "succeeded":
+                out[(earlier.step, earlier.task_key)] = f"continued as {task_label(later)}"
+    return out

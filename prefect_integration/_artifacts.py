@@ -239,13 +239,15 @@ class RunView:
         that a managed store keeps) and resume status; never
         a state's contents."""
         rows = []
-        for task, line in zip(self.summaries, self.timelines, strict=True):
+        continued = core.continuations(self.records)
+        for rec, task, line in zip(self.records, self.summaries, self.timelines, strict=True):
             ckpt = task.checkpoint
+            note = continued.get((rec.step, rec.task_key))
             resumed = [a.resumed_from for a in line.attempts if a.resumed_from is not None]
             rows.append(
                 {
                     "task": task.label,
-                    "status": core.task_status_words(task.status),
+                    "status": core.task_status_words(task.status) + (f", {note}" if note else ""),
                     "attempts": task.attempts,
                     "frames done": len(task.frames_done),
                     "checkpoint generation": ckpt.generation if ckpt else "",

@@ -110,3 +110,31 @@ def test_the_outcome_sentence_says_how_to_continue_in_the_runner_s_words() -> No
     assert outcome_sentence("interrupted", nothing, 1, next_step="resume with `X`") == (
         "suspended: no task finished"
     )
+
+
+def test_a_chunk_continued_by_the_record_of_its_rest_says_so() -> None:
+    """The rest of an interrupted chunk runs as a task record of its own (key ``<key>#...``);
+    the chunk's record keeps its status. ``core.continuations`` names what continued each."""
+    from core import continuations
+
+    def frames(value: str) -> dict:
+        return {"Frame": {"type": "CHUNK[INT]", "value": value}}
+
+    chunk = _record(task_key="k1", parameters=frames("1-10"), status="interrupted", updated_at=1)
+    rest = _record(
+        task_key="k1#7-10", parameters=frames("7-10"), status="interrupted", updated_at=2
+    )
+    last = _record(task_key="k1#9-10", parameters=frames("9,10"), status="running", updated_at=3)
+    other = _record(task_key="k2", parameters=frames("11-20"), status="interrupted", updated_at=1)
+    done = _record(task_key="k3", parameters=frames("21-30"), status="succeeded", updated_at=1)
+    done_rest = _record(task_key="k3#25-30", parameters=frames("25-30"), status="pending")
+    # any order in; the later record of a chunk continues the earlier one
+    got = continuations([last, other, chunk, done_rest, rest, done])
+    assert got == {
+        ("Render", "k1"): "continued as Render[Frame=7-10]",
+        ("Render", "k1#7-10"): "continued as Render[Frame=9,10]",
+    }
+    assert continuations([]) == {} and continuations([other]) == {}
+    # a rest in another step is not this chunk's
+    twin = _record(step="Encode", task_key="k2#15-20", parameters=frames("15-20"), updated_at=5)
+    assert continuations([other, twin]) == {}

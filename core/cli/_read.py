@@ -21,6 +21,7 @@ from core import (
     TaskRecord,
     TaskSummary,
     TemplateError,
+    continuations,
     kept_sentence,
     kept_timeline,
     run_status_words,
@@ -247,11 +248,13 @@ def show_document(
     data["status_words"] = _run_status(store, run)
     data["tasks"] = []
     summaries = [summarize_task(t) for t in tasks]
+    continued = continuations(tasks)
     for t, summary in zip(tasks, summaries, strict=True):
         td = t.model_dump(mode="json")
         td["label"] = summary.label
         td["generations"] = [g.generation for g in store.list_generations(t)]
         td["files_mode"] = summary.checkpoint.files_mode if summary.checkpoint else "shared"
+        td["continued"] = continued.get((t.step, t.task_key))
         data["tasks"].append(td)
     data["file_data_flow"] = run.files_mode or store.file_flow.value
     data["outputs"] = store.read_outputs(run.job_key, run.run_id, warnings)
@@ -295,14 +298,12 @@ def cmd_show(args: argparse.Namespace, store: CheckpointStore) -> int:
             print(f"  ({run.kept.left_out} more task(s) without checkpoints or resumes)")
         return 0
     print(f"  {'TASK':<28} {'STATUS':<12} {'CHECKPOINT':<22} {'FRAMES':>6}  MESSAGE")
-    for task in summaries:
+    for task, td in zip(summaries, data["tasks"], strict=True):
+        message = "; ".join(m for m in (task.message, td["continued"]) if m)
         ck = task.checkpoint
         ckt = f"gen {ck.generation}, {ck.state_bytes}B" if ck else "-"
         status = task_status_words(task.status)
-        print(
-            f"  {task.label:<28} {status:<12} {ckt:<22} {len(task.frames_done):>6}  "
-            f"{task.message or ''}"
-        )
+        print(f"  {task.label:<28} {status:<12} {ckt:<22} {len(task.frames_done):>6}  {message}")
         if ck:
             kept = f", {ck.file_bytes:,} bytes kept" if ck.file_bytes is not None else ""
             print(f"  {'':<28} checkpoint files: {ck.files_mode}, {ck.named} named{kept}")
