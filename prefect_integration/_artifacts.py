@@ -47,9 +47,12 @@ class GroupProgress:
     sends the percentage when it changed; ``on_event`` is given the core's task events (from
     any thread); ``close`` has the thread send the last percentage and a description of how
     the task run ended, and returns at once (the task run's time does not include that call;
-    ``wait`` or ``flush_progress`` waits for it). A task run shorter than ``every`` makes one
-    API call (the artifact, created at its end), a longer one one more per ``every`` seconds
-    at most. An API error is reported once through ``warn`` and never fails the task run.
+    ``wait`` or ``flush_progress`` waits for it). A task run that ends within ``every`` seconds
+    without a progress value (``set``: its tasks' ``openjd_progress``) makes no API call and
+    has no progress artifact (its state says how it ended; a trivial task run costs no call),
+    a task run shorter than ``every`` that reported progress makes one (the artifact, created
+    at its end), a longer one one more per ``every`` seconds at most. An API error is reported
+    once through ``warn`` and never fails the task run.
 
     Args:
         label: the task run's name (``Render[Frame=1-6] (3 tasks)``).
@@ -80,6 +83,8 @@ class GroupProgress:
         self._artifact_id: Any = None
         self._sent: float | None = None
         self._warned = False
+        self._progressed = False
+        """A progress value came (``set``), not only tasks that ended."""
         self.updates = 0
         """API calls made (creation included)."""
 
@@ -109,17 +114,18 @@ class GroupProgress:
         share, ``ended`` with a success makes it 100."""
         key = execution.spec.task_key
         if event.kind == "progress" and isinstance(event.value, (int, float)):
-            share = float(event.value)
+            self.set(key, float(event.value))
         elif event.kind == "ended" and getattr(event.value, "outcome", None) == (
             TaskOutcome.SUCCEEDED
         ):
-            share = 100.0
-        else:
-            return
-        self.set(key, share)
+            self._share(key, 100.0)
 
     def set(self, task_key: str, share: float) -> None:
         """Task ``task_key`` is ``share`` percent done (0..100; another key is ignored)."""
+        self._progressed = True
+        self._share(task_key, share)
+
+    def _share(self, task_key: str, share: float) -> None:
         with self._lock:
             if task_key in self._shares:
                 self._shares[task_key] = min(100.0, max(0.0, share))
@@ -155,6 +161,8 @@ class GroupProgress:
             while not self._stop.wait(self.every):
                 if self._artifact_id is None or self.percent() != self._sent:
                     self._send(None)
+            if self._artifact_id is None and not self._progressed:
+                return  # ended within its first interval, with nothing to show but its state
             ending = f"; {self._ending}" if self._ending else ""
             self._send(f"{self.label}: {self._describe()}{ending}")
         finally:

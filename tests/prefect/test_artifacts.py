@@ -16,6 +16,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import prefect_helpers as ph
@@ -200,3 +201,35 @@ def test_the_progress_artifact_is_updated_at_most_once_an_interval() -> None:
         )
     assert _data(artifact) == (2 * 100 + 99) / 4
     assert artifact.description == "Group: 2 of 4 task(s) finished; stopped"
+
+
+def test_a_task_run_that_ends_in_its_first_interval_without_progress_makes_no_call() -> None:
+    """A trivial task run (it ended before the first interval, no ``openjd_progress``) has no
+    progress artifact and costs no API call; one that runs longer than the interval has one,
+    at its tasks' share done, though none reported progress."""
+    import core
+
+    ended = core.TaskEvent(kind="ended", value=SimpleNamespace(outcome=core.TaskOutcome.SUCCEEDED))
+    execution: Any = SimpleNamespace(spec=SimpleNamespace(task_key="a"))
+
+    @flow(name=f"short-{uuid.uuid4().hex[:8]}")
+    def run(seconds: float) -> GroupProgress:
+        progress = GroupProgress("Quick", ["a", "b"], every=0.5).start()
+        time.sleep(seconds)
+        progress.on_event(execution, ended)  # task a succeeded
+        progress.close("1 succeeded")
+        progress.wait()
+        return progress
+
+    short = run(0.0)
+    assert short.updates == 0 and short.artifact_id is None and short.percent() == 50
+    long = run(0.8)
+    assert long.updates >= 1 and long.artifact_id is not None
+    with get_client(sync_client=True) as client:
+        [artifact] = client.read_artifacts(
+            artifact_filter=ArtifactFilter(id=ArtifactFilterId(any_=[long.artifact_id]))
+        )
+    assert (
+        _data(artifact) == 50
+        and artifact.description == "Quick: 1 of 2 task(s) finished; 1 succeeded"
+    )
