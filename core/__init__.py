@@ -119,6 +119,7 @@ if TYPE_CHECKING:
         summarize_task,
         task_timeline,
         timeline_text,
+        utc_moment,
     )
     from ._task import TaskEvent, TaskExecution, TaskOutcome, TaskResult
     from ._template import (
@@ -261,6 +262,7 @@ _EXPORTS = {
     "summarize_task": "._summary",
     "task_timeline": "._summary",
     "timeline_text": "._summary",
+    "utc_moment": "._summary",
     "task_label": "._planning",
     "wait_tasks_released": "._phases",
 }
@@ -383,6 +385,7 @@ __all__ = (
     "termination_choices",
     "timeline_text",
     "task_label",
+    "utc_moment",
     "wait_tasks_released",
 )
 

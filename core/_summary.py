@@ -9,8 +9,10 @@ values: only its size in bytes. Pure functions of stored records (``core._store`
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 from ._planning import task_label
@@ -39,6 +41,7 @@ __all__ = (
     "summarize_task",
     "task_timeline",
     "timeline_text",
+    "utc_moment",
 )
 
 
@@ -163,6 +166,33 @@ def describe_plan(
 
 
 # --- a task's timeline ----------------------------------------------------------------------------
+LATEST_MOMENT = 253402300799.0
+"""9999-12-31 23:59:59 UTC, the latest moment a view can print (``datetime``'s last year)."""
+
+MAX_TIMELINE_ATTEMPTS = 20
+"""Attempts a timeline shows (the latest; ``core._history.MAX_SPANS``, which a record written by
+this release never exceeds): a record edited to hold thousands draws no more."""
+
+MAX_TIMELINE_CHECKPOINTS = 100
+"""Checkpoint marks a timeline shows (the latest generations): a store that kept thousands (a
+large ``keep_generations``) draws no more."""
+
+
+def utc_moment(value: float | None) -> datetime | None:
+    """A stored time (seconds since the epoch) as a UTC ``datetime``; None when it is not one a
+    view can place or print (None, NaN, infinite, before 1970 or after the year 9999: a record
+    edited or damaged by hand)."""
+    if value is None or not _usable(value):
+        return None
+    return datetime.fromtimestamp(value, tz=timezone.utc)
+
+
+def _usable(value: float | None) -> bool:
+    return (
+        isinstance(value, (int, float)) and math.isfinite(value) and 0.0 <= value <= LATEST_MOMENT
+    )
+
+
 @dataclass(frozen=True)
 class AttemptBar:
     """One attempt of a task on its timeline."""
@@ -210,6 +240,10 @@ class TaskTimeline:
     end: float
     attempts: tuple[AttemptBar, ...]
     checkpoints: tuple[CheckpointMark, ...]
+    problems: tuple[str, ...] = ()
+    """What of the record could not be drawn and was left out (an attempt or checkpoint whose
+    time is not a time, attempts or checkpoints beyond what a timeline shows), one sentence
+    each naming the field, for the view to show."""
 
     @property
     def saved_seconds(self) -> float:
@@ -251,21 +285,31 @@ def kept_timeline(task: KeptTask) -> TaskTimeline:
         CheckpointMark(**c.model_dump())
         for c in sorted(task.checkpoints, key=lambda c: c.generation)
     ]
-    last = max([0.0, *(s.ended_at or s.started_at for s in task.history)])
+    last = max(
+        [0.0, *(t for s in task.history for t in (s.ended_at or s.started_at,) if _usable(t))]
+    )
     return _timeline(task.label, task.history, checkpoints, last)
 
 
 def _timeline(
     label: str, spans: Sequence[AttemptSpan], checkpoints: Sequence[CheckpointMark], now: float
 ) -> TaskTimeline:
+    """The bars and marks of ``spans`` and ``checkpoints``; what cannot be drawn (a time that
+    is not one, more than the ``MAX_TIMELINE_*`` shown) is left out and said in ``problems``."""
+    problems: list[str] = []
+    spans = _drawable_spans(spans, problems)
+    checkpoints = _drawable_marks(checkpoints, problems)
     saved_at = {c.generation: c.saved_at for c in checkpoints}
+    moments = [s.ended_at or s.started_at for s in spans] + [c.saved_at for c in checkpoints]
+    if not _usable(now):
+        now = max(moments, default=0.0)
     last = max([now, *(s.ended_at or s.started_at for s in spans)])
     bars: list[AttemptBar] = []
     for i, span in enumerate(spans):
         following = spans[i + 1].started_at if i + 1 < len(spans) else last
         end = span.ended_at if span.ended_at is not None else following
         saved = 0.0
-        kept = span.resumed_saved_at
+        kept = span.resumed_saved_at if _usable(span.resumed_saved_at) else None
         if kept is None and span.resumed_from is not None:  # a span written without it
             kept = saved_at.get(span.resumed_from)
         if kept is not None:
@@ -282,12 +326,65 @@ def _timeline(
                 saved_seconds=saved,
             )
         )
-    moments = [b.start for b in bars] + [c.saved_at for c in checkpoints]
-    start = min(moments) if moments else now
+    starts = [b.start for b in bars] + [c.saved_at for c in checkpoints]
+    start = min(starts) if starts else now
     end = max([last, *(b.end for b in bars), *(c.saved_at for c in checkpoints)])
     return TaskTimeline(
-        label=label, start=start, end=end, attempts=tuple(bars), checkpoints=tuple(checkpoints)
+        label=label,
+        start=start,
+        end=end,
+        attempts=tuple(bars),
+        checkpoints=tuple(checkpoints),
+        problems=tuple(problems),
     )
+
+
+def _drawable_spans(spans: Sequence[AttemptSpan], problems: list[str]) -> list[AttemptSpan]:
+    """The latest ``MAX_TIMELINE_ATTEMPTS`` spans whose times are times (``history[i]`` named in
+    ``problems`` for each one left out)."""
+    out: list[AttemptSpan] = []
+    first = max(0, len(spans) - MAX_TIMELINE_ATTEMPTS)
+    if first:
+        problems.append(
+            f"its history holds {len(spans)} attempts: the timeline shows the latest "
+            f"{MAX_TIMELINE_ATTEMPTS}"
+        )
+    for i in range(first, len(spans)):
+        span = spans[i]
+        bad = [
+            f"{name} {value!r}"
+            for name, value in (("started_at", span.started_at), ("ended_at", span.ended_at))
+            if value is not None and not _usable(value)
+        ]
+        if bad:
+            problems.append(
+                f"the record's history[{i}] (attempt {span.attempt}): {' and '.join(bad)} is "
+                "not a time (seconds since the epoch, 1970 to 9999); the attempt is left out "
+                "of the timeline"
+            )
+        else:
+            out.append(span)
+    return out
+
+
+def _drawable_marks(marks: Sequence[CheckpointMark], problems: list[str]) -> list[CheckpointMark]:
+    """The latest ``MAX_TIMELINE_CHECKPOINTS`` marks (by generation) whose time is a time."""
+    out: list[CheckpointMark] = []
+    for mark in marks:
+        if _usable(mark.saved_at):
+            out.append(mark)
+        else:
+            problems.append(
+                f"checkpoint generation {mark.generation}: saved_at {mark.saved_at!r} is not a time "
+                "(seconds since the epoch, 1970 to 9999); it is left out of the timeline"
+            )
+    if len(out) > MAX_TIMELINE_CHECKPOINTS:
+        problems.append(
+            f"{len(out)} checkpoint generations are stored: the timeline shows the latest "
+            f"{MAX_TIMELINE_CHECKPOINTS}"
+        )
+        out = out[-MAX_TIMELINE_CHECKPOINTS:]
+    return out
 
 
 # --- what a succeeded run kept until its end ----------------------------------------------------
@@ -380,7 +477,7 @@ def timeline_text(timeline: TaskTimeline, width: int = 40) -> list[str]:
             if bar.resumed_from is not None
             else "from the top"
         )
-        end = bar.outcome if bar.ended else "running or cut off"
+        end = (bar.outcome or "ended") if bar.ended else "running or cut off"
         where = f" on {bar.host}" if bar.host else ""
         lines.append(f"#{bar.attempt} {''.join(cells)}  {how}; {end}{where}")
     return lines

@@ -289,6 +289,7 @@ class RunView:
                 f"{len(line.checkpoints)} checkpoint generation(s) kept{saved}"
             )
             parts.append("")
+            parts.extend(f"- {problem}" for problem in line.problems)
             parts.append("```")
             parts.extend(core.timeline_text(line) or ["(never started)"])
             for mark in line.checkpoints:
@@ -300,7 +301,8 @@ class RunView:
 
 
 def _mark(mark: core.CheckpointMark) -> str:
-    at = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(mark.saved_at))
+    moment = core.utc_moment(mark.saved_at)  # a timeline's marks are times; never raise here
+    at = moment.strftime("%Y-%m-%d %H:%M:%SZ") if moment else f"{mark.saved_at} (not a time)"
     return (
         f"generation {mark.generation} at {at} (attempt {mark.attempt}, "
         f"{mark.state_bytes} B of state, {mark.files} file(s))"

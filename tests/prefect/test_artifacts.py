@@ -233,3 +233,34 @@ def test_a_task_run_that_ends_in_its_first_interval_without_progress_makes_no_ca
         _data(artifact) == 50
         and artifact.description == "Quick: 1 of 2 task(s) finished; 1 succeeded"
     )
+
+
+def test_the_table_and_timeline_of_a_record_with_times_that_are_not_times() -> None:
+    """A task record damaged by hand (NaN and infinite times, markup in its message): the table
+    and the timeline artifact show what they can and say what they left out, instead of no
+    artifact at all ("no artifact: Invalid value NaN")."""
+    import core
+    from prefect_integration._artifacts import RunView
+
+    now = time.time()
+    rec = core.TaskRecord(
+        job_key="0" * 16,
+        run_id="r",
+        step="S",
+        task_key="{}",
+        parameters={},
+        checkpoint=core.CheckpointData(generation=3, saved_at=now, attempt=1),
+        history=[
+            core.AttemptSpan(attempt=1, started_at=float("nan")),
+            core.AttemptSpan(attempt=2, started_at=now - 9, ended_at=now, outcome="x"),
+        ],
+    )  # as read from a record whose JSON holds NaN (Python's json reads it)
+    gens = [core.CheckpointData(generation=2, saved_at=float("inf"), attempt=1), rec.checkpoint]
+    timeline = core.task_timeline(rec, [g for g in gens if g is not None])
+    view = RunView(records=(rec,), timelines=(timeline,), summaries=(core.summarize_task(rec),))
+    [row] = view.rows()
+    assert row["checkpoint history"].startswith("generation 3 at ")
+    text = view.markdown("heading")
+    assert "- the record's history[0] (attempt 1): started_at nan is not a time" in text
+    assert "- checkpoint generation 2: saved_at inf is not a time" in text
+    assert "#2 " in text and "#1 " not in text
