@@ -24,13 +24,20 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import time
 from collections.abc import Iterable, Sequence
-from datetime import datetime, timezone
 
 import core
 
-__all__ = ("BUTTON_WORDS", "fragment", "frame_ranges", "shell", "waiting_fragment")
+__all__ = (
+    "BUTTON_WORDS",
+    "fragment",
+    "frame_ranges",
+    "problem_fragment",
+    "shell",
+    "waiting_fragment",
+)
 
 BUTTON_WORDS = {
     "Suspended": "Suspend: checkpoint running tasks and stop (resumable)",
@@ -39,6 +46,10 @@ BUTTON_WORDS = {
     "Cancelled": "Cancel now (no finally steps)",
 }
 """What each termination mode's button says it will do."""
+
+MAX_HISTORY_ROWS = 100
+"""Checkpoint generations a task's history table lists (the newest): a store keeping thousands
+(a large ``keep_generations``) makes no page of thousands of rows, polled every 3 s."""
 
 _STATE_CLASS = {
     "running": "running",
@@ -227,8 +238,10 @@ def _e(value: object) -> str:
 
 def _time(moment: float) -> str:
     """A moment (seconds since the epoch) as ``<time>``, in UTC until the script makes it
-    local."""
-    at = datetime.fromtimestamp(moment, tz=timezone.utc)
+    local; a stored value that is not a time (``core.utc_moment``) as itself, said so."""
+    at = core.utc_moment(moment)
+    if at is None:
+        return f'<span class="bad-time">{_e(moment)} (not a time)</span>'
     return f'<time datetime="{at.isoformat()}">{at.strftime("%Y-%m-%d %H:%M:%S")} UTC</time>'
 
 
@@ -246,6 +259,18 @@ def waiting_fragment(detail: str) -> str:
         '<section class="run" data-live="1" data-status="waiting">'
         f'<p class="message">No OpenJD job run yet: {_e(detail)}. This page reloads by '
         "itself.</p></section>"
+    )
+
+
+def problem_fragment(detail: str, *, again: bool) -> str:
+    """The fragment of a DAG run whose job run cannot be shown: ``detail`` says what and where
+    (the store, the record). ``again``: it may pass (a store that cannot be reached, a record
+    the next attempt sets aside), the page polls again; else (the run was deleted) it stops."""
+    return (
+        f'<section class="run" data-live="{1 if again else 0}" data-status="unreadable">'
+        f'<p class="message error" id="problem">Cannot show the OpenJD job run: {_e(detail)}.'
+        + (" This page tries again by itself." if again else "")
+        + "</p></section>"
     )
 
 
@@ -300,8 +325,11 @@ def _timeline(timeline: core.TaskTimeline, *, live: bool) -> str:
         if total > 0
         else (" No resume yet." if len(timeline.attempts) <= 1 else "")
     )
+    problems = "".join(
+        f'<p class="message error timeline-problem">{_e(p)}</p>' for p in timeline.problems
+    )
     return (
-        f'<div class="timeline"><div class="track">{"".join(bars)}</div>'
+        f'<div class="timeline">{problems}<div class="track">{"".join(bars)}</div>'
         f'<div class="axis"><span>{_time(timeline.start)}</span>'
         f"<span>{_n(len(timeline.attempts), 'attempt')}, "
         f"{_n(len(timeline.checkpoints), 'checkpoint')}.{summary}</span>"
@@ -343,7 +371,8 @@ def _history(
     if not rows:
         return '<p class="muted history-empty">No checkpoint stored.</p>'
     body = []
-    for gen, saved, attempt, size, names, count, mode, file_bytes in sorted(rows, reverse=True):
+    shown = sorted(rows, reverse=True)[:MAX_HISTORY_ROWS]
+    for gen, saved, attempt, size, names, count, mode, file_bytes in shown:
         kept = {"managed": "kept by the store", "shared": "paths on a shared file system"}
         if mode == "managed" and file_bytes is not None:
             kept["managed"] = f"{file_bytes:,} bytes kept by the store"
@@ -355,11 +384,17 @@ def _history(
             + f"</td><td>{_e(resumes.get(gen, ''))}</td></tr>"
         )
     newest = max(r[0] for r in rows)
+    hidden = (
+        f"; the {len(rows) - len(shown)} older generations stored are not shown"
+        if len(shown) < len(rows)
+        else ""
+    )
     caption = (
         f'<caption class="muted">Checkpoint history: the store keeps the latest {keep} '
-        f"generations of each task; {newest - len(rows)} older ones were pruned.</caption>"
+        f"generations of each task; {newest - len(rows)} older ones were pruned{hidden}."
+        "</caption>"
         if keep and newest > len(rows)
-        else '<caption class="muted">Checkpoint history</caption>'
+        else f'<caption class="muted">Checkpoint history{hidden}</caption>'
     )
     return (
         f'<table class="history">{caption}<thead><tr><th class="num">generation</th>'

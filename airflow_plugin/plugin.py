@@ -52,6 +52,10 @@ MODES = ("Suspended", "StoppedRunFinally", "CancelledRunFinally", "Cancelled")
 app = FastAPI(title="openjd-checkpoint", description=__doc__)
 
 
+class _NoJobRun(HTTPException):
+    """404: the DAG run has no OpenJD job run (yet): no setup task XCom."""
+
+
 def _attempt(session: Any, dag_id: str, dag_run_id: str) -> dict[str, Any]:
     """The attempt the DAG run's setup task pushed (job key, run id, store)."""
     from airflow.models.xcom import XComModel
@@ -62,20 +66,24 @@ def _attempt(session: Any, dag_id: str, dag_run_id: str) -> dict[str, Any]:
     row = session.scalars(query).first()
     value = XComModel.deserialize_value(row) if row is not None else None
     if not isinstance(value, dict) or "run_id" not in value or "store" not in value:
-        raise HTTPException(
+        raise _NoJobRun(
             404, f"DAG run {dag_id}/{dag_run_id} has no OpenJD job run (no {BEGIN_TASK_ID} XCom)"
         )
     return value
 
 
-def _store(attempt: dict[str, Any]) -> core.CheckpointStore:
-    """The store the setup task used (read only here: the file data flow it pushed is passed
-    on, so that this process's ``$OPENJD_CHECKPOINT_FILES`` plays no part)."""
+def _store(attempt: dict[str, Any], *, read_only: bool = False) -> core.CheckpointStore:
+    """The store the setup task used (the file data flow it pushed is passed on, so that this
+    process's ``$OPENJD_CHECKPOINT_FILES`` plays no part). ``read_only`` for what only reads:
+    a damaged record is reported and left as it is, never set aside or rebuilt by a viewer."""
     import core
 
     files = attempt.get("files")
     return core.CheckpointStore(
-        attempt["store"], create=False, files=files if files in FILE_MODES else None
+        attempt["store"],
+        create=False,
+        read_only=read_only,
+        files=files if files in FILE_MODES else None,
     )
 
 
@@ -94,11 +102,13 @@ def terminate(
     if mode not in MODES:
         raise HTTPException(422, f"unknown termination mode {mode!r}; one of {list(MODES)}")
     attempt = _attempt(session, dag_id, dag_run_id)
-    store = _store(attempt)
     try:
+        store = _store(attempt)
         term, note = core.request_termination(store, attempt["job_key"], attempt["run_id"], mode)
     except core.RunError as exc:
         raise HTTPException(409, str(exc)) from None
+    except core.StoreError as exc:
+        raise HTTPException(503, f"DAG run {dag_id}/{dag_run_id}: {exc}") from None
     return {
         "run_id": attempt["run_id"],
         "mode": term.mode.value if term.mode else None,
@@ -106,23 +116,45 @@ def terminate(
     }
 
 
+Tasks = list[tuple["core.TaskRecord", list["core.CheckpointData"]]]
+
+
 def _read(
     session: Any, dag_id: str, dag_run_id: str
-) -> tuple[core.CheckpointStore, core.RunRecord, list[core.TaskRecord], list[str]]:
-    """The DAG run's job run: its store, run record, task records (regular steps first, then
-    finally steps, each by step and task) and the warnings of records that could not be read.
+) -> tuple[core.CheckpointStore, core.RunRecord, Tasks, list[str]]:
+    """The DAG run's job run (``read_job_run``)."""
+    return read_job_run(_attempt(session, dag_id, dag_run_id), f"DAG run {dag_id}/{dag_run_id}")
+
+
+def read_job_run(
+    attempt: dict[str, Any], where: str
+) -> tuple[core.CheckpointStore, core.RunRecord, Tasks, list[str]]:
+    """The job run of the setup task's XCom ``attempt``, read only: its store, run record, task
+    records with their stored generations (regular steps first, then finally steps, each by
+    step and task) and the warnings of records that could not be read (left as they are).
 
     Raises:
-        HTTPException: 404, the DAG run has no job run, or the store no longer has it.
+        HTTPException: 404, the store no longer has the run; 503, the store cannot be read or
+            the run's record is unreadable (the message names the record and the store).
     """
-    attempt = _attempt(session, dag_id, dag_run_id)
-    store = _store(attempt)
-    run = store.read_run(attempt["job_key"], attempt["run_id"])
-    if run is None:
-        raise HTTPException(404, f"job run {attempt['run_id']} is not in the store")
-    records, warnings = store.read_tasks(attempt["job_key"], attempt["run_id"])
-    records.sort(key=lambda r: (run.finally_steps.count(r.step), r.step, r.task_key))
-    return store, run, records, warnings
+    import core
+
+    try:
+        store = _store(attempt, read_only=True)
+        run = store.read_run(attempt["job_key"], attempt["run_id"])
+        if run is None:
+            raise HTTPException(
+                404,
+                f"{where}: its job run {attempt['run_id']} is not in the checkpoint store "
+                f"{store.location}: it was deleted (openjd-checkpoint checkpoints delete or "
+                "gc), or this API server does not see the store the DAG's tasks use",
+            )
+        records, warnings = store.read_tasks(attempt["job_key"], attempt["run_id"])
+        records.sort(key=lambda r: (run.finally_steps.count(r.step), r.step, r.task_key))
+        tasks = [(rec, store.list_generations(rec)) for rec in records]
+    except core.StoreError as exc:
+        raise HTTPException(503, f"{where}: {exc}") from None
+    return store, run, tasks, warnings
 
 
 _READ_TASKS = [
@@ -136,8 +168,8 @@ def checkpoints(dag_id: str, dag_run_id: str, session: SessionDep) -> dict[str, 
 
     store, run, records, warnings = _read(session, dag_id, dag_run_id)
     tasks = []
-    for rec in records:
-        generations = [core.summarize_checkpoint(g) for g in store.list_generations(rec)]
+    for rec, stored in records:
+        generations = [core.summarize_checkpoint(g) for g in stored]
         task = core.summarize_task(rec)
         tasks.append(
             {
@@ -182,22 +214,36 @@ def checkpoints(dag_id: str, dag_run_id: str, session: SessionDep) -> dict[str, 
     dependencies=_READ_TASKS,
 )
 def page_fragment(dag_id: str, dag_run_id: str, session: SessionDep) -> str:
-    """The page's content for the DAG run, as an HTML fragment (``_page.fragment``)."""
+    """The page's content for the DAG run, as an HTML fragment (``fragment_of``)."""
+    from . import _page
+
+    try:
+        attempt = _attempt(session, dag_id, dag_run_id)
+    except _NoJobRun as exc:
+        return _page.waiting_fragment(str(exc.detail))
+    return fragment_of(attempt, f"DAG run {dag_id}/{dag_run_id}")
+
+
+def fragment_of(attempt: dict[str, Any], where: str) -> str:
+    """The job run of the setup task's XCom ``attempt`` as the page's fragment
+    (``_page.fragment``); a run the store no longer has, or a store or run record that cannot
+    be read, as a fragment that says so (``_page.problem_fragment``), never an error page."""
     import core
 
     from . import _page
 
     try:
-        store, run, records, warnings = _read(session, dag_id, dag_run_id)
+        store, run, tasks, warnings = read_job_run(attempt, where)
+        choices = core.termination_choices(store, run)
+    except core.StoreError as exc:
+        return _page.problem_fragment(f"{where}: {exc}", again=True)
     except HTTPException as exc:
-        if exc.status_code != 404:
-            raise
-        return _page.waiting_fragment(str(exc.detail))
+        return _page.problem_fragment(str(exc.detail), again=exc.status_code == 503)
     return _page.fragment(
         run,
-        [(rec, store.list_generations(rec)) for rec in records],
+        tasks,
         file_data_flow=store.file_flow.value,
-        choices=core.termination_choices(store, run),
+        choices=choices,
         warnings=warnings,
         keep_generations=store.keep_generations,
     )
