@@ -333,71 +333,78 @@ def _flow_body(
     config: _Config, user_fn: Callable[..., Any] | None, values: dict[str, Any]
 ) -> State[Any]:
     logger = get_run_logger()
-    resume = values.pop(RESUME_PARAMETER, None)
-    template = load_template(config.template_path)
-    if user_fn is not None:
-        changed = user_fn(dict(values))
-        if changed is not None:
-            values = dict(changed)
-    job = core.prepare_job(template, core.framework_parameter_values(template, values))
-    store_location = _store_location(config)
-    store = _open_store(config)
     ctx = FlowRunContext.get()
     assert ctx is not None and ctx.flow_run is not None
-    flow_run_id: uuid.UUID = ctx.flow_run.id
-    if resume:
-        attempt = core.begin_attempt(
-            store, job, how=ResumeHow.OPERATOR, run_id=resume, external_key=str(flow_run_id)
-        )
-    else:
-        attempt = core.begin_attempt(store, job, external_key=str(flow_run_id))
-    run_id = attempt.run_id
-    logger.info(
-        "core run %s (attempt %s) of job %r in store %s, on host %s",
-        run_id,
-        attempt.attempt,
-        job.job.name,
-        store.location,
-        core.host_id(),
-    )
-    logger.info("checkpoint files: %s", store.file_flow.value)
-    for line in attempt.notes:
-        logger.info(line)
-    for step in job.step_order():
-        unmapped = [r for r in _requirements(job, step) if r not in config.host_requirements]
-        for req in unmapped:
-            logger.warning("step %s: host requirement %s has no mapping; not applied", step, req)
-    remember_job(job, run_id)
-    try:
-        with get_client(sync_client=True) as client:
-            client.update_flow_run_labels(
-                flow_run_id,
-                {
-                    LABEL_STORE: store_location,
-                    LABEL_JOB_KEY: job.job_key,
-                    LABEL_RUN_ID: run_id,
-                    LABEL_FILES: store.file_flow.value,
-                },
-            )
-    except Exception as exc:  # end_flow_run will not find the run; the run itself goes on
-        logger.warning("could not label the flow run with its core run: %s", exc)
     # Without a runner's SIGKILL 30 s after a stop, no deadline: notify periods hold
     runner_kills = under_runner(ctx.flow_run)
-    watcher = CancelWatcher(
-        flow_run_id,
-        store,
-        job.job_key,
-        run_id,
-        config.cancel_mode,
-        logger.info,
-        deadline_seconds=STOP_DEADLINE_SECONDS if runner_kills else None,
-    )
-    with Stopping(watcher, config.cancel_mode, runner_kills=runner_kills) as stopping:
+    # From the top, so that a signal before the core run exists or while it begins is noted
+    # and acted on once its watcher is there (it was a KeyboardInterrupt traceback, the run
+    # left recorded as running)
+    with Stopping(None, config.cancel_mode, runner_kills=runner_kills) as stopping:
+        resume = values.pop(RESUME_PARAMETER, None)
+        template = load_template(config.template_path)
+        if user_fn is not None:
+            changed = user_fn(dict(values))
+            if changed is not None:
+                values = dict(changed)
+        job = core.prepare_job(template, core.framework_parameter_values(template, values))
+        store_location = _store_location(config)
+        store = _open_store(config)
+        flow_run_id: uuid.UUID = ctx.flow_run.id
+        if resume:
+            attempt = core.begin_attempt(
+                store, job, how=ResumeHow.OPERATOR, run_id=resume, external_key=str(flow_run_id)
+            )
+        else:
+            attempt = core.begin_attempt(store, job, external_key=str(flow_run_id))
+        run_id = attempt.run_id
+        logger.info(
+            "core run %s (attempt %s) of job %r in store %s, on host %s",
+            run_id,
+            attempt.attempt,
+            job.job.name,
+            store.location,
+            core.host_id(),
+        )
+        logger.info("checkpoint files: %s", store.file_flow.value)
+        for line in attempt.notes:
+            logger.info(line)
+        for step in job.step_order():
+            unmapped = [r for r in _requirements(job, step) if r not in config.host_requirements]
+            for req in unmapped:
+                logger.warning(
+                    "step %s: host requirement %s has no mapping; not applied", step, req
+                )
+        remember_job(job, run_id)
+        try:
+            with get_client(sync_client=True) as client:
+                client.update_flow_run_labels(
+                    flow_run_id,
+                    {
+                        LABEL_STORE: store_location,
+                        LABEL_JOB_KEY: job.job_key,
+                        LABEL_RUN_ID: run_id,
+                        LABEL_FILES: store.file_flow.value,
+                    },
+                )
+        except Exception as exc:  # end_flow_run will not find the run; the run itself goes on
+            logger.warning("could not label the flow run with its core run: %s", exc)
+        watcher = CancelWatcher(
+            flow_run_id,
+            store,
+            job.job_key,
+            run_id,
+            config.cancel_mode,
+            logger.info,
+            deadline_seconds=STOP_DEADLINE_SECONDS if runner_kills else None,
+        )
+        stopping.watcher = watcher
         watcher.start()
         try:
             early = mode_of_state(ctx.flow_run.state, config.cancel_mode)
             if early is not None:
                 watcher.request(early)
+            stopping.tick()  # a signal while the run began: no task starts
             regular, n = job.template.regular_steps, attempt.attempt
             _run_steps(config, job, run_id, store, regular, stopping, n)
             decision = core.start_finally(store, job, run_id)

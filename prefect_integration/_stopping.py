@@ -37,12 +37,21 @@ class Stopping:
     killed. Without this, Python's KeyboardInterrupt left the task processes running to
     their end and the core run recorded as running.
 
+    Entered before the core run begins (``watcher`` None until then, set once it is there): a
+    signal meanwhile is noted and acted on from the first wait, so that the run it was begun
+    ends stopped; a second Ctrl-C before then is Python's KeyboardInterrupt, as a beginning
+    stuck on the store must still be interruptible.
+
     ``runner_kills`` False (a flow called directly, which no runner SIGKILLs): no deadline and
     no kill after ``ESCALATE_AFTER_SECONDS``; the actions' own notify periods hold, and a
     second Ctrl-C kills the tasks, as with the CLI."""
 
     def __init__(
-        self, watcher: CancelWatcher, default: TerminationMode, *, runner_kills: bool = True
+        self,
+        watcher: CancelWatcher | None,
+        default: TerminationMode,
+        *,
+        runner_kills: bool = True,
     ) -> None:
         self.watcher = watcher
         self.escalation = core.StopEscalation(
@@ -72,11 +81,16 @@ class Stopping:
             self._installed = False
 
     def _on_signal(self, signum: int, frame: Any) -> None:
+        if self.watcher is None and signum == signal.SIGINT and self.signal_at is not None:
+            raise KeyboardInterrupt  # a second Ctrl-C while the run begins: it may be stuck
         self.escalation.signalled(signum)
 
     def tick(self) -> None:
         """Make the requests the signals received meanwhile call for (called from the main
-        thread's waits)."""
+        thread's waits); signals received before there is a ``watcher`` (the core run begins)
+        count from when they came, once there is one."""
+        if self.watcher is None:
+            return
         for step in self.escalation.due(self.watcher.current_mode):
             self.watcher.request(step.mode, force=step.force, deadline=step.deadline)
 

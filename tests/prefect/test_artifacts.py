@@ -264,3 +264,60 @@ def test_the_table_and_timeline_of_a_record_with_times_that_are_not_times() -> N
     assert "- the record's history[0] (attempt 1): started_at nan is not a time" in text
     assert "- checkpoint generation 2: saved_at inf is not a time" in text
     assert "#2 " in text and "#1 " not in text
+
+
+def test_ctrl_c_while_a_direct_flow_run_begins_ends_it_with_one_line(
+    flows_dir: Path, proc_log_dir: Path, tmp_path: Path
+) -> None:
+    """Ctrl-C as soon as the core run exists (its first log line), before a task runs: the
+    process ends with the one line (it was a KeyboardInterrupt traceback, the core run left
+    recorded as running and the flow run Crashed), the core run is suspended, and the retry
+    the line's flow run takes runs the job to its result."""
+    store = CheckpointStore(tmp_path / "store", files="managed")
+    name = f"begin-{uuid.uuid4().hex[:8]}"
+    module = ph.write_module(
+        flows_dir,
+        name.replace("-", "_"),
+        SCRIPT.format(template=str(TRAINING), store=store.location, name=name),
+    )
+    stderr_path = proc_log_dir / f"{name}.stderr"
+    with open(stderr_path, "wb") as err, open(proc_log_dir / f"{name}.stdout", "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, module.name, json.dumps({"Epochs": 3, "EpochSeconds": 0.1})],
+            cwd=flows_dir,
+            stdout=out,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while " - core run " not in stderr_path.read_text(errors="replace"):
+            assert time.monotonic() < deadline and proc.poll() is None, stderr_path.read_text()
+            time.sleep(0.002)
+        os.kill(proc.pid, signal.SIGINT)
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    stderr = stderr_path.read_text(errors="replace")
+    assert code == 1 and "Traceback" not in stderr, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    assert re.fullmatch(r"flow run '[\w-]+' suspended: no task finished", last), last
+    [core_run] = store.list_runs()[0]
+    assert core_run.status.value == "interrupted"
+    [flow_run_id] = {uuid.UUID(core_run.external_key or "")}
+    assert ph.flow_run(flow_run_id).state_name == "Suspended"
+    done = subprocess.run(
+        [sys.executable, "-m", "prefect", "flow-run", "retry", str(flow_run_id)]
+        + ["--entrypoint", f"{module.name}:train"],
+        cwd=flows_dir,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    ph.wait_for_logs(flow_run_id, f"result: {sum(k * k for k in range(3))}")
