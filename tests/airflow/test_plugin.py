@@ -49,6 +49,25 @@ def test_endpoints_refuse_unauthenticated_calls(airflow_live: ah.AirflowStack) -
     resp = client.request("GET", path + "/page", expect=None)  # the page's fragment: says so
     assert resp.status_code == 200 and "No OpenJD job run yet" in resp.text, resp.text
     assert 'data-live="1"' in resp.text  # the page keeps polling: the run may begin
+    # Bad input, authenticated: refused with a word, never a 500 (an unknown mode, a body that
+    # is not JSON or has no mode, odd or long path parameters, a DAG run with no job run)
+    bad = client.request("POST", path + "/termination", json={"mode": "Pause"}, expect=None)
+    assert bad.status_code == 422 and "unknown termination mode 'Pause'" in bad.text, bad.text
+    for body in ({"content": b"{not json"}, {"json": {}}, {"json": ["Cancelled"]}):
+        bad = client.request("POST", path + "/termination", expect=None, **body)
+        assert bad.status_code == 422, bad.text
+    resp = client.request("POST", path + "/termination", json={"mode": "Cancelled"}, expect=None)
+    assert resp.status_code == 404 and "no OpenJD job run" in resp.text, resp.text
+    for odd in ("..%2F..%2Fx/dagRuns/r", "d/dagRuns/..%2Fr"):  # a %2F is a / to the router
+        for sub in ("/checkpoints", "/page"):
+            resp = client.request("GET", f"/openjd/dags/{odd}{sub}", expect=None)
+            assert resp.status_code == 404 and resp.json() == {"detail": "Not Found"}
+    odd = f"/openjd/dags/{'d' * 5000}/dagRuns/r\u202e%3Cb%3E"
+    resp = client.request("GET", odd + "/checkpoints", expect=None)
+    assert resp.status_code == 404 and "no OpenJD job run" in resp.text, resp.text[-300:]
+    resp = client.request("GET", odd + "/page", expect=None)
+    assert resp.status_code == 200 and "No OpenJD job run yet" in resp.text, resp.text[-300:]
+    assert "r\u202e&lt;b&gt; has no OpenJD job run" in resp.text, resp.text[-300:]
     plugins = {p["name"]: p for p in client.get("/api/v2/plugins")["plugins"]}
     [view] = plugins["openjd_checkpoint"]["external_views"]
     assert view["href"] == "/openjd/ui/runs/{DAG_ID}/{RUN_ID}"
