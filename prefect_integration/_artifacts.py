@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import contextvars
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -284,20 +285,25 @@ class RunView:
                 f"; resumes saved {line.saved_seconds:.0f} s of work" if line.saved_seconds else ""
             )
             parts.append(
-                f"**{task.label}**: {core.task_status_words(task.status)}, "
+                f"**{_md(task.label)}**: {core.task_status_words(task.status)}, "
                 f"{task.attempts} attempt(s), "
                 f"{len(line.checkpoints)} checkpoint generation(s) kept{saved}"
             )
             parts.append("")
             parts.extend(f"- {problem}" for problem in line.problems)
-            parts.append("```")
-            parts.extend(core.timeline_text(line) or ["(never started)"])
-            for mark in line.checkpoints:
-                parts.append(f"  ▲ {_mark(mark)}")
-            parts.append("```")
-            parts.append("")
+            block = core.timeline_text(line) or ["(never started)"]
+            block += [f"  ▲ {_mark(mark)}" for mark in line.checkpoints]
+            longest = max((len(r) for r in re.findall("`+", "\n".join(block))), default=0)
+            fence = "`" * max(3, longest + 1)  # a host named with ``` does not end the block
+            parts.extend([fence, *block, fence, ""])
         parts.append("█ running, ▲ a stored checkpoint, | end of an attempt, ? cut off.")
         return "\n".join(parts)
+
+
+def _md(text: str) -> str:
+    """``text`` (a task's label: parameter values, anything) as literal markdown: its
+    punctuation backslash-escaped, so that it neither formats nor links nor ends a block."""
+    return re.sub(r"([\\`*_{}\[\]()<>#+\-.!|~&])", r"\\\1", text)
 
 
 def _mark(mark: core.CheckpointMark) -> str:

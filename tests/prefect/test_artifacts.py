@@ -236,9 +236,10 @@ def test_a_task_run_that_ends_in_its_first_interval_without_progress_makes_no_ca
 
 
 def test_the_table_and_timeline_of_a_record_with_times_that_are_not_times() -> None:
-    """A task record damaged by hand (NaN and infinite times, markup in its message): the table
-    and the timeline artifact show what they can and say what they left out, instead of no
-    artifact at all ("no artifact: Invalid value NaN")."""
+    """A task record damaged by hand (NaN and infinite times, markdown in its label and host):
+    the table and the timeline artifact show what they can and say what they left out, instead
+    of no artifact at all (a warning "no artifact: timestamp out of range"), and the label and
+    host stay text."""
     import core
     from prefect_integration._artifacts import RunView
 
@@ -252,9 +253,12 @@ def test_the_table_and_timeline_of_a_record_with_times_that_are_not_times() -> N
         checkpoint=core.CheckpointData(generation=3, saved_at=now, attempt=1),
         history=[
             core.AttemptSpan(attempt=1, started_at=float("nan")),
-            core.AttemptSpan(attempt=2, started_at=now - 9, ended_at=now, outcome="x"),
+            core.AttemptSpan(
+                attempt=2, started_at=now - 9, ended_at=now, outcome="x", host="h```\n# b"
+            ),
         ],
     )  # as read from a record whose JSON holds NaN (Python's json reads it)
+    rec.step = "S](javascript:x) **<b>"
     gens = [core.CheckpointData(generation=2, saved_at=float("inf"), attempt=1), rec.checkpoint]
     timeline = core.task_timeline(rec, [g for g in gens if g is not None])
     view = RunView(records=(rec,), timelines=(timeline,), summaries=(core.summarize_task(rec),))
@@ -264,6 +268,8 @@ def test_the_table_and_timeline_of_a_record_with_times_that_are_not_times() -> N
     assert "- the record's history[0] (attempt 1): started_at nan is not a time" in text
     assert "- checkpoint generation 2: saved_at inf is not a time" in text
     assert "#2 " in text and "#1 " not in text
+    assert "**S\\]\\(javascript:x\\) \\*\\*\\<b\\>**: " in text  # literal, not a link
+    assert "\n````\n#2 " in text and text.count("\n````") == 2  # the host's ``` ends nothing
 
 
 def test_ctrl_c_while_a_direct_flow_run_begins_ends_it_with_one_line(
