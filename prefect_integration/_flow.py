@@ -445,7 +445,11 @@ def _flow_body(
     sentence = core.outcome_sentence(outcome.status.value, records, ran, next_step=hint)
     logger.info("%s", sentence)
     if stopping.signal_at is not None and outcome.mode is None:
-        raise TerminationSignal(signal=signal.SIGTERM)  # Prefect reports it (Crashed)
+        if runner_kills:
+            raise TerminationSignal(signal=signal.SIGTERM)  # Prefect reports it (Crashed)
+        # A flow called directly, signalled as its last task ended: nothing was left to stop,
+        # the run's outcome stands (it was reported Crashed, exit status -15, the job done)
+        logger.info("the signal came once every task had ended: nothing to stop")
     if outcome.mode is not None:
         quiet_engine_exit(ctx.flow_run.id, final.message or "")
     if outcome.mode is not None and not runner_kills and ctx.flow_run.parent_task_run_id is None:

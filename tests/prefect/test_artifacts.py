@@ -327,3 +327,51 @@ def test_ctrl_c_while_a_direct_flow_run_begins_ends_it_with_one_line(
     )
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     ph.wait_for_logs(flow_run_id, f"result: {sum(k * k for k in range(3))}")
+
+
+def test_ctrl_c_as_a_direct_flow_runs_last_task_ends_leaves_its_outcome(
+    flows_dir: Path, proc_log_dir: Path, tmp_path: Path
+) -> None:
+    """Ctrl-C the moment the last checkpoint of the job's one task is stored (the task ends
+    right after): if the task still ran, the run is suspended with the one line; if it had
+    ended, the run's outcome stands (it was a flow run Crashed 'aborted by a termination
+    signal', exit status -15, with the job done and its records deleted)."""
+    store = CheckpointStore(tmp_path / "store", files="managed")
+    name = f"end-{uuid.uuid4().hex[:8]}"
+    module = ph.write_module(
+        flows_dir,
+        name.replace("-", "_"),
+        SCRIPT.format(template=str(TRAINING), store=store.location, name=name),
+    )
+    stderr_path = proc_log_dir / f"{name}.stderr"
+    with open(stderr_path, "wb") as err, open(proc_log_dir / f"{name}.stdout", "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, module.name, json.dumps({"Epochs": 3, "EpochSeconds": 0.1})],
+            cwd=flows_dir,
+            stdout=out,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while "checkpoint generation 3 stored" not in stderr_path.read_text(errors="replace"):
+            assert time.monotonic() < deadline and proc.poll() is None, stderr_path.read_text()
+            time.sleep(0.001)
+        os.kill(proc.pid, signal.SIGINT)
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    stderr = stderr_path.read_text(errors="replace")
+    assert "Crash" not in stderr and "Traceback" not in stderr, stderr[-3000:]
+    [core_run] = store.list_runs()[0]
+    fr = ph.flow_run(uuid.UUID(core_run.external_key or ""))
+    if core_run.status.value == "succeeded":
+        assert code == 0 and fr.state_type == StateType.COMPLETED, stderr[-3000:]
+        assert "the signal came once every task had ended: nothing to stop" in stderr
+    else:
+        assert code == 1 and fr.state_name == "Suspended", stderr[-3000:]
+        assert " suspended: 1 task checkpointed; " in stderr.strip().splitlines()[-1]
