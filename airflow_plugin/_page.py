@@ -48,8 +48,10 @@ BUTTON_WORDS = {
 """What each termination mode's button says it will do."""
 
 MAX_HISTORY_ROWS = 100
-"""Checkpoint generations a task's history table lists (the newest): a store keeping thousands
-(a large ``keep_generations``) makes no page of thousands of rows, polled every 3 s."""
+"""Checkpoint generations a task's history table lists and its timeline marks (the newest): a
+store keeping thousands (a large ``keep_generations``) makes no page of thousands of rows,
+polled every 3 s; given more, the table says that older ones are not shown (the plugin reads
+one more than this for that)."""
 
 _STATE_CLASS = {
     "running": "running",
@@ -384,18 +386,18 @@ def _history(
             + f"</td><td>{_e(resumes.get(gen, ''))}</td></tr>"
         )
     newest = max(r[0] for r in rows)
-    hidden = (
-        f"; the {len(rows) - len(shown)} older generations stored are not shown"
-        if len(shown) < len(rows)
-        else ""
-    )
-    caption = (
-        f'<caption class="muted">Checkpoint history: the store keeps the latest {keep} '
-        f"generations of each task; {newest - len(rows)} older ones were pruned{hidden}."
-        "</caption>"
-        if keep and newest > len(rows)
-        else f'<caption class="muted">Checkpoint history{hidden}</caption>'
-    )
+    if len(shown) < len(rows):  # given more than it lists: older generations are stored
+        caption = (
+            f'<caption class="muted">Checkpoint history: the newest {len(shown)} '
+            "generations; older ones stored are not shown.</caption>"
+        )
+    elif keep and newest > len(rows):
+        caption = (
+            f'<caption class="muted">Checkpoint history: the store keeps the latest {keep} '
+            f"generations of each task; {newest - len(rows)} older ones were pruned.</caption>"
+        )
+    else:
+        caption = '<caption class="muted">Checkpoint history</caption>'
     return (
         f'<table class="history">{caption}<thead><tr><th class="num">generation</th>'
         "<th>saved</th>"
@@ -415,7 +417,8 @@ def _task(
     """One task's article; ``note``: what continued it (``core.continuations``), if any."""
     task = core.summarize_task(rec)
     words = core.task_status_words(task.status)
-    timeline = core.task_timeline(rec, generations, now=time.time() if live else None)
+    shown = generations[-MAX_HISTORY_ROWS:]  # the timeline marks what the table lists
+    timeline = core.task_timeline(rec, shown, now=time.time() if live else None)
     facts = [_n(task.attempts, "attempt")]
     if task.frames_done:
         facts.append(f"frames done {frame_ranges(task.frames_done)} ({len(task.frames_done)})")

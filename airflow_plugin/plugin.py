@@ -127,11 +127,12 @@ def _read(
 
 
 def read_job_run(
-    attempt: dict[str, Any], where: str
+    attempt: dict[str, Any], where: str, latest: int | None = None
 ) -> tuple[core.CheckpointStore, core.RunRecord, Tasks, list[str]]:
     """The job run of the setup task's XCom ``attempt``, read only: its store, run record, task
-    records with their stored generations (regular steps first, then finally steps, each by
-    step and task) and the warnings of records that could not be read (left as they are).
+    records with their stored generations (``latest``: only that many of each task's newest;
+    regular steps first, then finally steps, each by step and task) and the warnings of records
+    that could not be read (left as they are).
 
     Raises:
         HTTPException: 404, the store no longer has the run; 503, the store cannot be read or
@@ -151,7 +152,7 @@ def read_job_run(
             )
         records, warnings = store.read_tasks(attempt["job_key"], attempt["run_id"])
         records.sort(key=lambda r: (run.finally_steps.count(r.step), r.step, r.task_key))
-        tasks = [(rec, store.list_generations(rec)) for rec in records]
+        tasks = [(rec, store.list_generations(rec, latest)) for rec in records]
     except core.StoreError as exc:
         raise HTTPException(503, f"{where}: {exc}") from None
     return store, run, tasks, warnings
@@ -233,7 +234,8 @@ def fragment_of(attempt: dict[str, Any], where: str) -> str:
     from . import _page
 
     try:
-        store, run, tasks, warnings = read_job_run(attempt, where)
+        # the newest generations the page lists, and one more: it says that older ones exist
+        store, run, tasks, warnings = read_job_run(attempt, where, _page.MAX_HISTORY_ROWS + 1)
         choices = core.termination_choices(store, run)
     except core.StoreError as exc:
         return _page.problem_fragment(f"{where}: {exc}", again=True)

@@ -493,9 +493,12 @@ class CheckpointStore:
         pieces (``TaskRecords.read_task_family``)."""
         return self.tasks.read_task_family(job_key, run_id, step, task_keys)
 
-    def list_generations(self, record: TaskRecord) -> list[CheckpointData]:
-        """The stored checkpoint generations of a task, oldest first."""
-        return self.tasks.list_generations(record)
+    def list_generations(
+        self, record: TaskRecord, latest: int | None = None
+    ) -> list[CheckpointData]:
+        """The stored checkpoint generations of a task, oldest first (``latest``: only that
+        many of the newest are read)."""
+        return self.tasks.list_generations(record, latest)
 
     # --- task output logs and early outputs (core._logs_index) ----------------------------------
     def write_log(self, job_key: str, run_id: str, name: str, body: bytes) -> None:

@@ -275,21 +275,43 @@ class TaskRecords:
             if rec is not None:
                 yield rec
 
-    def list_generations(self, record: TaskRecord) -> list[CheckpointData]:
-        """The stored checkpoint generations of a task, oldest first."""
+    def list_generations(
+        self, record: TaskRecord, latest: int | None = None
+    ) -> list[CheckpointData]:
+        """The stored checkpoint generations of a task, oldest first; ``latest``: only the
+        files of that many of the newest (a view of a store keeping thousands reads no more)."""
         tid = task_id_for(record.step, record.task_key)
         tdir = self.layout.in_run(record.job_key, record.run_id, "tasks")
         gens: list[CheckpointData] = []
-        for name in self.fs.list_names(tdir):
-            if name.startswith(f"{tid}.gen-") and name.endswith(".json"):
-                try:
-                    data = self.records.read(posixpath.join(tdir, name), GenerationFile)
-                except StoreError:
-                    continue
-                if data is not None:
-                    gens.append(CheckpointData.model_validate(data.model_dump(exclude={"task"})))
+        prefix = f"{tid}.gen-"
+        names = [
+            name
+            for name in self.fs.list_names(tdir)
+            if name.startswith(prefix) and name.endswith(".json")
+        ]
+        if latest is not None:
+            number = _name_number(prefix)
+            names = sorted(names, key=number)[-latest:] if latest > 0 else []
+        for name in names:
+            try:
+                data = self.records.read(posixpath.join(tdir, name), GenerationFile)
+            except StoreError:
+                continue
+            if data is not None:
+                gens.append(CheckpointData.model_validate(data.model_dump(exclude={"task"})))
         gens.sort(key=lambda g: g.generation)
         return gens
+
+
+def _name_number(prefix: str) -> Callable[[str], tuple[int, str]]:
+    """The sort key of a generation file's name after ``prefix``: its number (a name that
+    holds none first)."""
+
+    def key(name: str) -> tuple[int, str]:
+        digits = name[len(prefix) : -len(".json")]
+        return (int(digits) if digits.isdigit() else -1, name)
+
+    return key
 
 
 def _is_record(name: str) -> bool:

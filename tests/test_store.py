@@ -359,3 +359,23 @@ def test_a_refusal_names_a_dead_holder_whose_lease_has_not_expired() -> None:
     other = ProcessInfo(pid=dead.pid, pgid=dead.pid, start_time=0, host="another-host")
     assert describe_holder(store, other) == f" by process {dead.pid}"
     assert describe_holder(store, None) == ""
+
+
+def test_list_generations_latest_reads_only_the_newest(tmp_path: Path) -> None:
+    """``list_generations(rec, latest=N)``: the N newest by number (generation 1000000's name,
+    seven digits, sorts before 999999's as text), oldest first; an older file, even damaged,
+    is not read (a page polling a store that keeps thousands reads a few)."""
+    import core
+
+    st = core.CheckpointStore(tmp_path / "store", keep_generations=10**7)
+    rec = core.TaskRecord(job_key="0" * 16, run_id="r1", step="S", task_key="{}", parameters={})
+    st.write_run(core.RunRecord(job_key="0" * 16, run_id="r1", job_name="J", template_hash="h"))
+    for n in (7, 999_999, 1_000_000):
+        st.commit_checkpoint(rec, core.CheckpointData(generation=n, saved_at=1.0, attempt=1))
+    [old] = (tmp_path / "store").rglob("*.gen-000007.json")
+    old.write_text("{damaged")
+    assert [g.generation for g in st.list_generations(rec, latest=2)] == [999_999, 1_000_000]
+    assert old.read_text() == "{damaged"  # not read, so not set aside
+    assert st.list_generations(rec, latest=0) == []
+    assert [g.generation for g in st.list_generations(rec)] == [999_999, 1_000_000]  # set aside
+    assert not old.exists()
