@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import html
 import json
-import math
 import time
 from collections.abc import Iterable, Sequence
 

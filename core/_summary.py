@@ -375,8 +375,8 @@ def _drawable_marks(marks: Sequence[CheckpointMark], problems: list[str]) -> lis
             out.append(mark)
         else:
             problems.append(
-                f"checkpoint generation {mark.generation}: saved_at {mark.saved_at!r} is not a time "
-                "(seconds since the epoch, 1970 to 9999); it is left out of the timeline"
+                f"checkpoint generation {mark.generation}: saved_at {mark.saved_at!r} is not a "
+                "time (seconds since the epoch, 1970 to 9999); it is left out of the timeline"
             )
     if len(out) > MAX_TIMELINE_CHECKPOINTS:
         problems.append(
