@@ -405,6 +405,20 @@ def _history(
     )
 
 
+def _facts(
+    attempts: int,
+    frames: str | None,
+    resume_status: str | None,
+    host: str | None,
+    *more: str | None,
+) -> list[str]:
+    """A task's facts line: attempts, frames done, resume status, host, then ``more``."""
+    facts = [_n(attempts, "attempt"), frames]
+    facts += [f"resume status {resume_status}" if resume_status else None]
+    facts += [f"host {host}" if host else None, *more]
+    return [f for f in facts if f]
+
+
 def _task(
     rec: core.TaskRecord,
     generations: Sequence[core.CheckpointData],
@@ -418,17 +432,12 @@ def _task(
     words = core.task_status_words(task.status)
     shown = generations[-MAX_HISTORY_ROWS:]  # the timeline marks what the table lists
     timeline = core.task_timeline(rec, shown, now=time.time() if live else None)
-    facts = [_n(task.attempts, "attempt")]
-    if task.frames_done:
-        facts.append(f"frames done {frame_ranges(task.frames_done)} ({len(task.frames_done)})")
-    if task.resume_status:
-        facts.append(f"resume status {task.resume_status}")
-    if task.host:
-        facts.append(f"host {task.host}")
-    if task.message:
-        facts.append(task.message)
-    if note:
-        facts.append(note)
+    frames = (
+        f"frames done {frame_ranges(task.frames_done)} ({len(task.frames_done)})"
+        if task.frames_done
+        else None
+    )
+    facts = _facts(task.attempts, frames, task.resume_status, task.host, task.message, note)
     summaries = [core.summarize_checkpoint(g) for g in generations]
     if task.checkpoint is not None and all(
         s.generation != task.checkpoint.generation for s in summaries
@@ -450,13 +459,8 @@ def _task(
 
 def _kept_task(task: core.KeptTask, keep: int | None) -> str:
     timeline = core.kept_timeline(task)
-    facts = [_n(task.attempts, "attempt")]
-    if task.frames_done:
-        facts.append(f"{_n(task.frames_done, 'frame')} done")
-    if task.resume_status:
-        facts.append(f"resume status {task.resume_status}")
-    if task.host:
-        facts.append(f"host {task.host}")
+    frames = f"{_n(task.frames_done, 'frame')} done" if task.frames_done else None
+    facts = _facts(task.attempts, frames, task.resume_status, task.host)
     rows = [
         (c.generation, c.saved_at, c.attempt, c.state_bytes, (), c.files, None, None)
         for c in task.checkpoints

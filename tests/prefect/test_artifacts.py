@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -57,6 +58,56 @@ def _logs(flow_run_id: uuid.UUID) -> list[tuple[int, str]]:
     return [(log.level, log.message) for log in ph.flow_run_logs(flow_run_id)]
 
 
+class Script:
+    """The training flow called directly by a script of its own (no runner), in its own
+    session: ``name`` names the flow and its module in ``flows_dir``; its stderr is kept in
+    ``proc_log_dir``. ``interrupt(ready)`` waits until ``ready()`` is true, sends SIGINT (a
+    Ctrl-C) and returns the exit status; the script is killed if it outlives the test."""
+
+    def __init__(
+        self, flows_dir: Path, proc_log_dir: Path, store: CheckpointStore, name: str, params: dict
+    ) -> None:
+        self.module = ph.write_module(
+            flows_dir,
+            name.replace("-", "_"),
+            SCRIPT.format(template=str(TRAINING), store=store.location, name=name),
+        )
+        self.stderr_path = proc_log_dir / f"{name}.stderr"
+        with (
+            open(self.stderr_path, "wb") as err,
+            open(proc_log_dir / f"{name}.stdout", "wb") as out,
+        ):
+            self.proc = subprocess.Popen(
+                [sys.executable, self.module.name, json.dumps(params)],
+                cwd=flows_dir,
+                stdout=out,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                start_new_session=True,
+            )
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def wait_for_stderr(self, text: str, poll: float) -> None:
+        deadline = time.monotonic() + 60
+        while text not in self.stderr:
+            assert time.monotonic() < deadline and self.proc.poll() is None, self.stderr
+            time.sleep(poll)
+
+    def interrupt(self, ready: Callable[[], Any]) -> int:
+        try:
+            ready()
+            os.kill(self.proc.pid, signal.SIGINT)
+            return self.proc.wait(timeout=60)
+        finally:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+
+
 def test_a_suspended_flow_run_shows_what_it_kept_and_its_retry_resumes(
     flows_dir: Path, proc_log_dir: Path, tmp_path: Path
 ) -> None:
@@ -69,33 +120,13 @@ def test_a_suspended_flow_run_shows_what_it_kept_and_its_retry_resumes(
     entrypoint the line gives resumes the task (RESUMED) and the result is right."""
     store = CheckpointStore(tmp_path / "store", files="managed")
     name = f"training-{uuid.uuid4().hex[:8]}"
-    module = ph.write_module(
-        flows_dir,
-        name.replace("-", "_"),
-        SCRIPT.format(template=str(TRAINING), store=store.location, name=name),
+    script = Script(flows_dir, proc_log_dir, store, name, {"Epochs": EPOCHS, "EpochSeconds": 0.3})
+    module = script.module
+    flow_run_id = ph.flow_run_of_store(store)
+    code = script.interrupt(
+        lambda: ph.wait_for_logs(flow_run_id, "checkpoint generation 3 stored", timeout=60)
     )
-    stderr_path = proc_log_dir / f"{name}.stderr"
-    params = {"Epochs": EPOCHS, "EpochSeconds": 0.3}
-    with open(stderr_path, "wb") as err, open(proc_log_dir / f"{name}.stdout", "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, module.name, json.dumps(params)],
-            cwd=flows_dir,
-            stdout=out,
-            stderr=err,
-            stdin=subprocess.DEVNULL,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            start_new_session=True,
-        )
-    try:
-        flow_run_id = ph.flow_run_of_store(store)
-        ph.wait_for_logs(flow_run_id, "checkpoint generation 3 stored", timeout=60)
-        os.kill(proc.pid, signal.SIGINT)
-        code = proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-    stderr = stderr_path.read_text(errors="replace")
+    stderr = script.stderr
     last = stderr.strip().splitlines()[-1]
     # 1. the direct call's end: one line, exit status 1 (an uncaught CancelledRun)
     assert code == 1, stderr[-3000:]
@@ -281,34 +312,10 @@ def test_ctrl_c_while_a_direct_flow_run_begins_ends_it_with_one_line(
     the line's flow run takes runs the job to its result."""
     store = CheckpointStore(tmp_path / "store", files="managed")
     name = f"begin-{uuid.uuid4().hex[:8]}"
-    module = ph.write_module(
-        flows_dir,
-        name.replace("-", "_"),
-        SCRIPT.format(template=str(TRAINING), store=store.location, name=name),
-    )
-    stderr_path = proc_log_dir / f"{name}.stderr"
-    with open(stderr_path, "wb") as err, open(proc_log_dir / f"{name}.stdout", "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, module.name, json.dumps({"Epochs": 3, "EpochSeconds": 0.1})],
-            cwd=flows_dir,
-            stdout=out,
-            stderr=err,
-            stdin=subprocess.DEVNULL,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            start_new_session=True,
-        )
-    try:
-        deadline = time.monotonic() + 60
-        while " - core run " not in stderr_path.read_text(errors="replace"):
-            assert time.monotonic() < deadline and proc.poll() is None, stderr_path.read_text()
-            time.sleep(0.002)
-        os.kill(proc.pid, signal.SIGINT)
-        code = proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-    stderr = stderr_path.read_text(errors="replace")
+    script = Script(flows_dir, proc_log_dir, store, name, {"Epochs": 3, "EpochSeconds": 0.1})
+    module = script.module
+    code = script.interrupt(lambda: script.wait_for_stderr(" - core run ", poll=0.002))
+    stderr = script.stderr
     assert code == 1 and "Traceback" not in stderr, stderr[-3000:]
     last = stderr.strip().splitlines()[-1]
     assert re.fullmatch(r"flow run '[\w-]+' suspended: no task finished", last), last
@@ -338,34 +345,11 @@ def test_ctrl_c_as_a_direct_flow_runs_last_task_ends_leaves_its_outcome(
     signal', exit status -15, with the job done and its records deleted)."""
     store = CheckpointStore(tmp_path / "store", files="managed")
     name = f"end-{uuid.uuid4().hex[:8]}"
-    module = ph.write_module(
-        flows_dir,
-        name.replace("-", "_"),
-        SCRIPT.format(template=str(TRAINING), store=store.location, name=name),
+    script = Script(flows_dir, proc_log_dir, store, name, {"Epochs": 3, "EpochSeconds": 0.1})
+    code = script.interrupt(
+        lambda: script.wait_for_stderr("checkpoint generation 3 stored", poll=0.001)
     )
-    stderr_path = proc_log_dir / f"{name}.stderr"
-    with open(stderr_path, "wb") as err, open(proc_log_dir / f"{name}.stdout", "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, module.name, json.dumps({"Epochs": 3, "EpochSeconds": 0.1})],
-            cwd=flows_dir,
-            stdout=out,
-            stderr=err,
-            stdin=subprocess.DEVNULL,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            start_new_session=True,
-        )
-    try:
-        deadline = time.monotonic() + 60
-        while "checkpoint generation 3 stored" not in stderr_path.read_text(errors="replace"):
-            assert time.monotonic() < deadline and proc.poll() is None, stderr_path.read_text()
-            time.sleep(0.001)
-        os.kill(proc.pid, signal.SIGINT)
-        code = proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-    stderr = stderr_path.read_text(errors="replace")
+    stderr = script.stderr
     assert "Crash" not in stderr and "Traceback" not in stderr, stderr[-3000:]
     [core_run] = store.list_runs()[0]
     fr = ph.flow_run(uuid.UUID(core_run.external_key or ""))
