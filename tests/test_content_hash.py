@@ -78,7 +78,7 @@ def _commit(capture: FileCapture, path: str) -> str:
     """Declare ``path``, save it, wait: the new generation's manifest name."""
     got: list[str] = []
     capture.declare([path], [])
-    capture.save(None, [path], [], lambda manifest, _file: got.append(manifest))
+    capture.save(None, [path], [], lambda manifest, _file, _bytes: got.append(manifest))
     assert capture.drain(60)
     assert len(got) == 1, "the save was not committed"
     return got[0]
@@ -288,7 +288,7 @@ def test_a_generation_after_the_upgrade_mixes_both_names_and_restores(tmp_path: 
         paths = [str(session / "model.txt"), str(session / "samples.txt")]
         got: list[str] = []
         capture.declare(paths, [])
-        capture.save(None, paths, [], lambda manifest, _file: got.append(manifest))
+        capture.save(None, paths, [], lambda manifest, _file, _bytes: got.append(manifest))
         assert capture.drain(60) and len(got) == 1
     finally:
         capture.close()
