@@ -108,6 +108,21 @@ class Script:
                 self.proc.wait(10)
 
 
+def retry(flow_run_id: uuid.UUID, entrypoint: str, cwd: Path) -> None:
+    """``prefect flow-run retry ID --entrypoint FILE.py:FLOW``, run in ``cwd``, as the one line
+    of a stopped direct call says; it must succeed."""
+    done = subprocess.run(
+        [sys.executable, "-m", "prefect", "flow-run", "retry", str(flow_run_id)]
+        + ["--entrypoint", entrypoint],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+
+
 def test_a_suspended_flow_run_shows_what_it_kept_and_its_retry_resumes(
     flows_dir: Path, proc_log_dir: Path, tmp_path: Path
 ) -> None:
@@ -181,16 +196,7 @@ def test_a_suspended_flow_run_shows_what_it_kept_and_its_retry_resumes(
     assert f"▲ generation {kept} at " in timeline.data
 
     # 4. the retry the line names, run where the script ran
-    done = subprocess.run(
-        [sys.executable, "-m", "prefect", "flow-run", "retry", str(flow_run_id)]
-        + ["--entrypoint", entrypoint],
-        cwd=flows_dir,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        stdin=subprocess.DEVNULL,
-    )
-    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    retry(flow_run_id, entrypoint, flows_dir)
     assert ph.flow_run(flow_run_id).state_type == StateType.COMPLETED
     logs = ph.wait_for_logs(flow_run_id, f"result: {RESULT}")
     messages = [log.message for log in logs]
@@ -323,16 +329,7 @@ def test_ctrl_c_while_a_direct_flow_run_begins_ends_it_with_one_line(
     assert core_run.status.value == "interrupted"
     [flow_run_id] = {uuid.UUID(core_run.external_key or "")}
     assert ph.flow_run(flow_run_id).state_name == "Suspended"
-    done = subprocess.run(
-        [sys.executable, "-m", "prefect", "flow-run", "retry", str(flow_run_id)]
-        + ["--entrypoint", f"{module.name}:train"],
-        cwd=flows_dir,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        stdin=subprocess.DEVNULL,
-    )
-    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    retry(flow_run_id, f"{module.name}:train", flows_dir)
     ph.wait_for_logs(flow_run_id, f"result: {sum(k * k for k in range(3))}")
 
 
