@@ -245,8 +245,8 @@ class RunView:
         """The table artifact's rows: one a task, its status in the CLI's words
         (``core.task_status_words``: ``succeeded``, ``suspended``...), its checkpoint history
         (every kept generation: number, UTC time, state bytes, files; the bytes of its files
-        that a managed store keeps) and resume status; never
-        a state's contents."""
+        that a managed store keeps), resume status and what continued it
+        (``core.continuations``); never a state's contents."""
         rows = []
         continued = core.continuations(self.records)
         for rec, task, line in zip(self.records, self.summaries, self.timelines, strict=True):
