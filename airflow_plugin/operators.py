@@ -665,8 +665,9 @@ class OpenJDTaskOperator(BaseOperator):
                 "what the tasks reported is stored: the next try of this task instance (a "
                 "retry, or clearing it) resumes from it"
             )
-        if core.TaskOutcome.FAILED in outcomes:
-            failed = [r for r in results if r.outcome == core.TaskOutcome.FAILED]
+        failing = {core.TaskOutcome.FAILED, core.TaskOutcome.NOT_STORED}  # the try is retried
+        if outcomes & failing:
+            failed = [r for r in results if r.outcome in failing]
             raise AirflowException("; ".join(r.message for r in failed))
         stopped = outcomes & {
             core.TaskOutcome.CANCELED,

@@ -31,7 +31,13 @@ if TYPE_CHECKING:
         plan_step,
         prepare_run_job,
     )
-    from ._errors import OpenJDCheckpointError, RunError, StoreError, TemplateError
+    from ._errors import (
+        LeaseLostError,
+        OpenJDCheckpointError,
+        RunError,
+        StoreError,
+        TemplateError,
+    )
     from ._escalation import Escalation, StopEscalation
     from ._executor import StepRun, TaskExecutor, run_task, run_tasks
     from ._fs import MAX_RECORD_BYTES
@@ -187,6 +193,7 @@ _EXPORTS = {
     "StopEscalation": "._escalation",
     "StopIntent": "._action",
     "StoreError": "._errors",
+    "LeaseLostError": "._errors",
     "TaskEvent": "._task",
     "TaskExecution": "._task",
     "TaskExecutor": "._executor",
@@ -309,6 +316,7 @@ __all__ = (
     "StopEscalation",
     "StopIntent",
     "StoreError",
+    "LeaseLostError",
     "TaskEvent",
     "TaskExecution",
     "TaskExecutor",

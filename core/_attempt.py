@@ -123,13 +123,13 @@ def reap_run(store: CheckpointStore, run: RunRecord) -> list[str]:
     touched (``kill_recorded_process``). Returns a note per kill, for the log."""
     notes: list[str] = []
     me = host_id()
-    for session in store.list_sessions(run.job_key, run.run_id):
-        if session.host != me or store.session_lease_held(
+    for session in store.sessions.list(run.job_key, run.run_id):
+        if session.host != me or store.sessions.lease_held(
             run.job_key, run.run_id, session.session_id
         ):
             continue
         killed = kill_marked(session.markers)
-        store.delete_session(run.job_key, run.run_id, session.session_id)
+        store.sessions.delete(run.job_key, run.run_id, session.session_id)
         if killed:
             notes.append(
                 f"stopped {killed} environment process(es) left running by a dead session "
@@ -180,8 +180,8 @@ def delete_run(store: CheckpointStore, run: RunRecord) -> list[str]:
             for r in records
             if r.process is not None
         ) or any(
-            store.session_lease_held(run.job_key, run.run_id, s.session_id)
-            for s in store.list_sessions(run.job_key, run.run_id)
+            store.sessions.lease_held(run.job_key, run.run_id, s.session_id)
+            for s in store.sessions.list(run.job_key, run.run_id)
         )
     if busy:
         raise RunError(f"run {run.run_id} is running now; stop it first")

@@ -75,9 +75,17 @@ def claim_task(
     held = None
     if lease is None:
         lease, held = _wait_for_task_lease(store, job, run_id, spec, tell, should_stop)
+    where = (job.job_key, run_id, spec.step_name, spec.task_key)
+    try:
+        store.fence_task(lease, *where)  # what this holder's record writes are conditional on
+    except BaseException:
+        lease.release()
+        raise
     try:
         rebuilt: list[str] = []
-        record = store.read_task(job.job_key, run_id, spec.step_name, spec.task_key, rebuilt)
+        record = store.read_task(*where, rebuilt)
+        if rebuilt:  # the read wrote the record again
+            store.fence_task(lease, *where)
         for warning in rebuilt:
             tell(f"warning: {warning}")
     except StoreError as exc:

@@ -7,6 +7,7 @@ __all__ = (
     "OpenJDCheckpointError",
     "TemplateError",
     "StoreError",
+    "LeaseLostError",
     "SettingError",
     "RunError",
     "seconds_in_range",
@@ -44,6 +45,23 @@ class StoreError(OpenJDCheckpointError):
     The message names the store location and the record. A stored record that cannot be read is
     never deleted or overwritten because of this error.
     """
+
+
+class LeaseLostError(StoreError):
+    """This process no longer holds the lease a write needs (fencing): the lease expired (its
+    holder was stalled, or the store could not be written, for its whole ttl) and another
+    process may have taken it over. Nothing was written; the holder must stop the work the
+    lease covered, since another process may be doing it now. The message says which lease,
+    and who holds it now when that is known.
+
+    Attributes:
+        taken: True when the store says another process holds the lease now; False when it
+            could only not be renewed (the store cannot be reached or written).
+    """
+
+    def __init__(self, message: str, *, taken: bool = True) -> None:
+        super().__init__(message)
+        self.taken = taken
 
 
 class SettingError(StoreError, ValueError):

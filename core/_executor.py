@@ -96,6 +96,113 @@ class StepRun:
         return [s.label for s, _ in self.not_started] + self.rest
 
 
+class RunningTasks:
+    """The tasks an executor runs now and what stops them: the run's termination in force,
+    an interruption notice, the phases' time budgets. ``apply`` stops the running tasks as a
+    termination says (``task_stop_for``), ``why_not_start`` says why no task of a phase may
+    start now. Thread-safe.
+
+    Args:
+        sessions: the executor's sessions (a forced stop or a deadline reaches an ``onExit``
+            still running there).
+        drives_run: the executor drives the whole run (it holds the run's lease: the CLI's):
+            a notice then suspends the run through the store, not only this process's tasks.
+    """
+
+    def __init__(self, sessions: SessionPool, *, drives_run: bool) -> None:
+        self._sessions = sessions
+        self._drives_run = drives_run
+        self.lock = threading.RLock()
+        self.term = Termination()
+        """The termination in force for this process's tasks."""
+        self.notice: Notice | None = None
+        """The interruption notice acted on (the one with the earliest deadline), if any."""
+        self.timed_out = {False: False, True: False}
+        """Phase (is finally) -> its time budget expired."""
+        self.closed = False
+        self._active: dict[TaskExecution, bool] = {}  # running execution -> is a finally task
+        self._by_lease: dict[int, TaskExecution] = {}  # id of a task's lease -> its execution
+
+    def add(self, execution: TaskExecution, lease: Lease, is_finally: bool) -> None:
+        with self.lock:
+            self._active[execution] = is_finally
+            self._by_lease[id(lease)] = execution
+
+    def remove(self, execution: TaskExecution, lease: Lease) -> None:
+        with self.lock:
+            self._active.pop(execution, None)
+            self._by_lease.pop(id(lease), None)
+
+    def executions(self) -> list[TaskExecution]:
+        with self.lock:
+            return list(self._active)
+
+    def holding(self, lease: Lease) -> TaskExecution | None:
+        """The running execution whose task's lease ``lease`` is."""
+        with self.lock:
+            return self._by_lease.get(id(lease))
+
+    def apply(self, term: Termination) -> Termination | None:
+        """Make ``term`` the termination in force, and stop the running tasks as it says (a
+        notice of this process suspends them too, with its deadline); forward a forced stop
+        or a deadline to the sessions. Returns the termination it replaced, None once closed."""
+        with self.lock:
+            if self.closed:
+                return None
+            previous, self.term = self.term, term
+            notice = self.notice
+            active = list(self._active.items())
+        if notice is not None and not self._drives_run:
+            # this process's tasks are suspended by the notice: the earliest deadline holds
+            term = fold_request(
+                term, TerminationMode.SUSPENDED, phase="regular", deadline=notice.deadline
+            )[0]
+        for execution, is_finally in active:
+            intent = task_stop_for(
+                term.mode, is_finally=is_finally, finally_timed_out=self.timed_out[True]
+            )
+            if intent is not None:
+                execution.stop(intent, force=term.force, deadline=term.deadline)
+        for session in self._sessions.all():  # reaches an onExit still running
+            session.stop(force=term.force, deadline=term.deadline)
+        return previous
+
+    def expire(self, is_finally: bool) -> bool:
+        """The phase's time budget expired: cancel its running tasks. False if it had
+        expired already."""
+        with self.lock:
+            if self.timed_out[is_finally]:
+                return False
+            self.timed_out[is_finally] = True
+            active = [ex for ex, fin in self._active.items() if fin == is_finally]
+        for execution in active:
+            execution.stop(StopIntent.CANCEL)
+        return True
+
+    def noticed(self, notice: Notice) -> bool:
+        """Act on ``notice`` from now on (the earliest deadline wins); True for the first."""
+        with self.lock:
+            first = self.notice is None
+            if first or _sooner(notice, self.notice):
+                self.notice = notice
+        return first
+
+    def why_not_start(self, is_finally: bool) -> str | None:
+        """Why a task of the phase may not start now (None: it may)."""
+        if self.timed_out[is_finally]:
+            return "not started: the time budget expired"
+        notice = self.notice
+        if notice is not None and not self._drives_run:
+            return (
+                f"not started: an interruption notice ({notice.source}) stopped this "
+                "process's tasks"
+            )
+        mode = self.term.mode
+        if starts_no_tasks(mode, is_finally=is_finally):
+            return f"not started: the run is stopping ({mode.value if mode else ''})"
+        return None
+
+
 class TaskExecutor:
     """Runs a run's tasks in sessions of this process, under the run's termination requests
     and interruption notices (the module docstring lists what it decides).
@@ -152,16 +259,13 @@ class TaskExecutor:
         self._on_start = on_start
         self._working_root = working_root
         self._on_notice = on_notice
-        self._lock = threading.RLock()
-        self._term = Termination()
-        self._notice: Notice | None = None
-        self._active: dict[TaskExecution, bool] = {}  # running execution -> is a finally task
         self.sessions = SessionPool(
             store, job, run_id, attempt=attempt, working_root=working_root, on_note=on_note
         )
-        self._timed_out = {False: False, True: False}  # phase (is finally) -> budget expired
+        self.running = RunningTasks(self.sessions, drives_run=run_lease is not None)
+        """What runs here now, and what stops it."""
         self.phase = "regular"
-        self._closed = False
+        self._said_lost = False
         self._watcher = RunWatcher(
             store,
             job.job_key,
@@ -204,13 +308,14 @@ class TaskExecutor:
         its deadline goes to the log and the run's record, and the notice is acknowledged."""
         self.sessions.close()  # the run watcher still runs: a deadline reaches onExit
         self._notices.close()
-        if self._notice is not None:
+        notice = self.running.notice
+        if notice is not None:
             key = (self.job.job_key, self.run_id)
-            lines = notice_ended(self.store, *key, self.attempt, self._notice)
+            lines = notice_ended(self.store, *key, self.attempt, notice)
             for line in lines + self._notices.acknowledge():
                 self.note(line)
-        with self._lock:
-            self._closed = True
+        with self.running.lock:
+            self.running.closed = True
         self._watcher.close()
         for error in self._watcher.errors[:3]:
             self.note(f"warning: {error}")
@@ -223,11 +328,11 @@ class TaskExecutor:
     @property
     def termination(self) -> Termination:
         """The termination in force for this process's tasks."""
-        return self._term
+        return self.running.term
 
     def timed_out(self, is_finally: bool) -> bool:
         """True once the phase's time budget expired (``run(..., deadline=...)``)."""
-        return self._timed_out[is_finally]
+        return self.running.timed_out[is_finally]
 
     def request(
         self, mode: TerminationMode, *, force: bool = False, deadline: float | None = None
@@ -239,7 +344,7 @@ class TaskExecutor:
         Raises:
             RunError: the run has ended, or is stopping in a mode this one may not replace.
         """
-        where = (self.store, self.job.job_key, self.run_id, self._term, mode)
+        where = (self.store, self.job.job_key, self.run_id, self.running.term, mode)
         term, note, warning = request_or_fold(
             *where, phase=self.phase, force=force, deadline=deadline
         )
@@ -252,70 +357,23 @@ class TaskExecutor:
     def apply(self, term: Termination) -> None:
         """The run's termination is now ``term`` (the watcher's report, or ``request``): stop
         the running tasks as it says, and forward a forced stop or a deadline to an
-        environment action still running. Thread-safe."""
-        with self._lock:
-            if self._closed:
-                return
-            changed = term.mode != self._term.mode
-            self._term = term
-            notice = self._notice
-            active = list(self._active.items())
-        if changed and term.mode is not None:
+        environment action still running (``RunningTasks.apply``). Thread-safe."""
+        previous = self.running.apply(term)
+        if previous is not None and term.mode != previous.mode and term.mode is not None:
             self.note(f"run {self.run_id}: {term.mode.value} requested; stopping")
-        if notice is not None and self._run_lease is None:
-            # this process's tasks are suspended by the notice: the earliest deadline holds
-            term = fold_request(
-                term, TerminationMode.SUSPENDED, phase="regular", deadline=notice.deadline
-            )[0]
-        for execution, is_finally in active:
-            intent = task_stop_for(
-                term.mode, is_finally=is_finally, finally_timed_out=self._timed_out[True]
-            )
-            if intent is not None:
-                execution.stop(intent, force=term.force, deadline=term.deadline)
-        for session in self.sessions.all():  # reaches an onExit still running
-            session.stop(force=term.force, deadline=term.deadline)
 
     def stopping(self, is_finally: bool) -> bool:
         """True if no task of the phase (finally or regular) may start now: its time budget
         expired, or the termination in force starts none (``starts_no_tasks``)."""
-        return self._timed_out[is_finally] or starts_no_tasks(
-            self._term.mode, is_finally=is_finally
+        return self.running.timed_out[is_finally] or starts_no_tasks(
+            self.running.term.mode, is_finally=is_finally
         )
-
-    def _why_not_start(self, is_finally: bool) -> str | None:
-        """Why a task of the phase may not start now (None: it may)."""
-        if self._timed_out[is_finally]:
-            return "not started: the time budget expired"
-        notice = self._notice
-        if notice is not None and self._run_lease is None:
-            return (
-                f"not started: an interruption notice ({notice.source}) stopped this "
-                "process's tasks"
-            )
-        mode = self._term.mode
-        if starts_no_tasks(mode, is_finally=is_finally):
-            return f"not started: the run is stopping ({mode.value if mode else ''})"
-        return None
-
-    def _expire(self, is_finally: bool, message: str) -> None:
-        with self._lock:
-            if self._timed_out[is_finally]:
-                return
-            self._timed_out[is_finally] = True
-            active = [ex for ex, fin in self._active.items() if fin == is_finally]
-        self.note(message + "; canceling running tasks")
-        for execution in active:
-            execution.stop(StopIntent.CANCEL)
 
     def _notified(self, notice: Notice) -> None:
         drives_run = self._run_lease is not None
         what = "suspending the run" if drives_run else "checkpointing and stopping"
         self.note(f"interruption notice from {notice.describe()}: {what}")
-        with self._lock:
-            first = self._notice is None
-            if first or _sooner(notice, self._notice):
-                self._notice = notice
+        first = self.running.noticed(notice)
         if first:
             where = (self.store, self.job.job_key, self.run_id)
             try:
@@ -330,20 +388,46 @@ class TaskExecutor:
             except RunError as exc:
                 self.note(str(exc))
         else:
-            self.apply(self._term)
+            self.apply(self.running.term)
+
+    def _store_failed(self, spec: TaskSpec, execution: TaskExecution, result: TaskResult) -> None:
+        """A task's end could not be stored: no more task starts in this process (their ends
+        could not be stored either), and the running ones are suspended (what they reported
+        is kept where the store takes it). A lost lease has said so already."""
+        if execution.lost_lease is not None:
+            self._say_lost(
+                f"{spec.label}: this process lost the task's lease ({execution.lost_lease})"
+            )
+        elif self.running.term.mode != TerminationMode.SUSPENDED:
+            self.note(
+                f"warning: the store does not take the end of {spec.label}: the tasks of this "
+                "process are suspended, and no more start"
+            )
+        term = self.running.term
+        self.running.apply(fold_request(term, TerminationMode.SUSPENDED, phase=self.phase)[0])
 
     def _lease_expired(self, lease: Lease) -> None:
         why = lease_expired_note(lease)
         if lease is self._run_lease:
-            self.note(f"warning: run {self.run_id}: {why}; canceling its tasks")
-            # applied here only: this process may no longer write requests to the run
-            self.apply(Termination(mode=TerminationMode.CANCELLED))
+            self._say_lost(f"run {self.run_id}: this process lost the run's lease ({why})")
+            # applied here only, and said above: this process may no longer write to the run
+            self.running.apply(Termination(mode=TerminationMode.CANCELLED))
+            for execution in self.running.executions():
+                execution.lease_lost(why)
             return
-        with self._lock:
-            executions = list(self._active)
-        self.note(f"warning: {why}; stopping the task")
-        for execution in executions:  # cancel: this process may no longer store its work
-            execution.stop(StopIntent.CANCEL)
+        holder = self.running.holding(lease)
+        if holder is not None:  # it stops and stores nothing more (said as it ends)
+            holder.lease_lost(why)
+
+    def _say_lost(self, what: str) -> None:
+        """Say once, for every lease of this process that was lost, that it stopped."""
+        with self.running.lock:
+            said, self._said_lost = self._said_lost, True
+        if not said:
+            self.note(
+                f"warning: {what}: another process may run its work now, so this one stops "
+                "its tasks and writes nothing more to the store"
+            )
 
     # --- running -------------------------------------------------------------------------------
     def run(
@@ -393,7 +477,7 @@ class TaskExecutor:
                         break
                     is_finally = self.job.template.is_finally(spec.step_name)
                     self.phase = "finally" if is_finally else "regular"
-                    why = self._why_not_start(is_finally)
+                    why = self.running.why_not_start(is_finally)
                     if why is None and stop_on_failure and not out.ok:
                         why = "not started: an earlier task of the step did not succeed"
                     if why is None:  # the claim may wait for a lease, and stop waiting
@@ -416,7 +500,8 @@ class TaskExecutor:
                     break
                 done, _ = wait(list(running), timeout=0.1, return_when=FIRST_COMPLETED)
                 if deadline is not None and time.monotonic() > deadline:
-                    self._expire(self.phase == "finally", deadline_message)
+                    if self.running.expire(self.phase == "finally"):
+                        self.note(deadline_message + "; canceling running tasks")
                 for future in done:
                     spec, execution, lease, session = running.pop(future)
                     self._ended(execution, lease, session)
@@ -427,6 +512,8 @@ class TaskExecutor:
                         if errors == "raise":
                             raise
                         result = TaskResult(TaskOutcome.FAILED, None, str(exc), execution.record)
+                    if result.outcome == TaskOutcome.NOT_STORED:
+                        self._store_failed(spec, execution, result)
                     if result.outcome != TaskOutcome.SUCCEEDED:
                         out.results.append((spec, result))
                         out.ok = False
@@ -454,7 +541,7 @@ class TaskExecutor:
                 self.run_id,
                 spec,
                 note=self.note,
-                should_stop=lambda: self._why_not_start(is_finally),
+                should_stop=lambda: self.running.why_not_start(is_finally),
             )
         except NotStartedError as exc:
             return exc
@@ -477,21 +564,20 @@ class TaskExecutor:
                 working_root=self._working_root,
                 job_status=session.job_status,
                 session=session,
+                lease=lease,
             )
         except BaseException:
             lease.release()
             raise
         self._watcher.leases.append(lease)
-        with self._lock:
-            self._active[execution] = is_finally
-        self.apply(self._term)  # a request that came while it was being claimed
+        self.running.add(execution, lease, is_finally)
+        self.apply(self.running.term)  # a request that came while it was being claimed
         if self._on_start is not None:
             self._on_start(execution)
         return execution, lease, session
 
     def _ended(self, execution: TaskExecution, lease: Lease, session: Session) -> None:
-        with self._lock:
-            self._active.pop(execution, None)
+        self.running.remove(execution, lease)
         self.sessions.give(session)
         if lease in self._watcher.leases:
             self._watcher.leases.remove(lease)

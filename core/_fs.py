@@ -46,12 +46,13 @@ from fsspec.implementations.memory import MemoryFileSystem
 from . import _s3
 from ._errors import StoreError
 from ._killpoints import kill_point
-from ._s3 import S3_PROTOCOLS, OSErrorsOnly, S3Objects, protocols
+from ._s3 import S3_PROTOCOLS, OSErrorsOnly, S3Objects, WriteFence, protocols
 
 __all__ = (
     "MAX_RECORD_BYTES",
     "NotARecordError",
     "StoreFS",
+    "WriteFence",
     "os_reason",
     "redact_location",
 )
@@ -227,14 +228,24 @@ class StoreFS:
             if not stat.S_ISDIR(mode):
                 raise StoreError(f"cannot use {self.where(current)}: it is not a folder")
 
-    def write_json(self, path: str, data: dict[str, Any], *, durable: bool = True) -> None:
+    def write_json(
+        self,
+        path: str,
+        data: dict[str, Any],
+        *,
+        durable: bool = True,
+        fence: WriteFence | None = None,
+        new: bool = False,
+    ) -> None:
         """Write the JSON document ``data`` to ``path`` (a record: at most ``MAX_RECORD_BYTES``)
         atomically (``replace_file``): durably unless ``durable`` is False, which a local store
         takes as leave the data and the rename in the page cache (they survive the death of
         any process, not of the machine; docs/decisions.md, "Which writes are durable").
+        ``fence`` and ``new``: see ``replace_file``.
 
         Raises:
             StoreError: it is too large or cannot be written; the previous version stays.
+            LeaseLostError: ``fence``'s holder no longer holds its lease; nothing was written.
         """
         payload = (json.dumps(data, indent=1, sort_keys=True) + "\n").encode("utf-8")
         self.confined(path)
@@ -244,53 +255,62 @@ class StoreFS:
                 f"{MAX_RECORD_BYTES:,} a record may have (it could never be read back); the "
                 "previous version stays"
             )
-        self.replace_file(path, payload, durable=durable)
+        self.replace_file(path, payload, durable=durable, fence=fence, new=new)
 
-    def replace_file(self, path: str, body: bytes, *, durable: bool) -> None:
+    def replace_file(
+        self,
+        path: str,
+        body: bytes,
+        *,
+        durable: bool,
+        fence: WriteFence | None = None,
+        new: bool = False,
+    ) -> None:
         """Write ``body`` to ``path`` (checked by the caller) all at once: on a local store a
         temporary file renamed over it, fsynced with its folder when ``durable``; elsewhere one
         upload, which the object store makes atomic.
 
+        With a ``fence`` (a lease holder's write: fencing) the write is refused unless the
+        holder still holds its lease (``fence.confirm()``: no I/O while the lease is fresh).
+        On S3 with conditional writes it is also conditional: ``If-Match`` of the ETag this
+        holder last wrote or read at ``path`` (``fence.versions``; ``new``: ``If-None-Match``,
+        the file is expected not to exist), so that a holder whose lease expired while it
+        was stalled cannot overwrite what the new holder wrote. When the condition fails the
+        lease is confirmed with the store (``fence.confirm_held()``): another holder means
+        ``LeaseLostError``; if the lease is still this holder's, the file was written by a
+        process whose lease had expired, and this holder's version replaces it (logged). A
+        local store's lease is an ``flock``, held as long as its process lives: there a
+        holder cannot lose it, and the write is a plain one. docs/decisions.md, "Fencing".
+
         Raises:
             StoreError: it cannot be written (the operating system's reason).
+            LeaseLostError: ``fence``'s holder no longer holds its lease; nothing was written.
         """
+        if fence is not None:
+            fence.confirm()
+            if self.s3 is not None and self._conditional(path):
+                try:
+                    self.s3.put_fenced(path, body, fence, new=new, where=self.where(path))
+                except OSError as exc:
+                    raise StoreError(f"cannot write {self.where(path)}: {os_reason(exc)}") from None
+                return
         parent = posixpath.dirname(path)
         try:
             if self.is_local:
-                # The caller checked the folders on the way (``confined``); they are made
-                # only when the temporary file cannot be: they exist for every write but the
-                # first in them.
-                try:
-                    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=parent)
+                try:  # the folders exist for every write but the first in them
+                    _replace_local(path, body, durable=durable)
                 except FileNotFoundError:
                     self.makedirs_confined(parent)
-                    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=parent)
-                try:
-                    with os.fdopen(fd, "wb") as fh:
-                        fh.write(body)
-                        fh.flush()
-                        kill_point("record.tmp-written")
-                        if durable:
-                            os.fsync(fh.fileno())
-                            kill_point("record.fsynced")
-                    os.replace(tmp, path)  # replaces a link at ``path`` itself, never its target
-                    kill_point("record.renamed")
-                except BaseException:
-                    try:
-                        os.unlink(tmp)
-                    except OSError:
-                        pass
-                    raise
-                if durable:
-                    dfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-                    try:
-                        os.fsync(dfd)
-                    finally:
-                        os.close(dfd)
-                    kill_point("record.stored")
+                    _replace_local(path, body, durable=durable)
             else:
                 self.makedirs_confined(parent)
                 self.backend.pipe_file(path, body)
+        except OSError as exc:
+            raise StoreError(f"cannot write {self.where(path)}: {os_reason(exc)}") from None
+
+    def _conditional(self, path: str) -> bool:
+        try:
+            return self.conditional_writes()
         except OSError as exc:
             raise StoreError(f"cannot write {self.where(path)}: {os_reason(exc)}") from None
 
@@ -317,32 +337,7 @@ class StoreFS:
                 if len(raw) > MAX_RECORD_BYTES:
                     raise NotARecordError(_too_large(len(raw)))
                 return bytes(raw)
-            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-            try:
-                fd = os.open(path, flags)
-            except OSError as exc:
-                if exc.errno in (errno.ELOOP, errno.ENXIO, errno.EOPNOTSUPP):
-                    raise NotARecordError(f"not a regular file ({os_reason(exc)})") from None
-                raise
-            try:
-                st = os.fstat(fd)
-                if not stat.S_ISREG(st.st_mode):
-                    raise NotARecordError(f"not a regular file but a {_kind(st.st_mode)}")
-                if st.st_size > MAX_RECORD_BYTES:
-                    raise NotARecordError(_too_large(st.st_size))
-                chunks: list[bytes] = []
-                size = 0
-                while True:
-                    chunk = os.read(fd, min(1 << 20, MAX_RECORD_BYTES + 1 - size))
-                    if not chunk:
-                        break
-                    chunks.append(chunk)
-                    size += len(chunk)
-                    if size > MAX_RECORD_BYTES:
-                        raise NotARecordError(_too_large(size))
-                return b"".join(chunks)
-            finally:
-                os.close(fd)
+            return _read_local(path)
         except FileNotFoundError:
             return None
         except OSError as exc:
@@ -462,6 +457,73 @@ class StoreFS:
                 self.location,
             )
         return support.writes
+
+
+def _replace_local(path: str, body: bytes, *, durable: bool) -> None:
+    """Replace the local file ``path`` (its folders checked by the caller) with ``body`` all at
+    once: a temporary file in the same folder, renamed over it (a link at ``path`` itself is
+    replaced, never followed); when ``durable``, the file is fsynced before the rename and the
+    folder after it, so the new version survives a crash of the machine once this returns.
+    OSError is the caller's (FileNotFoundError: the folder is missing)."""
+    parent = posixpath.dirname(path)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(body)
+            fh.flush()
+            kill_point("record.tmp-written")
+            if durable:
+                os.fsync(fh.fileno())
+                kill_point("record.fsynced")
+        os.replace(tmp, path)
+        kill_point("record.renamed")
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    if durable:
+        dfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        kill_point("record.stored")
+
+
+def _read_local(path: str) -> bytes:
+    """The bytes of the local record file ``path``, opened without following a link.
+
+    Raises:
+        NotARecordError: not a regular file, or larger than ``MAX_RECORD_BYTES`` (never read).
+        OSError: it cannot be read (FileNotFoundError: there is none)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO, errno.EOPNOTSUPP):
+            raise NotARecordError(f"not a regular file ({os_reason(exc)})") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotARecordError(f"not a regular file but a {_kind(st.st_mode)}")
+        if st.st_size > MAX_RECORD_BYTES:
+            raise NotARecordError(_too_large(st.st_size))
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            chunk = os.read(fd, min(1 << 20, MAX_RECORD_BYTES + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > MAX_RECORD_BYTES:
+                raise NotARecordError(_too_large(size))
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def os_reason(exc: OSError) -> str:

@@ -108,7 +108,7 @@ def _output_blobs(store: CheckpointStore, runs: list[Any], warnings: list[str]) 
     named in ``warnings``."""
     out: set[Digest] = set()
     for run in runs:
-        for index in store.read_outputs(run.job_key, run.run_id, warnings):
+        for index in store.outputs.read_outputs(run.job_key, run.run_id, warnings):
             for item in index.get("files", {}).values():
                 digest = Digest.from_fields(item) if isinstance(item, dict) else None
                 if digest is not None:

@@ -29,7 +29,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-from ._errors import SettingError, StoreError, seconds_in_range
+from ._errors import LeaseLostError, SettingError, StoreError, seconds_in_range
 from ._fs import NotARecordError, StoreFS, os_reason
 from ._host import host_id
 from ._records import ProcessInfo
@@ -259,6 +259,9 @@ class Lease:
         self.owner = this_process()
         self.lost = False
         """A renewal found that the lease had expired and another process had taken it."""
+        self.versions: dict[str, str | None] = {}
+        """The files this holder writes with the lease as their fence (``WriteFence``): path ->
+        the ETag it last wrote or read there, on S3 with conditional writes."""
 
     @property
     def expired(self) -> bool:
@@ -286,8 +289,9 @@ class Lease:
         on its own elsewhere, so calling it is never needed).
 
         Raises:
-            StoreError: the lease was lost (it expired and another process took it: ``lost``
-                is then True), or it could not be written.
+            LeaseLostError: (a ``StoreError``) the lease was lost: it expired and another
+                process took it (``lost`` is then True).
+            StoreError: it could not be written.
         """
         if self._fd is not None:
             return
@@ -296,7 +300,7 @@ class Lease:
             if self._released:
                 return
             if self.lost:
-                raise StoreError(self._lost_message())
+                raise LeaseLostError(self._lost_message())
             self._renewals += 1
             try:
                 if self._etag is not None:
@@ -315,14 +319,65 @@ class Lease:
             except (OSError, NotARecordError) as exc:
                 raise StoreError(f"cannot renew the lease {fs.where(self._path)}: {exc}") from None
             if self.lost:
-                raise StoreError(self._lost_message())
+                raise LeaseLostError(self._lost_message())
             self._due = time.monotonic() + self._ttl / 3
             self._renewed = time.monotonic()
 
+    def confirm(self) -> None:
+        """Make sure the lease may still be counted on before a write it fences (``WriteFence``):
+        nothing to do while it is fresh (no I/O) or on a local store (an flock lasts as long as
+        its process); when its ttl ran out since the last renewal (this process was stalled,
+        or the store could not be written), it is renewed now, which tells whether another
+        process took it meanwhile.
+
+        Raises:
+            LeaseLostError: the lease was lost, or cannot be renewed although its ttl ran out.
+        """
+        if self._fd is not None:
+            return
+        if self.lost:
+            raise LeaseLostError(self._lost_message())
+        if self._released:
+            raise LeaseLostError(
+                f"the lease {self._fs.where(self._path)} was released", taken=False
+            )
+        if time.monotonic() - self._renewed > self._ttl:
+            self.confirm_held()
+
+    def confirm_held(self) -> None:
+        """Renew the lease now, which on S3 is a write conditional on this holder's own last
+        write of it: it succeeds only if no other process took it (``WriteFence``).
+
+        Raises:
+            LeaseLostError: another process holds it, or it cannot be renewed now.
+        """
+        if self._fd is not None:
+            return
+        try:
+            self.renew()
+        except LeaseLostError:
+            raise
+        except StoreError as exc:
+            if self.lost:
+                raise LeaseLostError(self._lost_message()) from None
+            raise LeaseLostError(
+                f"the lease {self._fs.where(self._path)} could not be renewed for its whole "
+                f"ttl ({exc}); another process may take it over, so this one writes nothing "
+                "more with it",
+                taken=False,
+            ) from None
+
     def _lost_message(self) -> str:
+        holder = ""
+        try:
+            held = read_holder(self._fs, self._path.removesuffix(".lease.json"))
+            if held is not None and held.owner is not None:
+                holder = f" ({held.describe()})"
+        except (StoreError, OSError):
+            pass
         return (
             f"the lease {self._fs.where(self._path)} was lost: it expired (not renewed "
-            f"within {self._ttl:g} s) and another process took it"
+            f"within {self._ttl:g} s) and another process{holder} took it"
         )
 
     def _keep(self) -> None:

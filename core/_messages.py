@@ -301,6 +301,11 @@ def _task_complete(body: str, _cap: int) -> MessageEvent:
 
 def _save(body: str, cap: int) -> MessageEvent:
     obj = _json_object(body, {"state", "file"})
+    for key in ("state", "file"):
+        if key in obj and obj[key] is None:
+            raise _MalformedError(
+                f"'{key}' is null: give a string, or leave the key out (a save keeps no {key} then)"
+            )
     state = obj.get("state")
     file = obj.get("file")
     if state is not None:

@@ -28,6 +28,7 @@ from ._resume import (
 )
 from ._store import (
     CheckpointStore,
+    Lease,
 )
 from ._summary import KeptCollector
 from ._termination import (
@@ -145,9 +146,15 @@ def wait_tasks_released(
 
 
 # --- phases and outcome ---------------------------------------------------------------------------
-def mark_timed_out(store: CheckpointStore, job_key: str, run_id: str, message: str) -> None:
-    """Record that the run's own time budget expired (the run fails with reason Timeout)."""
-    store.update_run(job_key, run_id, timed_out=message)
+def mark_timed_out(
+    store: CheckpointStore, job_key: str, run_id: str, message: str, *, fence: Lease | None = None
+) -> None:
+    """Record that the run's own time budget expired (the run fails with reason Timeout).
+    ``fence``: the run's lease, held by the process driving the run (``write_run``).
+
+    Raises:
+        StoreError: the store cannot be written. LeaseLostError: ``fence`` was lost."""
+    store.update_run(job_key, run_id, timed_out=message, fence=fence)
 
 
 def _incomplete_roots(
@@ -266,14 +273,19 @@ def declare_done(
     return lines
 
 
-def enter_finally(store: CheckpointStore, job: PreparedJob, run_id: str) -> FinallyDecision:
+def enter_finally(
+    store: CheckpointStore, job: PreparedJob, run_id: str, *, fence: Lease | None = None
+) -> FinallyDecision:
     """End the run's regular phase (call it once every regular task has really ended, killed
     tasks included) and decide whether the finally steps run (FINALLY, TEP-0058): they run
     unless the mode is ``Cancelled`` or ``Suspended``, with ``Job.Status`` computed from the
     records and the mode. The decision is stored, so finally tasks in any process read it.
+    ``fence``: the run's lease, held by the process driving the run (``write_run``).
 
     Raises:
         RunError: no such run. StoreError: the store cannot be read or written.
+        LeaseLostError: ``fence`` was lost (another process drives the run now); nothing
+            was written.
     """
     with store.run_lock(job.job_key, run_id):
         run = require_run(store, job, run_id)
@@ -295,7 +307,7 @@ def enter_finally(store: CheckpointStore, job: PreparedJob, run_id: str) -> Fina
             run.job_status = None if term.mode == TerminationMode.SUSPENDED else status
             if run_finally:
                 run.phase = "finally"
-            store.write_run(run)
+            store.write_run(run, fence=fence)
     return FinallyDecision(run_finally, status, term.mode)
 
 
@@ -347,6 +359,7 @@ def finish_attempt(
     finally_timeout: str | None = None,
     skipped: list[str] | None = None,
     wait_seconds: float = 0.0,
+    fence: Lease | None = None,
 ) -> RunOutcome:
     """End the attempt: compute the run's status, condition and reason from its records and
     termination requests, store them, and delete the run's checkpoints only when the whole run,
@@ -360,9 +373,13 @@ def finish_attempt(
         wait_seconds: first wait this long at most for tasks still running elsewhere
             (``wait_tasks_released``; a framework whose last task may start while killed
             tasks still checkpoint). Those still held then are in ``still_running``.
+        fence: the run's lease, held by the process driving the run (``write_run``):
+            confirmed before anything is reaped or written.
 
     Raises:
         RunError: no such run. StoreError: the store cannot be read or written.
+        LeaseLostError: ``fence`` was lost (another process drives the run now); nothing
+            was reaped or written.
     """
     held: list[str] = []
     if wait_seconds > 0:
@@ -370,6 +387,8 @@ def finish_attempt(
         held = wait_tasks_released(store, job, run_id, steps, timeout=wait_seconds)
     with store.run_lock(job.job_key, run_id):
         run = require_run(store, job, run_id)
+        if fence is not None:
+            fence.confirm()
         reap_run(store, run)  # nothing of the attempt is left running on this host
         term = resolve_termination(store.read_stop_requests(job.job_key, run_id), run.attempt)
         mode = term.mode
@@ -456,7 +475,7 @@ def finish_attempt(
         run.phase = "ended"
         if status == RunStatus.SUCCEEDED:
             run.kept = kept.result(_generations(store, kept.detailed()), at=time.time())
-        store.write_run(run)
+        store.write_run(run, fence=fence)
         if status == RunStatus.SUCCEEDED:
             # After the record: a crash in between leaves files for gc, never a run that
             # looks unfinished with its checkpoints gone.

@@ -18,6 +18,7 @@ from ._errors import StoreError
 from ._fs import NotARecordError, StoreFS
 from ._layout import task_id_for
 from ._records import SCHEMA_VERSION, RunRecord, TaskRecord
+from ._s3 import WriteFence
 
 __all__ = ("RecordFiles", "RunSetAside", "SetAsideError", "TaskRebuilt")
 
@@ -52,9 +53,19 @@ class RecordFiles:
         self.fs = fs
         self.read_only = read_only
 
-    def write(self, path: str, data: dict[str, Any], *, durable: bool = True) -> None:
-        """Write the record ``data`` to ``path`` (``StoreFS.write_json``)."""
-        self.fs.write_json(path, data, durable=durable)
+    def write(
+        self,
+        path: str,
+        data: dict[str, Any],
+        *,
+        durable: bool = True,
+        fence: WriteFence | None = None,
+        new: bool = False,
+    ) -> None:
+        """Write the record ``data`` to ``path`` (``StoreFS.write_json``; ``fence``: the lease
+        the write is made under, ``new``: no record is expected there: see
+        ``StoreFS.replace_file``)."""
+        self.fs.write_json(path, data, durable=durable, fence=fence, new=new)
 
     def read(self, path: str, model: type[Any]) -> Any:
         """The record of type ``model`` at ``path``, None if there is none. A run or task record

@@ -19,19 +19,93 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ._action import STOP_KILL_MARGIN_SECONDS, StopIntent, StopState
+from ._action import StopState
 from ._capture import CaptureStats, FileCapture
-from ._errors import StoreError
-from ._files import RestoreError
+from ._errors import LeaseLostError, StoreError
 from ._host import FileDataFlow, host_id
 from ._killpoints import kill_point
 from ._messages import CheckpointFiles, CheckpointSave, FilesMode
 from ._process import ProcessIdentity
 from ._records import CheckpointData, ProcessInfo, TaskRecord
-from ._restore import RestoreResult, restore_checkpoint
-from ._store import CheckpointStore, run_file_flow
+from ._store import CheckpointStore, Lease, run_file_flow
+from ._task_files import TaskFiles
 
-__all__ = ("TaskRecorder",)
+__all__ = ("TaskRecorder", "TaskWrites")
+
+
+class TaskWrites:
+    """How one task execution's writes reach the store: each made under the task's lease
+    (fencing, ``CheckpointStore.write_task``'s ``fence``), and none at all once the lease is
+    lost, so that a process stalled past its lease never overwrites what the process that took
+    the task over stored (docs/decisions.md, "Fencing"). Thread-safe.
+
+    Args:
+        store: where the writes go.
+        fence: the task's lease (None: writes are not fenced).
+        on_lost: called once, with why, when the lease is found lost.
+    """
+
+    def __init__(
+        self,
+        store: CheckpointStore,
+        fence: Lease | None,
+        on_lost: Callable[[str], None] | None,
+    ) -> None:
+        self.store = store
+        self.fence = fence
+        self._on_lost = on_lost
+        self._mutex = threading.Lock()
+        self.lost: str | None = None
+        """Why the task's lease was lost; None while it holds. Once set, nothing is written."""
+
+    def mark_lost(self, why: str) -> None:
+        """The lease was lost (a fenced write was refused, or the lease's keeper found it
+        taken): write nothing more from now on, and call ``on_lost`` once."""
+        with self._mutex:
+            if self.lost is not None:
+                return
+            self.lost = why
+        if self._on_lost is not None:
+            self._on_lost(why)
+
+    def record(self, record: TaskRecord, *, durable: bool) -> None:
+        """Write the task's record (``CheckpointStore.write_task``).
+
+        Raises:
+            LeaseLostError: the lease is lost (now, or earlier); nothing was written.
+            StoreError: it cannot be written."""
+        self._fenced(lambda: self.store.write_task(record, durable=durable, fence=self.fence))
+
+    def checkpoint(self, record: TaskRecord, data: CheckpointData) -> None:
+        """Commit a checkpoint generation (``CheckpointStore.commit_checkpoint``).
+
+        Raises:
+            LeaseLostError: the lease is lost; nothing was committed.
+            StoreError: it cannot be written; the previous checkpoint stays."""
+        self._fenced(lambda: self.store.commit_checkpoint(record, data, fence=self.fence))
+
+    def outputs(self, record: TaskRecord, outputs: dict[str, tuple[str, int]]) -> None:
+        """Write the task's early-outputs index (``OutputsIndex.write_outputs``).
+
+        Raises:
+            LeaseLostError: the lease is lost; nothing was written.
+            StoreError: it cannot be written."""
+
+        def write() -> None:
+            if self.fence is not None:
+                self.fence.confirm()
+            self.store.outputs.write_outputs(record, outputs)
+
+        self._fenced(write)
+
+    def _fenced(self, write: Callable[[], None]) -> None:
+        if self.lost is not None:
+            raise LeaseLostError(self.lost)
+        try:
+            write()
+        except LeaseLostError as exc:
+            self.mark_lost(str(exc))
+            raise
 
 
 class TaskRecorder:
@@ -42,7 +116,11 @@ class TaskRecorder:
     it is written (None: nothing is stored; checkpoints stay in the record); ``attempt``, the
     run's attempt number, written into each checkpoint; ``warn`` reports a warning (a save not
     stored, a file not restored); ``emit`` a ``TaskEvent`` kind and value (``checkpoint_saved``,
-    ``status``)."""
+    ``status``); ``fence`` and ``on_lost``: the task's lease, under which every write is
+    made, and what is called once it is lost (``TaskWrites``);
+    ``resumable``, False for a task of a template that does not declare the CHECKPOINT
+    extension: its saves and file declarations are refused (nothing of them could ever be
+    used) and no file is captured."""
 
     def __init__(
         self,
@@ -52,12 +130,20 @@ class TaskRecorder:
         attempt: int,
         warn: Callable[[str], None],
         emit: Callable[[str, Any], None],
+        fence: Lease | None = None,
+        on_lost: Callable[[str], None] | None = None,
+        resumable: bool = True,
     ) -> None:
         self.record = record
         self.store = store
         self.attempt = attempt
         self._warn = warn
         self._emit = emit
+        self._on_lost = on_lost
+        self.writes = TaskWrites(store, fence, self._lost) if store is not None else None
+        """How the record and checkpoints are written (None: nothing is stored)."""
+        self.resumable = resumable
+        self._unresumable_told = False
         self.lock = threading.RLock()
         """Guards ``record`` and everything below."""
         self._dirty = False
@@ -70,10 +156,10 @@ class TaskRecorder:
         self._dataset_changed = False
         self._save_dataset: tuple[list[str], list[str]] | None = None
         """The dataset as it was at the pending save, if a later message changed it since."""
+        self._files_flow: TaskFiles | None = None
+        """Managed file data flow: the task's files captured, restored and listed."""
         self._capture: FileCapture | None = None
-        """Managed file data flow: uploads declared files while the task action runs."""
-        self._outputs: dict[str, tuple[str, int]] | None = None
-        self._outputs_written = 0.0
+        """Its capture (uploads declared files while the task action runs)."""
         self.file_stats = CaptureStats()
         """Managed file data flow: bytes and files uploaded, and files whose content the store
         already had, over this execution."""
@@ -83,23 +169,52 @@ class TaskRecorder:
         """The record was changed in place: the next ``persist`` writes it."""
         self._dirty = True
 
-    def persist(self, force: bool = False, *, durable: bool = True) -> None:
+    def persist(
+        self, force: bool = False, *, durable: bool = True, warn: bool = True
+    ) -> str | None:
         """Write the record if it changed since it was last written (or ``force``).
         ``durable=False`` is honoured only while the stored record holds no checkpoint
-        (``TaskRecords.write_task``)."""
-        if self.store is None:
+        (``TaskRecords.write_task``).
+
+        Returns:
+            None when the record is stored (or needed no write); else why it is not (a
+            warning was given unless ``warn`` is False; for a lost lease ``on_lost`` was
+            called)."""
+        if self.writes is None:
             self._dirty = False
-            return
+            return None
         with self.lock:
-            if not (force or self._dirty):
-                return
+            if not (force or self._dirty or self.lost):
+                return None
             try:
-                self.store.write_task(
+                self.writes.record(
                     self.record, durable=durable or self.record.checkpoint is not None
                 )
                 self._dirty = False
+            except LeaseLostError as exc:
+                return str(exc)
             except StoreError as exc:
-                self._warn(f"task record not stored: {exc}")
+                if warn:
+                    self._warn(f"task record not stored: {exc}")
+                return str(exc)
+        return None
+
+    @property
+    def lost(self) -> str | None:
+        """Why the task's lease was lost (nothing more is written); None while it holds."""
+        return self.writes.lost if self.writes is not None else None
+
+    def mark_lost(self, why: str) -> None:
+        """The task's lease was found lost (``TaskWrites.mark_lost``). Thread-safe."""
+        if self.writes is not None:
+            self.writes.mark_lost(why)
+
+    def _lost(self, why: str) -> None:
+        capture = self._capture
+        if capture is not None:
+            capture.abandon()
+        if self._on_lost is not None:
+            self._on_lost(why)
 
     def process_starting(self, marker: str | None) -> None:
         """A task's process with ``marker`` (None: not a task's) is about to start: the record names
@@ -130,7 +245,8 @@ class TaskRecorder:
     def process_ended(self, stop: StopState) -> None:
         """The task's action process ended: the files still being captured are stored (at most
         until the stop deadline) and the record no longer names a process."""
-        self._drain_capture(stop)
+        if self._files_flow is not None:
+            self._files_flow.drain(stop)
         with self.lock:
             self.record.process = None
             self._sync_dataset()
@@ -142,6 +258,8 @@ class TaskRecorder:
     # --- messages ---------------------------------------------------------------------------------
     def declare_files(self, event: CheckpointFiles, working_dir: str | None) -> str | None:
         """Add an ``openjd_checkpoint_files`` message to the dataset, or say why it is refused."""
+        if not self.resumable:
+            return self._unresumable("openjd_checkpoint_files")
         refused = self._files_refusal(event.files, event.dirs, working_dir)
         if refused is not None:
             return f"openjd_checkpoint_files names {refused}; the message was ignored"
@@ -162,6 +280,19 @@ class TaskRecorder:
     def save(self, event: CheckpointSave, working_dir: str | None, secrets: set[str]) -> str | None:
         """Make an ``openjd_checkpoint_save`` the pending save (committed by ``flush``; the
         latest of a batch wins), or say why it is refused."""
+        if not self.resumable:
+            return self._unresumable("openjd_checkpoint_save")
+        if (
+            event.state is None
+            and event.file is None
+            and not (self._files or self._dirs)
+            and (self.record.checkpoint is not None or self._pending_save is not None)
+        ):
+            return (
+                "openjd_checkpoint_save carries no state, no file and no declared checkpoint "
+                "files (openjd_checkpoint_files): it adds nothing to the checkpoint before it, "
+                "which stays"
+            )
         if event.file is not None and self._capture is not None:
             problem = self._capture.refusal(event.file)
             if problem is not None:
@@ -194,6 +325,18 @@ class TaskRecorder:
             self._pending_save = event
             self._save_dataset = None
         return None
+
+    def _unresumable(self, kind: str) -> str | None:
+        """Why a save or a file declaration of a step that is not resumable is refused: once
+        per task (None after that: ignored without a word)."""
+        if self._unresumable_told:
+            return None
+        self._unresumable_told = True
+        return (
+            f"{kind} ignored: not resumable: the job template does not declare the "
+            "CHECKPOINT extension, so no checkpoint of its tasks could be used; nothing is "
+            "stored for their saves (said once per task)"
+        )
 
     def frame_complete(self, frame: int) -> None:
         with self.lock:
@@ -276,9 +419,11 @@ class TaskRecorder:
                 file_bytes=file_bytes,
             )
             self._sync_dataset()
-            if self.store is not None:
+            if self.writes is not None:
                 try:
-                    self.store.commit_checkpoint(rec, data)
+                    self.writes.checkpoint(rec, data)
+                except LeaseLostError:
+                    return
                 except StoreError as exc:
                     self._warn(f"checkpoint generation {gen} was not stored: {exc}")
                     return
@@ -295,15 +440,20 @@ class TaskRecorder:
             self._dataset_changed = False
             self._dirty = True
 
-    # --- managed files ----------------------------------------------------------------------------
+    # --- managed files (core._task_files) -------------------------------------------------------
     def start_capture(self, session_dir: str, job_key: str, run_id: str) -> None:
         """Capture declared files while the task action runs, if the run's file data flow is
-        managed."""
+        managed (and the step is resumable)."""
         store = self.store
-        if store is not None and run_file_flow(store, job_key, run_id) == FileDataFlow.MANAGED:
-            self._capture = FileCapture(
-                store, session_dir, store.file_roots, self._warn, on_uploaded=self._uploaded
+        if (
+            store is not None
+            and self.resumable
+            and run_file_flow(store, job_key, run_id) == FileDataFlow.MANAGED
+        ):
+            self._files_flow = TaskFiles(
+                store, session_dir, warn=self._warn, emit=self._emit, on_outputs=self._outputs
             )
+            self._capture = self._files_flow.capture
 
     @property
     def managed(self) -> bool:
@@ -314,16 +464,27 @@ class TaskRecorder:
         self, resume: CheckpointData | None, session_dir: str
     ) -> tuple[CheckpointData | None, str | None]:
         """The checkpoint the task action resumes from and its ``file``, its managed files
-        restored into the session (``restore``): (None, None) to run from the top, when there
-        was none or none could be restored."""
+        restored into the session (``TaskFiles.restore``): (None, None) to run from the top,
+        when there was none or none could be restored."""
         checkpoint_file = resume.file if resume is not None else None
         if resume is not None and resume.manifest:
-            restored = self.restore(resume, session_dir)
+            restored = None
+            if self._files_flow is not None:
+                restored = self._files_flow.restore(resume, self.record)
+            else:
+                self._warn(
+                    f"checkpoint generation {resume.generation} keeps its files in a managed "
+                    "store, and this run's files are not managed here; it runs from the top"
+                )
             if restored is None:
                 resume = None
             else:
                 resume, result = restored
                 checkpoint_file = result.file
+                with self.lock:  # the dataset goes on from where the files are now
+                    self._files = dict.fromkeys(result.files)
+                    self._dirs = dict.fromkeys(result.dirs)
+                    self._dataset_changed = True
         if resume is None and self._capture is not None:
             with self.lock:  # from the top: paths of an earlier session are gone
                 self._files.clear()
@@ -332,105 +493,17 @@ class TaskRecorder:
         return resume, checkpoint_file
 
     def close_capture(self) -> None:
-        if self._capture is not None:
-            self._capture.close()
-            self.file_stats = self._capture.stats
+        if self._files_flow is not None:
+            self.file_stats = self._files_flow.close()
+            self._files_flow = None
             self._capture = None
 
-    def restore(
-        self, resume: CheckpointData, session_dir: str
-    ) -> tuple[CheckpointData, RestoreResult] | None:
-        """Restore the files of ``resume`` (managed file data flow) into the session; on a
-        failure, warn and try the older generations still stored. None: nothing restorable,
-        the task runs ``onRun`` from the top."""
-        assert self.store is not None
-        candidates = [resume]
-        try:
-            older = self.store.list_generations(self.record)
-        except StoreError:
-            older = []
-        candidates += sorted(
-            (g for g in older if g.generation < resume.generation), key=lambda g: -g.generation
-        )
-        for data in candidates:
-            if not data.manifest:
-                return data, RestoreResult(
-                    file=data.file, files=data.files, dirs=data.dirs, entries=[]
-                )
-            started = time.monotonic()
-            try:
-                result = restore_checkpoint(
-                    self.store, data.manifest, session_dir, self.store.file_roots
-                )
-            except RestoreError as exc:
-                self._warn(
-                    f"checkpoint generation {data.generation} cannot be restored: {exc}; "
-                    "trying the one before"
-                )
-                continue
-            self._emit(
-                "status",
-                f"restored {len(result.entries)} checkpoint file(s), {result.restored_bytes:,} "
-                f"bytes, of generation {data.generation} in {time.monotonic() - started:.1f} s",
-            )
-            with self.lock:
-                # The dataset goes on from where the files are now.
-                self._files = dict.fromkeys(result.files)
-                self._dirs = dict.fromkeys(result.dirs)
-                self._dataset_changed = True
-            if self._capture is not None:
-                declared = set(result.files)
-                folders = [d.rstrip(os.sep) + os.sep for d in result.dirs]
-                for target, entry in result.entries:
-                    output = target in declared or target.startswith(tuple(folders))
-                    self._capture.adopt(target, entry, output=output)
-            return data, result
-        self._warn(
-            "no stored checkpoint generation of this task could be restored; it runs from the top"
-        )
-        return None
-
-    def _uploaded(self, outputs: dict[str, tuple[str, int]]) -> None:
-        """Early outputs: the files declared so far, in the store while the task runs (written
-        at most once a second, and when the action ends)."""
-        self._outputs = outputs
-        now = time.monotonic()
-        if now - self._outputs_written >= 1.0:
-            self._outputs_written = now
-            self._write_outputs()
-
-    def _write_outputs(self) -> None:
-        if self.store is None or not self._outputs:
+    def _outputs(self, outputs: dict[str, tuple[str, int]]) -> None:
+        if self.writes is None:
             return
         try:
-            self.store.write_outputs(self.record, self._outputs)
+            self.writes.outputs(self.record, outputs)
+        except LeaseLostError:
+            pass
         except StoreError as exc:
             self._warn(f"early outputs not stored: {exc}")
-
-    def _drain_capture(self, stop: StopState) -> None:
-        """Wait for the files being captured and the saves being committed, at most until the
-        stop deadline."""
-        capture = self._capture
-        if capture is None:
-            return
-        while not capture.drain(0.1):
-            deadline = stop.deadline
-            if (
-                stop.intent == StopIntent.CANCEL
-                or stop.force
-                or (deadline is not None and time.time() >= deadline - STOP_KILL_MARGIN_SECONDS)
-            ):
-                capture.abandon()
-                why = (
-                    "the task was canceled"
-                    if stop.intent == StopIntent.CANCEL
-                    else "the task was stopped at once"
-                    if stop.force
-                    else "the stop deadline came"
-                )
-                self._warn(
-                    f"{why} before every checkpoint file was stored: the saves still uploading "
-                    "were not committed, the previous generation stays"
-                )
-                break
-        self._write_outputs()

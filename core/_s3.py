@@ -14,10 +14,11 @@ from __future__ import annotations
 import contextlib
 import email.utils
 import errno
+import logging
 import os
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import fsspec
 
@@ -27,9 +28,32 @@ __all__ = (
     "OSErrorsOnly",
     "S3Objects",
     "S3Support",
+    "WriteFence",
     "os_errors",
     "protocols",
 )
+
+_LOG = logging.getLogger("core._store")
+"""The store's warnings keep the logger they have always had."""
+
+
+class WriteFence(Protocol):
+    """What a lease holder's writes are checked against (fencing; ``core._lease.Lease`` is
+    one): a write made with a fence is refused once the fence's holder no longer holds its
+    lease, and on S3 it is a conditional write that fails if anyone else wrote the file since
+    this holder last wrote or read it (``S3Objects.put_fenced``, ``StoreFS.replace_file``)."""
+
+    versions: dict[str, str | None]
+    """path -> the ETag this holder last wrote or read there (None: there was no file)."""
+
+    def confirm(self) -> None:
+        """Raise ``LeaseLostError`` unless the lease may still be counted on (renewing it first
+        if its ttl ran out)."""
+
+    def confirm_held(self) -> None:
+        """Raise ``LeaseLostError`` unless the store says the lease is still this holder's
+        (one conditional renewal)."""
+
 
 S3_PROTOCOLS = frozenset({"s3", "s3a"})
 """The fsspec protocols of S3 (s3fs)."""
@@ -53,6 +77,9 @@ class S3Support:
 
 S3_SUPPORT: dict[tuple[str, str], S3Support] = {}
 """(endpoint, bucket) -> what its server honours, probed once per process."""
+
+_UNREAD: Any = object()
+"""``WriteFence.versions`` has no entry: the ETag is read before a conditional write."""
 
 _PRECONDITION_FAILED = frozenset({"PreconditionFailed", "412"})
 _CONFLICT = frozenset({"ConditionalRequestConflict", "409"})
@@ -142,6 +169,64 @@ class S3Objects:
     def replace(self, path: str, body: bytes, etag: str) -> str | None:
         """Rewrite ``path`` if its ETag is ``etag`` (``If-Match``): the new ETag, else None."""
         return self._put(path, body, IfMatch=etag)
+
+    def put_fenced(
+        self, path: str, body: bytes, fence: WriteFence, *, new: bool, where: str
+    ) -> None:
+        """Write ``path`` under ``fence`` (a lease holder's write; its lease was confirmed by the
+        caller): ``If-Match`` of the ETag the holder last wrote or read there
+        (``fence.versions``, read now if it has none), ``If-None-Match`` when ``new``. When the
+        condition fails the lease is confirmed with the store (``fence.confirm_held()``, which
+        raises ``LeaseLostError`` if another process holds it); if it is still the holder's,
+        the file was written by a process whose lease had expired, and the holder's version
+        replaces it (logged as a warning, ``where`` naming the file).
+
+        Raises:
+            OSError: the server cannot be reached, or another write came at the same moment.
+            LeaseLostError: the holder's lease is another's now; nothing was written.
+        """
+        expected = None if new else fence.versions.get(path, _UNREAD)
+        if expected is _UNREAD:
+            expected = self.etag(path)
+        etag = self._put_over(path, body, expected)
+        if etag is None:  # written by another process since this holder's last write
+            fence.confirm_held()
+            _LOG.warning(
+                "%s was written by another process since this one took its lease (a holder "
+                "whose lease had expired); this holder's version replaces it",
+                where,
+            )
+            etag = self._put_over(path, body, self.etag(path))
+            if etag is None:
+                raise OSError(errno.EAGAIN, "another process wrote it at the same moment")
+        fence.versions[path] = etag
+
+    def _put_over(self, path: str, body: bytes, etag: str | None) -> str | None:
+        """``create`` if ``etag`` is None, else ``replace`` of that version."""
+        return self.create(path, body) if etag is None else self.replace(path, body, etag)
+
+    def delete_own(self, path: str, fence: WriteFence) -> None:
+        """Delete ``path`` if it is still the version ``fence``'s holder wrote (``If-Match``):
+        what a holder that then found its lease lost wrote before it knew. Best effort:
+        never raises."""
+        etag = fence.versions.pop(path, None)
+        if etag is not None:
+            with contextlib.suppress(OSError):
+                self.delete(path, etag)
+
+    def etag(self, path: str) -> str | None:
+        """The object's ETag (``HeadObject``), None if there is none."""
+        bucket, key = self._bucket_key(path)
+        try:
+            with os_errors(self.fs):
+                response = self.fs.call_s3("head_object", Bucket=bucket, Key=key)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if _s3_code(exc) in _MISSING:
+                return None
+            raise
+        return str(response["ETag"])
 
     def get(self, path: str) -> tuple[bytes, str, float] | None:
         """The object's bytes, ETag and age in seconds by the server's clock (its ``Date`` less

@@ -432,10 +432,10 @@ class Session:
             return
         try:
             if self._lease is None:
-                self._lease = self.store.acquire_session_lease(
+                self._lease = self.store.sessions.acquire_lease(
                     self.job.job_key, self.run_id, self.session_id
                 )
-            self.store.write_session(
+            self.store.sessions.write(
                 SessionRecord(
                     job_key=self.job.job_key,
                     run_id=self.run_id,
@@ -451,7 +451,7 @@ class Session:
     def _forget(self) -> None:
         if self.store is not None and self.run_id is not None and self._lease is not None:
             try:
-                self.store.delete_session(self.job.job_key, self.run_id, self.session_id)
+                self.store.sessions.delete(self.job.job_key, self.run_id, self.session_id)
             except StoreError:
                 pass
             self._lease.release()

@@ -47,7 +47,6 @@ from ._lease import (
     lease_seconds_setting,
     read_holder,
     take_lease,
-    take_lease_once,
     this_process,
 )
 from ._logs_index import OutputsIndex, RunLogs
@@ -56,10 +55,10 @@ from ._records import (
     CheckpointData,
     ProcessInfo,
     RunRecord,
-    SessionRecord,
     StopRequest,
     TaskRecord,
 )
+from ._session_records import SessionRecords
 from ._task_records import TaskRecords
 
 __all__ = (
@@ -187,14 +186,24 @@ class CheckpointStore:
         self.records = RecordFiles(self.fs, read_only=read_only)
         self.tasks = TaskRecords(self.records, self.layout, keep_generations=keep_generations)
         self.logs = RunLogs(self.fs, self.layout)
+        """The runs' task output logs (``core._logs_index.RunLogs``)."""
         self.outputs = OutputsIndex(self.fs, self.layout)
+        self.sessions = SessionRecords(self.records, self.layout, lease_seconds=self.lease_seconds)
+        """The records of the runs' open sessions and their leases (``SessionRecords``)."""
+        """The early-outputs index of each task's declared files (``OutputsIndex``)."""
         if self.is_local and not read_only:
             _refuse_roots_around(self.root, self.location, self.file_roots)
         if create:
             self.fs.make_root()
 
     # --- runs ----------------------------------------------------------------------------------
-    def write_run(self, record: RunRecord) -> None:
+    def write_run(self, record: RunRecord, *, fence: Lease | None = None) -> None:
+        """Write a run's record (atomically replacing the previous one). ``fence``: the run's
+        lease, when the writer drives the run (the CLI): confirmed first, so that a runner
+        that lost its lease to another (``LeaseLostError``) writes nothing. A run's record is
+        also written by other processes (stop requests, notices), under ``run_lock``."""
+        if fence is not None:
+            fence.confirm()
         record.updated_at = time.time()
         self.records.write(
             self.layout.run_path(record.job_key, record.run_id), record.model_dump(mode="json")
@@ -289,12 +298,16 @@ class CheckpointStore:
         ):
             yield
 
-    def update_run(self, job_key: str, run_id: str, **changes: Any) -> RunRecord:
+    def update_run(
+        self, job_key: str, run_id: str, *, fence: Lease | None = None, **changes: Any
+    ) -> RunRecord:
         """Set some fields of a run record, keeping every other field as stored now: read,
-        change and write under ``run_lock``. Returns the record as written.
+        change and write under ``run_lock`` (``fence``: see ``write_run``). Returns the
+        record as written.
 
         Raises:
             StoreError: the run has no record, or it cannot be read or written.
+            LeaseLostError: ``fence`` was lost; nothing was written.
         """
         with self.run_lock(job_key, run_id):
             current = self.read_run(job_key, run_id)
@@ -302,7 +315,7 @@ class CheckpointStore:
                 raise StoreError(f"checkpoint store {self.location!r}: no run {run_id!r}")
             for name, value in changes.items():
                 setattr(current, name, value)
-            self.write_run(current)
+            self.write_run(current, fence=fence)
             return current
 
     def add_stop_request(self, run: RunRecord, request: StopRequest) -> None:
@@ -376,57 +389,6 @@ class CheckpointStore:
         lease.release()
         return False
 
-    # --- sessions ------------------------------------------------------------------------------
-    def acquire_session_lease(
-        self, job_key: str, run_id: str, session_id: str, *, ttl_seconds: float | None = None
-    ) -> Lease | None:
-        """Take an open session's lease (held by the process that runs the session); waits up
-        to 0.5 s for a probe to let go."""
-        return take_lease(
-            self.fs,
-            self.layout.session_base(job_key, run_id, session_id),
-            self._ttl(ttl_seconds),
-            wait_seconds=0.5,
-        )
-
-    def write_session(self, record: SessionRecord) -> None:
-        record.updated_at = time.time()
-        base = self.layout.session_base(record.job_key, record.run_id, record.session_id)
-        self.records.write(base + ".json", record.model_dump(mode="json"))
-
-    def delete_session(self, job_key: str, run_id: str, session_id: str) -> None:
-        base = self.layout.session_base(job_key, run_id, session_id)
-        try:
-            for suffix in (".json", ".lock", ".lease.json"):
-                self.fs.remove_file(base + suffix)
-        except OSError as exc:
-            raise StoreError(f"cannot delete {self.fs.where(base)}: {os_reason(exc)}") from None
-
-    def list_sessions(self, job_key: str, run_id: str) -> list[SessionRecord]:
-        """The open (or abandoned) sessions of a run; unreadable records are set aside."""
-        directory = self.layout.in_run(job_key, run_id, "sessions")
-        out: list[SessionRecord] = []
-        for name in self.fs.list_names(directory):
-            if not name.endswith(".json") or name.endswith(".lease.json") or name[0] == ".":
-                continue
-            try:
-                rec = self.records.read(posixpath.join(directory, name), SessionRecord)
-            except StoreError:
-                continue
-            if rec is not None and rec.session_id == name[: -len(".json")]:
-                out.append(rec)
-        return out
-
-    def session_lease_held(self, job_key: str, run_id: str, session_id: str) -> bool:
-        """True if a live process holds the session's lease (probes without keeping it)."""
-        lease = take_lease_once(
-            self.fs, self.layout.session_base(job_key, run_id, session_id), self.lease_seconds
-        )
-        if lease is None:
-            return True
-        lease.release()
-        return False
-
     @contextlib.contextmanager
     def job_lock(self, job_key: str, *, timeout: float = 30.0) -> Iterator[None]:
         """Hold the job's lock while choosing or creating the run a new attempt works on, so
@@ -450,10 +412,29 @@ class CheckpointStore:
         return False
 
     # --- tasks (core._task_records) --------------------------------------------------------------
-    def write_task(self, record: TaskRecord, *, durable: bool = True) -> None:
+    def write_task(
+        self, record: TaskRecord, *, durable: bool = True, fence: Lease | None = None
+    ) -> None:
         """Write a task's latest record (atomically replacing the previous one;
-        ``TaskRecords.write_task`` says when it need not be ``durable``)."""
-        self.tasks.write_task(record, durable=durable)
+        ``TaskRecords.write_task`` says when it need not be ``durable``, and what ``fence``,
+        the task's lease, does: raises ``LeaseLostError`` once it is lost)."""
+        self.tasks.write_task(record, durable=durable, fence=fence)
+
+    def fence_task(self, lease: Lease, job_key: str, run_id: str, step: str, task_key: str) -> None:
+        """Note, in the task's just taken ``lease``, the version of the task's record that its
+        holder's fenced writes are conditional on (S3 with conditional writes: one ``HEAD``;
+        elsewhere nothing). Call it before reading the record.
+
+        Raises:
+            StoreError: the store cannot be read."""
+        if self.fs.s3 is None:
+            return
+        path = self.layout.task_path(job_key, run_id, task_id_for(step, task_key))
+        try:
+            if self.fs.conditional_writes():
+                lease.versions[path] = self.fs.s3.etag(path)
+        except OSError as exc:
+            raise StoreError(f"cannot read {self.fs.where(path)}: {os_reason(exc)}") from None
 
     def read_task(
         self,
@@ -471,10 +452,12 @@ class CheckpointStore:
         """Delete a task's record and its checkpoint generations."""
         self.tasks.delete_task(record)
 
-    def commit_checkpoint(self, record: TaskRecord, checkpoint: CheckpointData) -> None:
+    def commit_checkpoint(
+        self, record: TaskRecord, checkpoint: CheckpointData, *, fence: Lease | None = None
+    ) -> None:
         """Store a new checkpoint generation, then the task record that points at it (one
-        durable write: ``TaskRecords.commit_checkpoint``)."""
-        self.tasks.commit_checkpoint(record, checkpoint)
+        durable write: ``TaskRecords.commit_checkpoint``; ``fence``: the task's lease)."""
+        self.tasks.commit_checkpoint(record, checkpoint, fence=fence)
 
     def read_tasks(self, job_key: str, run_id: str) -> tuple[list[TaskRecord], list[str]]:
         """Every readable task record of a run, and a warning for each unreadable one."""
@@ -499,29 +482,6 @@ class CheckpointStore:
         """The stored checkpoint generations of a task, oldest first (``latest``: only that
         many of the newest are read)."""
         return self.tasks.list_generations(record, latest)
-
-    # --- task output logs and early outputs (core._logs_index) ----------------------------------
-    def write_log(self, job_key: str, run_id: str, name: str, body: bytes) -> None:
-        """Write (or replace) the log file ``name`` in the run's ``logs`` folder."""
-        self.logs.write_log(job_key, run_id, name, body)
-
-    def list_logs(self, job_key: str, run_id: str) -> list[str]:
-        """The names of the run's log files (none if it has no ``logs`` folder)."""
-        return self.logs.list_logs(job_key, run_id)
-
-    def read_log(self, job_key: str, run_id: str, name: str) -> bytes | None:
-        """The bytes of the run's log file ``name``; None if it is not there or not a log."""
-        return self.logs.read_log(job_key, run_id, name)
-
-    def write_outputs(self, record: TaskRecord, outputs: dict[str, tuple[str, int]]) -> None:
-        """Write the index of the files a task declared so far (``OutputsIndex``)."""
-        self.outputs.write_outputs(record, outputs)
-
-    def read_outputs(
-        self, job_key: str, run_id: str, warnings: list[str] | None = None
-    ) -> list[dict[str, Any]]:
-        """The early-outputs indexes of a run (an unreadable one named in ``warnings``)."""
-        return self.outputs.read_outputs(job_key, run_id, warnings)
 
 
 def run_file_flow(store: CheckpointStore, job_key: str, run_id: str) -> FileDataFlow:

@@ -37,7 +37,7 @@ from ._protocol import TaskOutput
 from ._recorder import TaskRecorder
 from ._records import TaskRecord, TaskStatus
 from ._session import Session
-from ._store import CheckpointStore
+from ._store import CheckpointStore, Lease
 from ._template import (
     DEFAULT_NOTIFY_PERIOD_SECONDS,
     ActionCheckpointSpec,
@@ -71,6 +71,10 @@ class TaskOutcome(str, Enum):
     CANCELED = "canceled"
     SKIPPED = "skipped"
     """Not started: the run was already stopping (``run_task``)."""
+    NOT_STORED = "not_stored"
+    """Its end could not be stored (the store failed, or this process lost the task's lease
+    to another): never counted as finished; the next attempt runs it again (or the process
+    that took the lease runs it now)."""
 
 
 @dataclass(frozen=True)
@@ -137,6 +141,9 @@ class TaskExecution:
             ``Stopped``), the value of ``{{Job.Status}}`` in finally steps.
         session: the ``Session`` to run in, whose environments stay entered for the tasks
             after this one (None: a session of its own, entered and exited around this task).
+        lease: the task's lease (``claim_task``), under which every write of its record is
+            made (fencing): once it is lost the task is canceled and writes nothing more
+            (``TaskOutcome.NOT_STORED``). None: writes are not fenced.
     """
 
     def __init__(
@@ -157,6 +164,7 @@ class TaskExecution:
         max_output_warnings: int = DEFAULT_MAX_OUTPUT_WARNINGS,
         job_status: str | None = None,
         session: Session | None = None,
+        lease: Lease | None = None,
     ) -> None:
         self.job = job
         self.job_status = job_status
@@ -169,7 +177,6 @@ class TaskExecution:
         self._on_event = on_event
         self._working_root = working_root
         self._os_env = dict(os.environ if os_env is None else os_env)
-        self._max_line = max_line_bytes
         self._stop = StopState()
         self._recorder = TaskRecorder(
             record or job.new_task_record(spec, run_id),
@@ -177,6 +184,9 @@ class TaskExecution:
             attempt=attempt,
             warn=self._warn,
             emit=self._emit,
+            fence=lease,
+            on_lost=self._lease_lost,
+            resumable="CHECKPOINT" in job.template.extensions,
         )
         self._output = TaskOutput(
             self._recorder,
@@ -188,11 +198,18 @@ class TaskExecution:
             on_output=None if on_output is None else (lambda texts: on_output(self, texts)),
             working_dir=lambda: self._session.working_dir if self._session is not None else None,
         )
-        self._marker = new_marker()
+        self._actions = ActionRunner(
+            job,
+            self._output,
+            self._recorder,
+            self._stop,
+            marker=new_marker(),
+            max_line_bytes=max_line_bytes,
+            warn=self._warn,
+            emit=self._emit,
+        )
         self._ran_resume = False
         """True once ``onCheckpointResume`` (not ``onRun``) was started."""
-        self._action_exit: int | None = None
-        """The task action's process's own exit code (None: it never started)."""
         self.warnings: list[str] = []
         """Warnings so far; those about output lines are capped (``max_output_warnings``)."""
 
@@ -290,7 +307,7 @@ class TaskExecution:
             elif self._stop.intent is None:
                 code, message = self._run_task_action(session)
                 failed = code != 0
-                exit_code = self._action_exit  # the process's own: None if it never ran
+                exit_code = self._actions.action_exit  # the process's own: None if it never ran
         except Exception as exc:  # a bug or an OS error: fail the task, keep the store intact
             failed, message = True, f"{type(exc).__name__}: {exc}"
         finally:
@@ -321,7 +338,7 @@ class TaskExecution:
         self._recorder.persist()  # the task's start, if not yet written: environments may take long
         session = self._session
         assert session is not None and session.working_dir is not None
-        return self._run_action(
+        return self._actions.run(
             action,
             f"{path}.script.actions.{which}",
             symtab,
@@ -333,8 +350,27 @@ class TaskExecution:
             marker=marker,
         )
 
+    @property
+    def lost_lease(self) -> str | None:
+        """Why this execution lost its task's lease (it stopped and stored nothing more); None
+        while it holds it."""
+        return self._recorder.lost
+
+    def lease_lost(self, why: str) -> None:
+        """The task's lease, or the run's lease this process drives the run under, was found
+        lost (the executor's lease watcher): as if a fenced write had been refused
+        (``_lease_lost``). Thread-safe, once."""
+        self._recorder.mark_lost(why)
+
+    def _lease_lost(self, _why: str) -> None:
+        """The task's lease was lost (a fenced write was refused): stop the task, since another
+        process may run it now; it stores nothing more, and ends ``NOT_STORED`` (the executor
+        says so, once for all its tasks)."""
+        self.stop(StopIntent.CANCEL)
+
     def _finish(self, exit_code: int | None, failed: bool, message: str) -> TaskResult:
-        """Decide the task's outcome and store its record as the task ends."""
+        """Decide the task's outcome and store its record as the task ends. A task whose end
+        cannot be stored is never reported succeeded (``TaskOutcome.NOT_STORED``)."""
         with self._recorder.lock:
             rec = self._recorder.record
             rec.process = None
@@ -351,7 +387,22 @@ class TaskExecution:
             # Action paths are keyed by the combined step index; a person reads finally[j].
             message = _relabel(message, len(self.job.template.regular_steps))
             rec.message = message
-            self._recorder.persist(force=True)
+            not_stored = self._recorder.persist(force=True, warn=False)  # the outcome says it
+            if self._recorder.lost is not None:
+                outcome = TaskOutcome.NOT_STORED
+                message = (
+                    "stopped: its lease expired here (another process may run it now); "
+                    "nothing more of it was stored here"
+                )
+            elif not_stored is not None:
+                if outcome == TaskOutcome.SUCCEEDED:
+                    outcome = TaskOutcome.NOT_STORED
+                    message = (
+                        f"ran to its end, but its end could not be stored ({not_stored}); it "
+                        "is not counted as finished: the next attempt runs it again"
+                    )
+                else:
+                    message = f"{message} (its end was not stored: {not_stored})"
             kill_point("task.ended-recorded")
             result = TaskResult(outcome, exit_code, message, rec.model_copy(deep=True))
         if unknown:  # reported as RESUMED and DISCARDED are, once recorded (outside the lock)
@@ -362,7 +413,7 @@ class TaskExecution:
     def _run_task_action(self, session: Session) -> tuple[int, str]:
         step = self.job.step(self.spec.step_name)
         idx = self.job.template.step_index(self.spec.step_name)
-        self._action_exit = None
+        self._actions.action_exit = None
         symtab = SymbolTable(source=session.base_symtab(self.spec.step_name))
         for name, value in self.spec.parameters.items():
             session.add_parameter(symtab, "Task.", name, value)
@@ -414,14 +465,66 @@ class TaskExecution:
             wrapped_path, path = path, f"{wrapper.path}.script.actions.onWrapTaskRun"
             action, symtab = wrapper.model.script.actions.onWrapTaskRun, hook_symtab
         try:
-            return self._run_action(
+            return self._actions.run(
                 action, path, symtab, env, session_dir, ctx, wrapped_path=wrapped_path
             )
         finally:
             recorder.close_capture()
 
     # --- one action -------------------------------------------------------------------------------
-    def _run_action(
+    def _warn(self, text: str) -> None:
+        self.warnings.append(text)
+        self._emit("warning", text)
+
+    def _emit(self, kind: str, value: Any) -> None:
+        if self._on_event is not None:
+            try:
+                self._on_event(self, TaskEvent(kind, value))
+            except Exception:  # a display must never break a task
+                pass
+
+
+class ActionRunner:
+    """Runs one action of a task execution at a time, its task action or its session's
+    environment actions: the command resolved, its process started with the task's marker
+    (``ActionProcess``), supervised under the task's stop state (``supervise``: intents,
+    timeouts, notify-then-terminate, deadlines), its output lines handed to the task's
+    protocol (``TaskOutput``) and its start and end recorded (``TaskRecorder``).
+
+    Args:
+        job: the prepared job.
+        output: the task's output protocol.
+        recorder: the task's recorder.
+        stop: the task's stop state.
+        marker: the task's process marker.
+        max_line_bytes: the protocol's line cap in bytes.
+        warn / emit: the task's warnings and events.
+    """
+
+    def __init__(
+        self,
+        job: PreparedJob,
+        output: TaskOutput,
+        recorder: TaskRecorder,
+        stop: StopState,
+        *,
+        marker: str,
+        max_line_bytes: int,
+        warn: Callable[[str], None],
+        emit: Callable[[str, Any], None],
+    ) -> None:
+        self.job = job
+        self._output = output
+        self._recorder = recorder
+        self.stop = stop
+        self._marker = marker
+        self._max_line_bytes = max_line_bytes
+        self._warn = warn
+        self._emit = emit
+        self.action_exit: int | None = None
+        """The last task action's process's own exit code (None: it never started)."""
+
+    def run(
         self,
         action: Any,
         path: str,
@@ -435,10 +538,14 @@ class TaskExecution:
         marker: str | None = None,
         wrapped_path: str | None = None,
     ) -> tuple[int, str]:
-        """Run one action. ``wrapped_path``: the task action a WRAP_ACTIONS hook runs in place
-        of; a checkpoint request then uses that action's ``checkpointCancelation`` (sent to the
-        hook's process group, so the wrapped process gets the notify signal too), while a
-        cancel or a time-out uses the hook's own ``cancelation``."""
+        """Run one action to its end: (its exit code, why it failed or ""). ``env_action``: an
+        environment's (its processes are the session's to record; an ``onEnter``'s variable
+        changes go into ``env``); ``stoppable``: False for ``onExit``, which only a forced
+        stop or a deadline ends; ``marker``: the environment's marker (default: the task's).
+        ``wrapped_path``: the task action a WRAP_ACTIONS hook runs in place of; a checkpoint
+        request then uses that action's ``checkpointCancelation`` (sent to the hook's process
+        group, so the wrapped process gets the notify signal too), while a cancel or a
+        time-out uses the hook's own ``cancelation``."""
         try:
             argv, timeout, spec = _resolve_action(self.job, action, path, symtab, wrapped_path)
         except ValueError as exc:  # FormatStringError, ExpressionError, a bad resolved value
@@ -457,7 +564,7 @@ class TaskExecution:
             cwd=session_dir,
             env=dict(env, **{MARKER_VARIABLE: marker}),
             on_lines=on_lines,
-            max_line_bytes=self._max_line,
+            max_line_bytes=self._max_line_bytes,
             marker=marker,
         )
         try:
@@ -473,7 +580,7 @@ class TaskExecution:
             spec=spec,
             symtab=symtab,
             extensions=_extensions(self.job),
-            stop=self._stop,
+            stop=self.stop,
             stoppable=stoppable,
             timeout=timeout,
             session_dir=session_dir,
@@ -483,8 +590,8 @@ class TaskExecution:
         code = proc.finish(kill_leftovers=not (env_action and stoppable))
         self._recorder.flush()
         if not env_action:
-            self._action_exit = code
-            self._recorder.process_ended(self._stop)
+            self.action_exit = code
+            self._recorder.process_ended(self.stop)
         output.tell_dropped()
         self._emit("action_ended", code)
         if env_action and code == 0:
@@ -498,17 +605,6 @@ class TaskExecution:
         if env_action and code and not output.fail_message:  # no task exit code is shown for it
             return code, f"{path} failed: {describe_exit(code)}"
         return code, (output.fail_message or (f"{path} failed" if code else ""))
-
-    def _warn(self, text: str) -> None:
-        self.warnings.append(text)
-        self._emit("warning", text)
-
-    def _emit(self, kind: str, value: Any) -> None:
-        if self._on_event is not None:
-            try:
-                self._on_event(self, TaskEvent(kind, value))
-            except Exception:  # a display must never break a task
-                pass
 
 
 def _outcome(

@@ -18,7 +18,7 @@ import posixpath
 import time
 from collections.abc import Callable, Iterable, Iterator
 
-from ._errors import StoreError
+from ._errors import LeaseLostError, StoreError
 from ._fs import os_reason
 from ._killpoints import kill_point
 from ._layout import Layout, task_id_for
@@ -30,6 +30,7 @@ from ._records import (
     TaskRecord,
     TaskStatus,
 )
+from ._s3 import WriteFence
 
 __all__ = ("TaskRecords",)
 
@@ -50,21 +51,36 @@ class TaskRecords:
         self.layout = layout
         self.keep_generations = keep_generations
 
-    def write_task(self, record: TaskRecord, *, durable: bool = True) -> None:
+    def write_task(
+        self, record: TaskRecord, *, durable: bool = True, fence: WriteFence | None = None
+    ) -> None:
         """Write a task's latest record (atomically replacing the previous one).
 
         ``durable=False`` (a local store: no fsync; elsewhere ignored) is for a write whose loss
         in a machine crash costs nothing stored: the record of a task starting (its process,
         for the reaping after a runner's death, which the machine's crash makes moot) when the
         record it replaces holds no checkpoint. A record that holds one is only ever replaced
-        durably, so that no crash can leave it torn."""
+        durably, so that no crash can leave it torn.
+
+        ``fence``: the task's lease, held by the process running the task: the write is
+        refused once it is lost, and on S3 is conditional on this holder's last write
+        (``StoreFS.replace_file``).
+
+        Raises:
+            StoreError: it cannot be written.
+            LeaseLostError: ``fence`` was lost; nothing was written."""
         record.updated_at = time.time()
-        tid = task_id_for(record.step, record.task_key)
         self.records.write(
-            self.layout.task_path(record.job_key, record.run_id, tid),
+            self.task_path(record),
             record.model_dump(mode="json"),
             durable=durable,
+            fence=fence,
         )
+
+    def task_path(self, record: TaskRecord) -> str:
+        """Where the record of ``record``'s task is kept."""
+        tid = task_id_for(record.step, record.task_key)
+        return self.layout.task_path(record.job_key, record.run_id, tid)
 
     def read_task(
         self,
@@ -159,16 +175,23 @@ class TaskRecords:
         except OSError as exc:
             raise StoreError(f"cannot delete {self.fs.where(tdir)}: {os_reason(exc)}") from None
 
-    def commit_checkpoint(self, record: TaskRecord, checkpoint: CheckpointData) -> None:
+    def commit_checkpoint(
+        self, record: TaskRecord, checkpoint: CheckpointData, *, fence: WriteFence | None = None
+    ) -> None:
         """Store a new checkpoint generation, then the task record that points at it; drop
         generations older than the last ``keep_generations``.
 
         One durable write: the generation file is written to the page cache (history), the
         record, which holds the same checkpoint, durably; when this returns the checkpoint
-        survives a crash of the machine.
+        survives a crash of the machine. ``fence``: as for ``write_task``; both files are
+        written under it (on S3 the generation file only if none of its number is there, or
+        the lease is confirmed still this holder's), and a generation file written by a
+        holder that then finds its lease lost is deleted again where the store can tell it
+        is still that holder's (S3).
 
         Raises:
-            StoreError: either file cannot be written; the previous checkpoint stays."""
+            StoreError: either file cannot be written; the previous checkpoint stays.
+            LeaseLostError: ``fence`` was lost; the record was not written."""
         tid = task_id_for(record.step, record.task_key)
         gen_path = self.layout.gen_path(record.job_key, record.run_id, tid, checkpoint.generation)
         identity = TaskIdentity(
@@ -183,10 +206,18 @@ class TaskRecords:
             gen_path,
             {**checkpoint.model_dump(mode="json"), "task": identity.model_dump()},
             durable=False,
+            fence=fence,
+            new=True,
         )
         kill_point("commit.generation-written")
-        record.checkpoint = checkpoint
-        self.write_task(record)
+        previous, record.checkpoint = record.checkpoint, checkpoint
+        try:
+            self.write_task(record, fence=fence)
+        except LeaseLostError:
+            record.checkpoint = previous
+            if fence is not None and self.fs.s3 is not None:
+                self.fs.s3.delete_own(gen_path, fence)
+            raise
         kill_point("commit.stored")
         old = checkpoint.generation - self.keep_generations
         if old >= 1:

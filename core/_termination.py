@@ -374,6 +374,11 @@ class RunWatcher:
                         self.errors.append(f"lease not renewed: {exc}")
             for lease in list(self.leases):
                 if lease.expired and id(lease) not in self._expired:
+                    try:
+                        lease.confirm()  # renewed now: this process was only stalled
+                        continue
+                    except StoreError:
+                        pass
                     self._expired.add(id(lease))
                     if self._on_lease_expired is not None:
                         self._on_lease_expired(lease)

@@ -45,6 +45,7 @@ OUTCOME_WORDS = {
     "interrupted_with_frames": "suspended with finished frames kept",
     "interrupted": "suspended",
     "canceled": "canceled",
+    "not_stored": "not stored",
 }
 """A task execution's outcome (``TaskOutcome`` value, or ``outcome_key``'s) in the words the
 CLI uses."""

@@ -86,7 +86,11 @@ def kept_line(label: str, result: core.TaskResult, hint: str) -> str | None:
     """The INFO line of a task that was stopped with something kept to resume from: ``Train:
     suspended; checkpoint generation 7 kept (2 files, kept by the store); resume with ...``.
     None for a task that succeeded or failed."""
-    if result.outcome in (core.TaskOutcome.SUCCEEDED, core.TaskOutcome.FAILED):
+    if result.outcome in (
+        core.TaskOutcome.SUCCEEDED,
+        core.TaskOutcome.FAILED,
+        core.TaskOutcome.NOT_STORED,
+    ):
         return None
     if result.outcome == core.TaskOutcome.SKIPPED:
         return f"{label}: not started, the run is stopping; {hint}"

@@ -195,7 +195,7 @@ def run_group(
         f"{spec.label}: {res.message or 'failed'}"
         + (f" (exit code {res.exit_code})" if res.exit_code is not None else "")
         for spec, res in zip(specs, results, strict=True)
-        if res.outcome == TaskOutcome.FAILED
+        if res.outcome in (TaskOutcome.FAILED, TaskOutcome.NOT_STORED)  # retried as a failure
     ]
     if failed:
         raise RuntimeError("; ".join(failed))

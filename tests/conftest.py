@@ -123,11 +123,13 @@ class CliProcess:
 
 
 def one_step_template(path: Path, name: str, python_code: str) -> Path:
-    """Write a job template with one step whose onRun runs ``python3 -c python_code``."""
+    """Write a job template with one step whose onRun runs ``python3 -c python_code``; it
+    declares CHECKPOINT, so that its saves are stored (a template that does not stores none)."""
     import json
 
     path.write_text(
         "specificationVersion: jobtemplate-2023-09\n"
+        "extensions: [CHECKPOINT]\n"
         f"name: {name}\n"
         "steps:\n"
         "- name: S\n"

@@ -108,7 +108,7 @@ def load_records(location: str | Path) -> list[dict[str, Any]]:
                     for r in store.read_stop_requests(run.job_key, run.run_id)
                 ],
                 "sessions": [
-                    s.model_dump(mode="json") for s in store.list_sessions(run.job_key, run.run_id)
+                    s.model_dump(mode="json") for s in store.sessions.list(run.job_key, run.run_id)
                 ],
                 "tasks": [
                     {
@@ -337,7 +337,7 @@ class Conductor:
         (run,) = runs
         tasks, _ = self.store.read_tasks(run.job_key, run.run_id)
         by_i = {t.parameters["I"]["value"]: t for t in tasks if t.step == "Work"}
-        by_i["sessions"] = len(self.store.list_sessions(run.job_key, run.run_id))
+        by_i["sessions"] = len(self.store.sessions.list(run.job_key, run.run_id))
         return run, by_i
 
     def _wait(self, ready: Any, what: str) -> Any:

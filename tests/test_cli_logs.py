@@ -160,7 +160,7 @@ def test_a_damaged_log_is_left_out_with_a_warning_naming_it(
 def test_gc_removes_the_logs_with_the_run(finished: tuple[str, str], tmp_path: Path) -> None:
     store, run_id = finished
     (run,), _ = CheckpointStore(store).list_runs()
-    assert CheckpointStore(store).list_logs(run.job_key, run_id)
+    assert CheckpointStore(store).logs.list_logs(run.job_key, run_id)
     gone = cli("gc", "--retention-days", "0", "--store", store)
     assert gone.returncode == 0, gone.stderr
     assert not list(Path(store).rglob("*.log.gz"))

@@ -44,7 +44,7 @@ def test_processes_that_left_the_group_die_with_the_task() -> None:
     r = Runner(job, None)
     result = r.join()
     assert result.outcome == TaskOutcome.SUCCEEDED
-    marker = r.ex._marker
+    marker = r.ex._actions._marker
     time.sleep(0.3)
     from core._process import processes_with_marker
 

@@ -236,6 +236,7 @@ for n in (1, 2):
 """
     doc = {
         "specificationVersion": "jobtemplate-2023-09",
+        "extensions": ["CHECKPOINT"],
         "name": "big file",
         "steps": [
             {
@@ -289,6 +290,7 @@ def test_a_file_deleted_or_changed_before_the_commit_fails_that_save(
     store = managed_store
     doc = {
         "specificationVersion": "jobtemplate-2023-09",
+        "extensions": ["CHECKPOINT"],
         "name": "changed file",
         "steps": [
             {
@@ -363,6 +365,7 @@ def test_hostile_declarations_capture_nothing_outside_the_roots(
     store = managed_store
     doc = {
         "specificationVersion": "jobtemplate-2023-09",
+        "extensions": ["CHECKPOINT"],
         "name": "hostile",
         "steps": [
             {
@@ -716,7 +719,7 @@ def run_training_example(store: str, tmp_path: Path) -> None:
     # host-b) included, and gc keeps their content once the run's checkpoints are gone.
     st = CheckpointStore(store, files="managed")
     [run] = st.list_runs()[0]
-    [index] = st.read_outputs(run.job_key, run.run_id)
+    [index] = st.outputs.read_outputs(run.job_key, run.run_id)
     samples = sorted(posixpath.basename(p) for p in index["files"] if "/samples/" in p)
     assert samples == [f"epoch-{k:04d}.txt" for k in range(epochs)], sorted(index["files"])
     collect_file_garbage(st, grace_seconds=0)
@@ -747,6 +750,7 @@ def test_a_file_named_again_while_uploading_ends_up_with_the_newer_content(
     store = managed_store
     doc = {
         "specificationVersion": "jobtemplate-2023-09",
+        "extensions": ["CHECKPOINT"],
         "name": "named again",
         "steps": [
             {
@@ -783,6 +787,7 @@ def test_declared_files_are_in_the_store_while_the_task_runs(managed_store, tmp_
     go_on = tmp_path / "go-on"
     doc = {
         "specificationVersion": "jobtemplate-2023-09",
+        "extensions": ["CHECKPOINT"],
         "name": "early outputs",
         "steps": [
             {
@@ -799,7 +804,7 @@ def test_declared_files_are_in_the_store_while_the_task_runs(managed_store, tmp_
         end = time.monotonic() + 20
         indexes: list = []
         while time.monotonic() < end and not indexes:
-            indexes = store.read_outputs(job.job_key, RUN_ID)
+            indexes = store.outputs.read_outputs(job.job_key, RUN_ID)
             time.sleep(0.1)
         assert run.thread.is_alive()  # still running
         (index,) = indexes
@@ -833,6 +838,7 @@ def test_a_save_still_uploading_at_the_stop_deadline_is_dropped(tmp_path: Path) 
     store = CheckpointStore(tmp_path / "store", files="managed")
     doc = {
         "specificationVersion": "jobtemplate-2023-09",
+        "extensions": ["CHECKPOINT"],
         "name": "slow save",
         "steps": [
             {
@@ -882,6 +888,7 @@ def test_every_generation_is_consistent_when_uploads_lag(managed_store, tmp_path
 
     doc = {
         "specificationVersion": "jobtemplate-2023-09",
+        "extensions": ["CHECKPOINT"],
         "name": "lagging",
         "steps": [
             {
@@ -926,6 +933,7 @@ def test_a_task_run_again_from_the_top_starts_a_fresh_file_list(tmp_path: Path) 
     marker = tmp_path / "failed-once"
     doc = {
         "specificationVersion": "jobtemplate-2023-09",
+        "extensions": ["CHECKPOINT"],
         "name": "declare then fail",
         "steps": [
             {
@@ -1184,13 +1192,14 @@ def test_a_long_task_stops_once_its_lease_on_an_unreachable_store_expires(
 ) -> None:
     """The S3 service dies under a task of 5 minutes: once the run's lease could not be
     renewed for its ttl (60 s), another process may take the run over, so this one cancels
-    its task instead of running it to its end (nothing it does can be stored)."""
+    its task instead of running it to its end (nothing it does can be stored), and writes
+    nothing more."""
     from conftest import one_step_template
 
     template = one_step_template(tmp_path / "long.yaml", "long task", LONG_TASK)
     out = _run_while_s3_goes_away(tmp_path, [str(template)], "STEP 2")
     assert "could not be renewed for its whole ttl" in out, out
-    assert "canceling its tasks" in out and "result: all steps" not in out, out
+    assert "stops its tasks" in out and "result: all steps" not in out, out
 
 
 def test_an_unreadable_outputs_index_is_named_and_gc_then_removes_no_content(

@@ -313,10 +313,10 @@ def test_a_session_record_is_kept_while_an_environment_is_entered_only(tmp_path:
 
         def on_event(ex, event, store=store, attempt=attempt, counts=counts) -> None:
             if event.kind == "action_started" and ".onRun" in str(event.value):
-                counts.append(len(store.list_sessions(attempt.job_key, attempt.run_id)))
+                counts.append(len(store.sessions.list(attempt.job_key, attempt.run_id)))
 
         [result] = run_tasks(store, job, attempt.run_id, specs, on_event=on_event)
         assert result.outcome.value == "succeeded", result.message
-        counts.append(len(store.list_sessions(attempt.job_key, attempt.run_id)))
+        counts.append(len(store.sessions.list(attempt.job_key, attempt.run_id)))
         seen[name] = counts
     assert seen == {"bare": [0, 0], "with env": [1, 0]}

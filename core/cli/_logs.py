@@ -98,7 +98,7 @@ class _Writer:
             if final:
                 self._closed = True
         try:
-            self.store.write_log(self.job_key, self.run_id, self.name, body)
+            self.store.logs.write_log(self.job_key, self.run_id, self.name, body)
         except StoreError:
             pass  # a log is a convenience: the run goes on without it
 
@@ -265,8 +265,8 @@ def read_run_logs(
     Raises:
         StoreError: the run's logs cannot be listed or read."""
     out = []
-    for name in store.list_logs(job_key, run_id):
-        raw = store.read_log(job_key, run_id, name)
+    for name in store.logs.list_logs(job_key, run_id):
+        raw = store.logs.read_log(job_key, run_id, name)
         if raw is None:
             if warnings is not None:  # listed a moment ago: not a file, or too large
                 warnings.append(

@@ -262,10 +262,22 @@ def _report(args: argparse.Namespace, result: RunResult, store: CheckpointStore)
         counts[word] = counts.get(word, 0) + 1
     summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "no task ran"
     cond = result.condition
+    if result.lease_lost is not None:  # another process drives the run: its outcome is not ours
+        say(
+            f"openjd-checkpoint: run {result.run_id}: stopped here: another process runs the "
+            "run now (see the warning above); nothing more was written by this one\n"
+        )
+        return
     # "run ID STATUS (N outcome, ...)": the tasks this attempt ran, in plain words; then why, in
     # the run's own words, and the outcome counted over every attempt.
     status = run_status_words(result.status.value)
     say(f"openjd-checkpoint: run {result.run_id} {status} ({summary})\n")
+    if result.store_failed is not None:
+        say(
+            f"  the checkpoint store failed: {result.store_failed}\n"
+            "  make room in the store (or fix it), then run the same command again: a task "
+            "whose end was not stored runs again\n"
+        )
     if cond.message and cond.message != "suspended; resumable":  # that one the next line says
         say(f"  {cond.message}\n")
     say(f"  {_outcome(store, result)}\n")

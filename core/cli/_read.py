@@ -257,7 +257,7 @@ def show_document(
         td["continued"] = continued.get((t.step, t.task_key))
         data["tasks"].append(td)
     data["file_data_flow"] = run.files_mode or store.file_flow.value
-    data["outputs"] = store.read_outputs(run.job_key, run.run_id, warnings)
+    data["outputs"] = store.outputs.read_outputs(run.job_key, run.run_id, warnings)
     data["warnings"] = warnings
     return data, summaries
 

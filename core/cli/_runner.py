@@ -25,6 +25,7 @@ from core import (
     EXIT_CODES,
     Attempt,
     CheckpointStore,
+    LeaseLostError,
     NoticeSource,
     PlanHistory,
     PreparedJob,
@@ -38,6 +39,7 @@ from core import (
     TaskEvent,
     TaskExecution,
     TaskExecutor,
+    TaskOutcome,
     TaskResult,
     TaskSpec,
     TerminationMode,
@@ -74,6 +76,11 @@ class RunResult:
         skipped: tasks and steps not started, as descriptions.
         finally_ran: True if the finally steps were started.
         notes: things a person should know (resume decisions, warnings).
+        lease_lost: why this process lost the run's lease to another (it was stalled past
+            the lease's ttl, or could not renew it): it stopped and wrote nothing more; the
+            run goes on in the process that took it. None otherwise.
+        store_failed: why the store could not be written (a full disk, say): a task's end,
+            or the run's record; the run stopped there and exits with the store's code (3).
     """
 
     run_id: str
@@ -86,6 +93,8 @@ class RunResult:
     skipped: list[str] = field(default_factory=list)
     finally_ran: bool = False
     notes: list[str] = field(default_factory=list)
+    lease_lost: str | None = None
+    store_failed: str | None = None
 
     @property
     def ran(self) -> int:
@@ -257,7 +266,26 @@ class JobRunner:
                 except RunError as exc:
                     self.note(str(exc))
             with executor:
-                return self._run_attempt(attempt, executor)
+                try:
+                    return self._run_attempt(attempt, executor)
+                except LeaseLostError as exc:
+                    if not exc.taken:  # the store could not be written for the lease's ttl
+                        return RunResult(
+                            attempt.run_id,
+                            RunStatus.FAILED,
+                            RunCondition(status="Unknown", reason="Running"),
+                            EXIT_CODES["store"],
+                            resumed=attempt.resumed,
+                            store_failed=str(exc),
+                        )
+                    return RunResult(
+                        attempt.run_id,
+                        RunStatus.RUNNING,
+                        RunCondition(status="Unknown", reason="Running"),
+                        EXIT_CODES["refused"],
+                        resumed=attempt.resumed,
+                        lease_lost=str(exc),
+                    )
         finally:
             with self._lock:
                 self._ended = True
@@ -278,16 +306,32 @@ class JobRunner:
             resumed=attempt.resumed,
         )
         self._steps(executor, self.job.template.regular_steps, records, result)
+        try:
+            return self._end(attempt, executor, records, result)
+        except LeaseLostError:
+            raise
+        except StoreError as exc:  # the run's record cannot be written: the run ends here
+            result.store_failed = result.store_failed or str(exc)
+            result.status, result.exit_code = RunStatus.FAILED, EXIT_CODES["store"]
+            return result
+
+    def _end(
+        self, attempt: Attempt, executor: TaskExecutor, records: PlanHistory, result: RunResult
+    ) -> RunResult:
+        """The end of an attempt, once its regular steps ended: the finally steps, then the
+        run's outcome (``finish_attempt``). StoreError and LeaseLostError are the caller's."""
+        lease = attempt.lease
         if executor.timed_out(False):
             mark_timed_out(
                 self.store,
                 attempt.job_key,
                 attempt.run_id,
                 f"the run's {self.timeout_seconds:g} s timeout expired",
+                fence=lease,
             )
 
         # Finally steps: after every regular step ended, unless the mode says not to.
-        decision = enter_finally(self.store, self.job, attempt.run_id)
+        decision = enter_finally(self.store, self.job, attempt.run_id, fence=lease)
         if decision.run_finally:
             result.finally_ran = True
             executor.phase = "finally"
@@ -302,27 +346,25 @@ class JobRunner:
         executor.sessions.close()
         with self._lock:
             self._ended = True
-        try:
-            outcome = finish_attempt(
-                self.store,
-                self.job,
-                attempt.run_id,
-                finally_timeout=(
-                    f"finally timeout of {self.finally_timeout_seconds:g} s expired"
-                    if executor.timed_out(True)
-                    else None
-                ),
-                skipped=result.skipped,
-            )
-        except StoreError as exc:
-            result.notes.append(f"warning: {exc}")
-            result.status, result.exit_code = RunStatus.FAILED, EXIT_CODES["store"]
-            return result
+        outcome = finish_attempt(
+            self.store,
+            self.job,
+            attempt.run_id,
+            finally_timeout=(
+                f"finally timeout of {self.finally_timeout_seconds:g} s expired"
+                if executor.timed_out(True)
+                else None
+            ),
+            skipped=result.skipped,
+            fence=lease,
+        )
         result.status, result.condition, result.exit_code = (
             outcome.status,
             outcome.condition,
             outcome.exit_code,
         )
+        if result.store_failed is not None:
+            result.exit_code = EXIT_CODES["store"]
         return result
 
     def _steps(
@@ -374,6 +416,9 @@ class JobRunner:
         result.results.extend(step.results)  # those that did not succeed
         result.succeeded += step.succeeded
         result.skipped.extend(step.skipped)
+        for _spec, res in step.results:
+            if res.outcome == TaskOutcome.NOT_STORED and result.store_failed is None:
+                result.store_failed = res.message
 
     def _describe_plan(self, step_name: str, records: PlanHistory) -> list[str]:
         try:

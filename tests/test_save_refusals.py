@@ -1,0 +1,116 @@
+"""Saves that carry nothing, and saves of a template that cannot resume (issue 36, items 4 and 7).
+
+- ``openjd_checkpoint_save: {"state": null}`` and ``{}`` after a save of state ``5`` change
+  nothing, with a warning each: the retry resumes from ``5`` (docs/extensions/CHECKPOINT.md
+  2.3).
+- A job template that does not declare CHECKPOINT stores none of its tasks' saves and captures
+  no file in a managed store; suspended, it says it is not resumable (once per task) rather
+  than "checkpointed; run again to continue"."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+from conftest import CliProcess, run_cli
+
+from core import CheckpointStore
+
+pytestmark = pytest.mark.slow
+
+EMPTY_SAVES = """\
+specificationVersion: jobtemplate-2023-09
+extensions: [CHECKPOINT]
+name: empty saves
+steps:
+- name: S
+  script:
+    actions:
+      onRun:
+        command: python3
+        args:
+        - -c
+        - |
+          import sys
+          print('openjd_checkpoint_save: {"state": "5"}', flush=True)
+          print('openjd_checkpoint_save: {"state": null}', flush=True)
+          print('openjd_checkpoint_save: {}', flush=True)
+          sys.exit(1)
+      onCheckpointResume:
+        command: python3
+        args: [-c, "print('RESUMED-FROM-' + '{{Task.Checkpoint.State}}', flush=True)"]
+"""
+
+
+def _records(store: Path):
+    st = CheckpointStore(store)
+    [run] = st.list_runs()[0]
+    return st.read_tasks(run.job_key, run.run_id)[0]
+
+
+def test_a_save_without_state_or_file_changes_nothing_and_says_so(
+    tmp_path: Path, store: Path
+) -> None:
+    template = tmp_path / "empty.yaml"
+    template.write_text(EMPTY_SAVES)
+    first = run_cli("run", template, "--store", store, "-v")
+    assert first.returncode == 1, first.stderr
+    assert "'state' is null" in first.stderr, first.stderr
+    assert "carries no state, no file" in first.stderr, first.stderr
+    [rec] = _records(store)
+    assert rec.checkpoint is not None
+    assert (rec.checkpoint.generation, rec.checkpoint.state) == (1, "5")
+    again = run_cli("run", template, "--store", store)
+    assert again.returncode == 0, again.stderr
+    assert "RESUMED-FROM-5" in again.stdout, again.stdout
+
+
+NOT_RESUMABLE = """\
+specificationVersion: jobtemplate-2023-09
+name: not resumable
+steps:
+- name: Work
+  parameterSpace:
+    taskParameterDefinitions:
+    - {name: T, type: INT, range: [1, 2]}
+  script:
+    actions:
+      onRun:
+        command: python3
+        args:
+        - -c
+        - |
+          import json, os, time
+          path = os.path.join(os.getcwd(), "state.bin")
+          for i in range(1, 1000):
+              with open(path, "wb") as fh:
+                  fh.write(os.urandom(4096))
+              print("openjd_checkpoint_files: " + json.dumps({"files": [path]}), flush=True)
+              print("openjd_checkpoint_save: " + json.dumps({"state": str(i)}), flush=True)
+              print("SAVED", i, flush=True)
+              time.sleep(0.1)
+"""
+
+
+def test_a_template_without_checkpoint_stores_no_save_and_says_it_is_not_resumable(
+    tmp_path: Path, store: Path
+) -> None:
+    template = tmp_path / "plain.yaml"
+    template.write_text(NOT_RESUMABLE)
+    run = CliProcess(
+        "run", str(template), "--store", str(store), "--files", "managed", "--max-parallel", "2"
+    )
+    run.wait_for("SAVED 3")
+    run.proc.send_signal(signal.SIGINT)
+    assert run.wait(60) == 75, run.stderr
+    err = run.stderr
+    assert err.count("not resumable: the job template does not declare the CHECKPOINT") == 2, err
+    assert "checkpointed" not in err, err
+    assert "run again to continue" not in err, err
+    assert "running it again starts from the top" in err, err
+    records = _records(store)
+    assert len(records) == 2
+    assert all(r.checkpoint is None and not r.pending_files for r in records), records
+    blobs = [p for p in (store / "blobs").rglob("*") if p.is_file()]
+    assert blobs == [], blobs
