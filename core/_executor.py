@@ -52,6 +52,7 @@ from ._termination import (
     Termination,
     TerminationMode,
     fold_request,
+    force_reaches,
     request_or_fold,
     starts_no_tasks,
     task_stop_for,
@@ -256,12 +257,12 @@ class TaskExecutor:
         with self._lock:
             if self._closed:
                 return
-            changed = term.mode != self._term.mode
+            changed = (term.mode, term.force) != (self._term.mode, self._term.force)
             self._term = term
             notice = self._notice
             active = list(self._active.items())
         if changed and term.mode is not None:
-            self.note(f"run {self.run_id}: {term.mode.value} requested; stopping")
+            self.note(f"run {self.run_id}: {term.describe()}")
         if notice is not None and self._run_lease is None:
             # this process's tasks are suspended by the notice: the earliest deadline holds
             term = fold_request(
@@ -274,7 +275,7 @@ class TaskExecutor:
             if intent is not None:
                 execution.stop(intent, force=term.force, deadline=term.deadline)
         for session in self.sessions.all():  # reaches an onExit still running
-            session.stop(force=term.force, deadline=term.deadline)
+            session.stop(force=force_reaches(term, self.phase), deadline=term.deadline)
 
     def stopping(self, is_finally: bool) -> bool:
         """True if no task of the phase (finally or regular) may start now: its time budget
