@@ -93,6 +93,18 @@ class StopState:
                 return StopIntent.CANCEL, True, self.deadline
             return None, False, self.deadline
 
+    def deadline_due(self) -> bool:
+        """True once the deadline is ``STOP_KILL_MARGIN_SECONDS`` away or past: what still runs
+        is killed now."""
+        deadline = self.deadline
+        return deadline is not None and time.time() >= deadline - STOP_KILL_MARGIN_SECONDS
+
+    def ends_on_exit(self) -> bool:
+        """True once the stop ends an ``onExit`` too, which a plain stop lets run to its end:
+        it is forced, or its deadline is due. An ``onExit`` that ends unsuccessfully then was
+        killed by the stop, not failed by itself."""
+        return self.force or self.deadline_due()
+
 
 class _Spec(Protocol):
     @property
@@ -107,7 +119,7 @@ class ActionHost(Protocol):
     def spec(self) -> _Spec: ...
 
     @property
-    def stop_intent(self) -> StopIntent | None: ...
+    def stop_state(self) -> StopState: ...
 
     def stop(
         self, intent: StopIntent, *, force: bool = False, deadline: float | None = None
@@ -224,7 +236,7 @@ def supervise(
                 proc.notify(method.signal_to_notify)
                 end = now + period
                 deadline = end if deadline is None else min(deadline, end)
-        elif stop_deadline is not None and time.time() >= stop_deadline - STOP_KILL_MARGIN_SECONDS:
+        elif stop.deadline_due():
             proc.kill_tree()  # an onExit, or a notify begun before the deadline came
         if timeout is not None and not timed_out and now - started > timeout and want[0] is None:
             timed_out = True

@@ -52,6 +52,7 @@ from ._termination import (
     Termination,
     TerminationMode,
     fold_request,
+    force_reaches,
     request_or_fold,
     starts_no_tasks,
     task_stop_for,
@@ -142,10 +143,11 @@ class RunningTasks:
         with self.lock:
             return self._by_lease.get(id(lease))
 
-    def apply(self, term: Termination) -> Termination | None:
+    def apply(self, term: Termination, phase: str = "regular") -> Termination | None:
         """Make ``term`` the termination in force, and stop the running tasks as it says (a
         notice of this process suspends them too, with its deadline); forward a forced stop
-        or a deadline to the sessions. Returns the termination it replaced, None once closed."""
+        (where it reaches in ``phase``: ``force_reaches``) or a deadline to the sessions.
+        Returns the termination it replaced, None once closed."""
         with self.lock:
             if self.closed:
                 return None
@@ -164,7 +166,7 @@ class RunningTasks:
             if intent is not None:
                 execution.stop(intent, force=term.force, deadline=term.deadline)
         for session in self._sessions.all():  # reaches an onExit still running
-            session.stop(force=term.force, deadline=term.deadline)
+            session.stop(force=force_reaches(term, phase), deadline=term.deadline)
         return previous
 
     def expire(self, is_finally: bool) -> bool:
@@ -358,9 +360,13 @@ class TaskExecutor:
         """The run's termination is now ``term`` (the watcher's report, or ``request``): stop
         the running tasks as it says, and forward a forced stop or a deadline to an
         environment action still running (``RunningTasks.apply``). Thread-safe."""
-        previous = self.running.apply(term)
-        if previous is not None and term.mode != previous.mode and term.mode is not None:
-            self.note(f"run {self.run_id}: {term.mode.value} requested; stopping")
+        previous = self.running.apply(term, self.phase)
+        if (
+            previous is not None
+            and (term.mode, term.force) != (previous.mode, previous.force)
+            and term.mode is not None
+        ):
+            self.note(f"run {self.run_id}: {term.describe()}")
 
     def stopping(self, is_finally: bool) -> bool:
         """True if no task of the phase (finally or regular) may start now: its time budget
@@ -404,14 +410,16 @@ class TaskExecutor:
                 "process are suspended, and no more start"
             )
         term = self.running.term
-        self.running.apply(fold_request(term, TerminationMode.SUSPENDED, phase=self.phase)[0])
+        self.running.apply(
+            fold_request(term, TerminationMode.SUSPENDED, phase=self.phase)[0], self.phase
+        )
 
     def _lease_expired(self, lease: Lease) -> None:
         why = lease_expired_note(lease)
         if lease is self._run_lease:
             self._say_lost(f"run {self.run_id}: this process lost the run's lease ({why})")
             # applied here only, and said above: this process may no longer write to the run
-            self.running.apply(Termination(mode=TerminationMode.CANCELLED))
+            self.running.apply(Termination(mode=TerminationMode.CANCELLED), self.phase)
             for execution in self.running.executions():
                 execution.lease_lost(why)
             return

@@ -178,7 +178,8 @@ def _moot(mode: TerminationMode | None, stopped: bool, left: bool) -> bool:
     """True if a termination in force stopped nothing and kept nothing from starting: it was
     asked once every task it could reach had ended (``left``: some task is still to run) and
     no task of the attempt ended stopped (``stopped``: one's record is canceled or
-    interrupted, ``_STOPPED``). It then changes nothing that already happened: the
+    interrupted, ``_STOPPED``, or the stop killed an environment's ``onExit``,
+    ``RunRecord.environment_failures``). It then changes nothing that already happened: the
     outcome (and ``{{Job.Status}}``) is the tasks' own (docs/decisions.md, "Termination
     modes": a request after every task ended)."""
     return mode is not None and not left and not stopped
@@ -414,11 +415,10 @@ def finish_attempt(
             if finally_timeout:
                 failed_here.update(_incomplete_roots(job, job.template.finally_steps, records)[1])
             finally_failed = [s for s in job.template.finally_steps if s in failed_here]
-        env_failed = [
-            str(f.get("message"))
-            for f in run.environment_failures
-            if f.get("attempt") == run.attempt
-        ]
+        env_ended = [f for f in run.environment_failures if f.get("attempt") == run.attempt]
+        env_failed = [str(f.get("message")) for f in env_ended if not f.get("stopped")]
+        env_stopped = [str(f.get("message")) for f in env_ended if f.get("stopped")]
+        stopped = stopped or bool(env_stopped)  # an onExit the stop killed: the stop counts
         left: list[str] = []  # still to run
         not_started: list[str] = []  # of those, not started in this attempt (not stopped)
         for name in job.step_order():
@@ -446,6 +446,7 @@ def finish_attempt(
                 else RunStatus.CANCELED
             )
             cond = RunCondition(status="False", reason=mode.value, message=f"ended by {mode.value}")
+            cond.message += "".join(f"; {text}" for text in env_stopped)
             code = EXIT_CODES["canceled"]
         elif run.timed_out is not None:
             status = RunStatus.FAILED

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from ._errors import StoreError
 from ._job import PreparedJob
@@ -92,21 +93,34 @@ class SessionPool:
         with self._lock:
             if session in self._sessions:
                 self._sessions.remove(session)
-        if not problem:
-            return
-        note = problem  # finish_attempt ends the attempt Failed, unless it is suspended or stopped
-        try:
-            record_environment_failure(
-                self.store, self.job.job_key, self.run_id, problem, attempt=self.attempt
-            )
-        except StoreError as exc:
-            note = f"warning: {problem} (not recorded in the run: {exc})"
-        if self._on_note is not None:
-            self._on_note(note)
+        # finish_attempt ends the attempt Failed for a problem, unless it is suspended or
+        # stopped; an onExit the stop killed makes the stop count (the run ends in its mode)
+        ended = [(text, True) for text in session.stopped_exits]
+        for message, stopped in ended + ([(problem, False)] if problem else []):
+            note = message
+            try:
+                record_environment_failure(
+                    self.store,
+                    self.job.job_key,
+                    self.run_id,
+                    message,
+                    attempt=self.attempt,
+                    stopped=stopped,
+                )
+            except StoreError as exc:
+                note = f"warning: {message} (not recorded in the run: {exc})"
+            if self._on_note is not None:
+                self._on_note(note)
 
 
 def record_environment_failure(
-    store: CheckpointStore, job_key: str, run_id: str, message: str, *, attempt: int
+    store: CheckpointStore,
+    job_key: str,
+    run_id: str,
+    message: str,
+    *,
+    attempt: int,
+    stopped: bool = False,
 ) -> None:
     """Note in the run's record (``RunRecord.environment_failures``) that an environment's
     ``onExit`` (or the ``onWrapEnvExit`` that wraps it) failed when a session closed:
@@ -115,9 +129,14 @@ def record_environment_failure(
     ``wrap-failed-exit-hook-own-onexit-still-runs``). The tasks keep their own outcomes: a
     retry does not run them again.
 
+    With ``stopped``, the ``onExit`` did not fail by itself: a stop killed it (forced, or at
+    its deadline; ``Session.stopped_exits``), and the attempt ends in the stop's mode instead
+    (the stop counts, as one that stopped a task does).
+
     Args:
         message: what failed, naming the action (``Session.close``'s return value).
         attempt: the run attempt whose session it was.
+        stopped: a stop killed the ``onExit`` (the entry gets ``"stopped": true``).
 
     Raises:
         StoreError: the store cannot be read or written.
@@ -126,5 +145,8 @@ def record_environment_failure(
         run = store.read_run(job_key, run_id)
         if run is None:
             return
-        run.environment_failures.append({"attempt": attempt, "message": message})
+        entry: dict[str, Any] = {"attempt": attempt, "message": message}
+        if stopped:
+            entry["stopped"] = True
+        run.environment_failures.append(entry)
         store.write_run(run)

@@ -332,7 +332,9 @@ class RunRecord(_Model):
     environment_failures: list[dict[str, Any]] = Field(default_factory=list)
     """Environments whose ``onExit`` (or wrapping ``onWrapEnvExit``) failed when a session
     closed (``record_environment_failure``): each with ``attempt`` and ``message``. An attempt
-    with one ends Failed, as ``openjd run`` ends a session whose environment exit failed."""
+    with one ends Failed, as ``openjd run`` ends a session whose environment exit failed.
+    One with ``stopped`` (true) was killed by a stop (forced, or at its deadline), not failed:
+    the attempt ends in the stop's mode."""
     superseded_by: str | None = None
     """A later run of the same job that started from the top instead of resuming this one
     (a requeue, or a retry that was refused): retries no longer pick this run; an operator

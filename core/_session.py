@@ -176,6 +176,9 @@ class Session:
         ``WrappedAction.Environment`` (RFC 0008): host variables are not in it."""
         self.enter_count = 0
         """How many environments this session entered (for tests and progress)."""
+        self.stopped_exits: list[str] = []
+        """The ``onExit`` actions a stop killed (forced, or at its deadline), each as a sentence:
+        the stop's doing, not failures of their environments."""
 
     # --- lifetime --------------------------------------------------------------------------------
     def __enter__(self) -> Session:
@@ -223,7 +226,7 @@ class Session:
         if not self._job_entered:
             self._job_entered = True
             for model, path in self._job_environments():
-                if ex.stop_intent is not None:
+                if ex.stop_state.intent is not None:
                     return None
                 problem = self._enter(ex, model, path, None)
                 if problem:
@@ -232,11 +235,12 @@ class Session:
         if self._step != step:
             left = self._step
             problem = self._exit_step(ex)
-            if problem and ex.stop_intent is None:  # the session cannot go on: as openjd run
+            # the session cannot go on: as openjd run
+            if problem and ex.stop_state.intent is None:
                 return f"not run: as the session left step {left!r}, {problem}"
             self._step = step
             for model, path in self._step_environments(step):
-                if ex.stop_intent is not None:
+                if ex.stop_state.intent is not None:
                     return None
                 problem = self._enter(ex, model, path, step)
                 if problem:
@@ -251,8 +255,9 @@ class Session:
     def close(self, ex: ActionHost | None = None) -> str | None:
         """Exit every environment in reverse order (``onExit``, through ``ex`` or the last
         task's execution), kill what they left running, remove the working directory. A
-        forced stop of that execution skips the ``onExit`` actions. Idempotent. Returns the
-        first ``onExit`` failure, or None."""
+        forced stop of that execution skips the ``onExit`` actions (it kills one running, as
+        its deadline does: ``stopped_exits``). Idempotent. Returns the first ``onExit``
+        failure, or None."""
         if self._closed:
             return None
         self._closed = True
@@ -415,7 +420,9 @@ class Session:
         code, msg = self._run_env_action(
             ex, entered.model, entered.path, "onExit", symtab, entered.marker
         )
-        if code != 0:
+        if code != 0 and ex.stop_state.ends_on_exit():
+            self.stopped_exits.append(f"{entered.path}.script.actions.onExit: killed by the stop")
+        elif code != 0:
             return msg or f"environment {entered.model.name!r} onExit failed"
         return None
 

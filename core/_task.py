@@ -231,8 +231,8 @@ class TaskExecution:
         return frozenset(self._output.secrets)
 
     @property
-    def stop_intent(self) -> StopIntent | None:
-        return self._stop.intent
+    def stop_state(self) -> StopState:
+        return self._stop
 
     @property
     def record(self) -> TaskRecord:

@@ -24,6 +24,7 @@ __all__ = (
     "Termination",
     "TerminationMode",
     "fold_request",
+    "force_reaches",
     "request_or_fold",
     "request_termination",
     "resolve_termination",
@@ -67,13 +68,20 @@ class Termination:
 
     Attributes:
         mode: the mode in force, or None.
-        force: kill running tasks without notifying them.
+        force: kill running tasks, and an environment's ``onExit`` still running, at once,
+            without notifying them (``force_reaches``: not the finally steps a mode runs).
         deadline: seconds since the epoch by which running tasks must be gone, or None.
     """
 
     mode: TerminationMode | None = None
     force: bool = False
     deadline: float | None = None
+
+    def describe(self) -> str:
+        """How a runner's log says it: ``Cancelled requested; stopping``, or ``Cancelled
+        requested; forced: killing what still runs``."""
+        how = "forced: killing what still runs" if self.force else "stopping"
+        return f"{self.mode.value if self.mode else 'no mode'} requested; {how}"
 
 
 def fold_request(
@@ -146,6 +154,16 @@ def task_stop_for(
     return None
 
 
+def force_reaches(term: Termination, phase: str) -> bool:
+    """True if ``term``'s force reaches what runs in ``phase`` (``regular`` or ``finally``):
+    always in the regular phase; in the finally phase only when its mode stops finally tasks
+    (``Cancelled``, ``Suspended``). A forced ``CancelledRunFinally`` or ``StoppedRunFinally``
+    kills what the regular phase still runs, and the finally steps then run as the mode says."""
+    if not term.force:
+        return False
+    return phase != "finally" or task_stop_for(term.mode, is_finally=True) is not None
+
+
 def starts_no_tasks(mode: TerminationMode | None, *, is_finally: bool) -> bool:
     """True if, under ``mode``, a task not started yet must not start (TEP-0058: "any
     unscheduled non-final task is skipped"): every mode stops regular tasks from starting;
@@ -207,6 +225,7 @@ def request_termination(
     *,
     force: bool = False,
     deadline: float | None = None,
+    escalate: bool = True,
 ) -> tuple[Termination, str | None]:
     """Ask a run to end early, from any process. Returns the termination now in force and a
     note when the request changed no mode (TEP-0058 case 4).
@@ -215,10 +234,18 @@ def request_termination(
     ``enter_finally``/``finish_attempt`` or refused here: a request accepted is never dropped.
     Running tasks in any process learn of it within about a second (``RunWatcher``).
 
+    A second request, made while the run is already stopping (in the same mode or one that may
+    replace it), is forced, as a second Ctrl-C is: what still runs is killed at once, an
+    environment's ``onExit`` included, which a first request lets run (docs/decisions.md,
+    "Termination modes").
+
     Args:
         mode: a ``TerminationMode`` or its value.
-        force: kill running tasks without notifying them.
+        force: kill running tasks (and an ``onExit`` still running) at once, without notifying
+            them.
         deadline: seconds since the epoch by which running tasks must be gone.
+        escalate: False for a runner's own requests (its signals, an interruption notice),
+            which escalate by their own rules (``StopEscalation``): a second one is not forced.
 
     Raises:
         RunError: no such run, it has ended, or it is already stopping in a mode this one may
@@ -243,6 +270,7 @@ def request_termination(
                 "it cannot be stopped"
             )
         current = resolve_termination(store.read_stop_requests(job_key, run_id), run.attempt)
+        force = force or (escalate and current.mode is not None)  # asked again: forced
         new, note = fold_request(current, mode, phase=run.phase, force=force, deadline=deadline)
         if note is not None and note.startswith("already stopping"):
             raise RunError(f"run {run_id} is {note}; {mode.value} may not replace it")
@@ -279,16 +307,18 @@ def request_or_fold(
     force: bool = False,
     deadline: float | None = None,
 ) -> tuple[Termination, str | None, str | None]:
-    """``request_termination``; when the store cannot take the request, ``fold_request`` of it
-    into ``current`` here only, so that this process's tasks still stop. Returns the
-    termination now in force, the note about the mode, and a warning when the store failed.
+    """``request_termination`` of a runner's own request (not escalated: its signals and
+    notices escalate by their own rules); when the store cannot take the request,
+    ``fold_request`` of it into ``current`` here only, so that this process's tasks still stop.
+    Returns the termination now in force, the note about the mode, and a warning when the store
+    failed.
 
     Raises:
         RunError: as ``request_termination``.
     """
     try:
         term, note = request_termination(
-            store, job_key, run_id, mode, force=force, deadline=deadline
+            store, job_key, run_id, mode, force=force, deadline=deadline, escalate=False
         )
         return term, note, None
     except StoreError as exc:

@@ -184,7 +184,9 @@ class CancelWatcher:
     def request(
         self, mode: TerminationMode, *, force: bool = False, deadline: float | None = None
     ) -> None:
-        """``core.request_termination`` once per mode (repeats are no-ops); refusals logged."""
+        """``core.request_termination`` once per mode (repeats are no-ops); refusals logged.
+        Not escalated: a second mode is not forced by the core, as the flow run's signals
+        escalate by ``core.StopEscalation``'s rules."""
         with self._lock:
             if (mode, force) in self._asked:
                 return
@@ -194,7 +196,7 @@ class CancelWatcher:
             deadline = time.time() + self._deadline_seconds
         try:
             _, note = core.request_termination(
-                self._store, *self._key, mode, force=force, deadline=deadline
+                self._store, *self._key, mode, force=force, deadline=deadline, escalate=False
             )
             self._log(
                 f"run {self._key[1]}: {mode.value} requested"

@@ -50,6 +50,7 @@ def test_commands_options_and_choices(program: Path) -> None:
     assert completions(program, "openjd-checkpoint stop R --mode Canc") == [
         "Cancelled", "CancelledRunFinally",
     ]  # fmt: skip
+    assert completions(program, "openjd-checkpoint stop R --mode Cancelled --f") == ["--force"]
 
 
 def test_run_ids_and_step_names(program: Path, tmp_path: Path) -> None:

@@ -293,3 +293,138 @@ def test_a_stop_after_the_last_regular_task_changes_only_what_is_left(
         assert outcome.mode is None and outcome.exit_code == 0 and outcome.skipped == []
     else:
         assert outcome.skipped == ["Cleanup"]
+
+
+# A step environment whose onExit ignores SIGTERM and never ends on its own: only a forced stop
+# (or a deadline) ends it. It prints its shell's pid and its child's.
+HUNG_EXIT = """\
+specificationVersion: 'jobtemplate-2023-09'
+name: hung onExit
+steps:
+- name: S
+  stepEnvironments:
+  - name: E
+    script:
+      actions:
+        onExit:
+          command: bash
+          args: [-c, "trap '' TERM; echo EXIT-START $$; sleep 600 & echo EXIT-CHILD $!; wait"]
+  script:
+    actions:
+      onRun: {command: python3, args: [-c, "print('RAN')"]}
+"""
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+@pytest.fixture
+def hung_exit(tmp_path: Path):
+    """A CLI run whose task has ended and whose step environment's onExit hangs: (the CLI, its
+    store, the run id, the onExit's pids). Whatever is left of it is killed afterwards."""
+    import os
+    import signal
+
+    template = tmp_path / "hung.yaml"
+    template.write_text(HUNG_EXIT)
+    store = tmp_path / "store"
+    cli = CliProcess("run", str(template), "--store", str(store), "-q")
+    pids: list[int] = []
+    try:
+        cli.wait_for("EXIT-CHILD")
+        pids = [int(p) for p in re.findall(r"EXIT-(?:START|CHILD) (\d+)", cli.stdout)]
+        assert len(pids) == 2 and all(_alive(p) for p in pids), cli.stdout
+        yield cli, store, run_id_of(store), pids
+    finally:
+        if cli.proc.poll() is None:
+            cli.proc.kill()
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _ends_cancelled(cli: CliProcess, store: Path, run_id: str, pids: list[int]) -> None:
+    """The run process ends within a bound, nothing of the onExit is left, and the run reads
+    Cancelled (``runs --json``): the stop killed the onExit, it did not fail."""
+    import json
+
+    assert cli.wait(20) == 130, cli.stderr
+    end = time.monotonic() + 10
+    while any(_alive(p) for p in pids):
+        assert time.monotonic() < end, [p for p in pids if _alive(p)]
+        time.sleep(0.05)
+    runs = run_cli("runs", "--json", "--store", str(store), cwd=ROOT, timeout=30)
+    assert runs.returncode == 0, runs.stderr
+    [row] = [r for r in json.loads(runs.stdout)["runs"] if r["run_id"] == run_id]
+    assert (row["status"], row["reason"]) == ("canceled", "Cancelled"), row
+    assert "onExit: killed by the stop" in row["message"], row
+    late = stop(store, run_id, "Cancelled")
+    assert late.returncode == 4 and "has ended" in late.stderr, late.stderr
+
+
+def test_a_second_stop_request_kills_a_hung_on_exit_from_another_process(hung_exit) -> None:
+    """Issue 36, item 6: a first ``stop --mode Cancelled`` lets an onExit run (it is not
+    stoppable: the environment's cleanup), so a hung one keeps the run alive; a second request
+    from another process is forced, as a second Ctrl-C is, and kills it."""
+    cli, store, run_id, pids = hung_exit
+    first = stop(store, run_id, "Cancelled")
+    assert first.returncode == 0, first.stderr
+    assert "the run is stopping" in first.stdout and "--force" in first.stdout, first.stdout
+    cli.wait_for("Cancelled requested; stopping", stream="err")  # the runner applied it
+    with pytest.raises(subprocess.TimeoutExpired):
+        cli.wait(2)  # ... and the onExit goes on
+    assert all(_alive(p) for p in pids)
+    second = stop(store, run_id, "Cancelled")
+    assert second.returncode == 0, second.stderr
+    assert "forced" in second.stdout and "onExit" in second.stdout, second.stdout
+    _ends_cancelled(cli, store, run_id, pids)
+
+
+def test_stop_force_kills_a_hung_on_exit_at_once(hung_exit) -> None:
+    cli, store, run_id, pids = hung_exit
+    forced = run_cli(
+        "stop", run_id, "--mode", "Cancelled", "--force", "--store", str(store), timeout=30
+    )
+    assert forced.returncode == 0, forced.stderr
+    assert "forced" in forced.stdout, forced.stdout
+    _ends_cancelled(cli, store, run_id, pids)
+
+
+def test_a_second_request_of_a_stopping_run_is_forced(tmp_path: Path) -> None:
+    """The rule is core's (``request_termination``), for every caller: the CLI's ``stop``,
+    Airflow's endpoint, Prefect's ``end_flow_run``. A runner's own requests (its signals, a
+    notice) are not escalated; a mode that may not replace the one in force is still refused;
+    a forced mode that runs the finally steps does not reach them."""
+    from core import (
+        RunError,
+        Termination,
+        TerminationMode,
+        begin_attempt,
+        prepare_job,
+        request_termination,
+    )
+    from core._termination import force_reaches
+
+    st = CheckpointStore(tmp_path / "store")
+    job = prepare_job(DATA / "finally.yaml", {"LongSeconds": "0"})
+    run_id = begin_attempt(st, job, external_key="dag/run-1").run_id
+    first, _ = request_termination(st, job.job_key, run_id, "StoppedRunFinally")
+    assert first.mode == TerminationMode.STOPPED_RUN_FINALLY and not first.force
+    own, _ = request_termination(st, job.job_key, run_id, "StoppedRunFinally", escalate=False)
+    assert not own.force
+    second, _ = request_termination(st, job.job_key, run_id, "StoppedRunFinally")
+    assert second.mode == TerminationMode.STOPPED_RUN_FINALLY and second.force
+    with pytest.raises(RunError, match="already stopping"):
+        request_termination(st, job.job_key, run_id, "Suspended")
+    stored = st.read_stop_requests(job.job_key, run_id)
+    assert [r.force for r in stored] == [False, False, True]
+    assert force_reaches(second, "regular") and not force_reaches(second, "finally")
+    cancelled = Termination(TerminationMode.CANCELLED, force=True)
+    assert force_reaches(cancelled, "finally")
+    assert not force_reaches(Termination(TerminationMode.CANCELLED), "regular")

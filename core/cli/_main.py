@@ -364,11 +364,19 @@ def _cmd_stop(args: argparse.Namespace) -> int:
     if run is None:
         return 2
     try:
-        _term, note = request_termination(store, run.job_key, run.run_id, args.mode)
+        term, note = request_termination(
+            store, run.job_key, run.run_id, args.mode, force=args.force
+        )
     except RunError as exc:
         print(f"openjd-checkpoint: refused: {exc}", file=sys.stderr)
         return EXIT_CODES["refused"]
-    print(f"asked run {run.run_id} to end: {args.mode}" + (f" ({note})" if note else ""))
+    if note:
+        how = note
+    elif term.force:
+        how = "forced: what still runs is killed at once, an environment's onExit included"
+    else:
+        how = "the run is stopping (ask again, or pass --force, to kill what still runs at once)"
+    print(f"asked run {run.run_id} to end: {args.mode}; {how}")
     if args.wait:
         end = time.monotonic() + args.wait
         while time.monotonic() < end:
@@ -549,6 +557,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=[m.value for m in TerminationMode],
         help="Cancelled, CancelledRunFinally, StoppedRunFinally (TEP-0058) or "
         "Suspended (interrupt with checkpoints; resumable)",
+    )
+    stop.add_argument(
+        "--force",
+        action="store_true",
+        help="kill what still runs at once, an environment's onExit included (a second "
+        "request for a run already stopping is forced too, as a second Ctrl-C is)",
     )
     stop.add_argument(
         "--wait",
