@@ -43,6 +43,15 @@ KILL_BUDGET_SECONDS = 4.0
 """How long after ``on_kill`` the task's processes must be gone, in seconds: inside the 5 s
 between the supervisor's SIGTERM and its SIGKILL (``supervisor.py``, ``escalation_delay``)."""
 
+_STOPPED = frozenset(
+    {
+        core.TaskOutcome.CANCELED,
+        core.TaskOutcome.INTERRUPTED,
+        core.TaskOutcome.INTERRUPTED_WITH_CHECKPOINT,
+    }
+)
+"""Outcomes of a task that a stop of the run ended (``core.result_words`` says what it kept)."""
+
 
 def _attempt(context: Any, begin_task_id: str = BEGIN_TASK_ID) -> core.Attempt:
     data = context["ti"].xcom_pull(task_ids=begin_task_id)
@@ -668,15 +677,10 @@ class OpenJDTaskOperator(BaseOperator):
         if core.TaskOutcome.FAILED in outcomes:
             failed = [r for r in results if r.outcome == core.TaskOutcome.FAILED]
             raise AirflowException("; ".join(r.message for r in failed))
-        stopped = outcomes & {
-            core.TaskOutcome.CANCELED,
-            core.TaskOutcome.INTERRUPTED,
-            core.TaskOutcome.INTERRUPTED_WITH_CHECKPOINT,
-        }
-        if stopped:
+        if outcomes & _STOPPED:
             raise AirflowFailException(
                 "stopped by the run's termination request: "
-                + "; ".join(r.message for r in results if r.outcome in stopped)
+                + "; ".join(core.result_words(r) for r in results if r.outcome in _STOPPED)
             )
         if results and outcomes == {core.TaskOutcome.SKIPPED}:
             raise AirflowSkipException(results[0].message)
@@ -766,14 +770,15 @@ class OpenJDTaskOperator(BaseOperator):
         for r in box.get("results", []):
             rec = r.record
             ck = rec.checkpoint
+            stopped = r.outcome in _STOPPED  # the core's words say what it kept
             self.log.info(
                 "%s: %s%s%s",
                 label_of.get(rec.task_key, f"{rec.step} {rec.task_key}"),
-                r.outcome.value,
+                core.result_words(r),
                 f" (exit code {r.exit_code})" if r.exit_code is not None else "",
-                f"; checkpoint generation {ck.generation}" if ck else "",
+                f"; checkpoint generation {ck.generation}" if ck and not stopped else "",
             )
-            if r.message:
+            if r.message and not stopped:
                 self.log.info("  %s", r.message)
         if self._killed_at is not None:
             for r in box.get("results", []):

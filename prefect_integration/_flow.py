@@ -299,7 +299,7 @@ def _run_inline(
                 on_note=logger.info,
             )
             for spec, res in zip(specs, results, strict=True):
-                logger.info("%s: %s %s", spec.label, res.outcome.value, res.message or "")
+                logger.info("%s: %s", spec.label, core.result_words(res))
 
     errors: list[BaseException] = []
 

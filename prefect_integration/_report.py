@@ -83,24 +83,22 @@ def resume_hint(
 
 
 def kept_line(label: str, result: core.TaskResult, hint: str) -> str | None:
-    """The INFO line of a task that was stopped with something kept to resume from: ``Train:
-    suspended; checkpoint generation 7 kept (2 files, kept by the store); resume with ...``.
+    """The INFO line of a task that was stopped with something kept to resume from, in the
+    core's words (``core.result_words``) and the files the checkpoint names: ``Train:
+    suspended; checkpoint generation 7 kept (2 file(s), kept by the store); resume with ...``.
     None for a task that succeeded or failed."""
     if result.outcome in (core.TaskOutcome.SUCCEEDED, core.TaskOutcome.FAILED):
         return None
     if result.outcome == core.TaskOutcome.SKIPPED:
         return f"{label}: not started, the run is stopping; {hint}"
-    words = core.OUTCOME_WORDS.get(core.outcome_key(result), result.outcome.value)
-    task = core.summarize_task(result.record)
-    ckpt = task.checkpoint
+    words = core.result_words(result)
+    ckpt = core.summarize_task(result.record).checkpoint
     if ckpt is not None:
         where = ", kept by the store" if ckpt.files_mode == "managed" else ""
-        kept = f"checkpoint generation {ckpt.generation} kept ({ckpt.named} file(s){where})"
-    elif task.frames_done:
-        kept = f"{len(task.frames_done)} finished frame(s) kept"
-    else:
-        return f"{label}: {words}; nothing kept, it runs from the top when resumed ({hint})"
-    return f"{label}: {words}; {kept}; {hint}"
+        words += f" ({ckpt.named} file(s){where})"
+    elif core.kept_words(result.record) is None and result.outcome == core.TaskOutcome.CANCELED:
+        words += "; nothing kept, it runs from the top when resumed"
+    return f"{label}: {words}; {hint}"
 
 
 # --- Prefect's "Finished in state" line of our stopped task runs --------------------------------

@@ -205,7 +205,7 @@ def run_group(
             "reported is stored: a retry of this task run (or of the flow run) resumes from it"
         )
     stopped = [
-        f"{spec.label}: {res.outcome.value}"
+        f"{spec.label}: {core.result_words(res)}"
         for spec, res in zip(specs, results, strict=True)
         if res.outcome != TaskOutcome.SUCCEEDED
     ]

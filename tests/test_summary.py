@@ -138,3 +138,31 @@ def test_a_chunk_continued_by_the_record_of_its_rest_says_so() -> None:
     # a rest in another step is not this chunk's
     twin = _record(step="Encode", task_key="k2#15-20", parameters=frames("15-20"), updated_at=5)
     assert continuations([other, twin]) == {}
+
+
+def test_how_a_task_ended_is_said_in_plain_words_never_an_outcome_name() -> None:
+    """``core.result_words``: what a Prefect ``Stopped`` state and an Airflow log line say of a
+    task execution; a chunk that kept only finished frames is ``suspended; 4 finished frames
+    kept`` (its outcome is ``interrupted_with_checkpoint``, an internal name)."""
+    from core import TaskOutcome, TaskResult, result_words
+
+    def said(outcome: TaskOutcome, message: str = "", **fields: object) -> str:
+        return result_words(TaskResult(outcome, None, message, _record(**fields)))
+
+    with_frames = said(TaskOutcome.INTERRUPTED_WITH_CHECKPOINT, completed_frames=[1, 2, 3, 4])
+    assert with_frames == "suspended; 4 finished frames kept"
+    one = said(TaskOutcome.INTERRUPTED_WITH_CHECKPOINT, completed_frames=[7])
+    assert one == "suspended; 1 finished frame kept"
+    ckpt = CheckpointData(generation=7, saved_at=1.0, attempt=1)
+    assert said(TaskOutcome.INTERRUPTED_WITH_CHECKPOINT, checkpoint=ckpt) == (
+        "suspended; checkpoint generation 7 kept"
+    )
+    assert said(TaskOutcome.INTERRUPTED) == (
+        "suspended; nothing to resume from (it runs from its start again)"
+    )
+    assert said(TaskOutcome.CANCELED, "canceled") == "canceled"
+    assert said(TaskOutcome.CANCELED, checkpoint=ckpt) == "canceled; checkpoint generation 7 kept"
+    assert said(TaskOutcome.SKIPPED, "not started: the run is stopping (Suspended)") == (
+        "not started: the run is stopping (Suspended)"
+    )
+    assert said(TaskOutcome.SUCCEEDED) == "succeeded" and said(TaskOutcome.FAILED) == "failed"

@@ -164,9 +164,9 @@ def test_a_suspended_flow_run_shows_what_it_kept_and_its_retry_resumes(
     kept = rec.checkpoint.generation
     logs = ph.wait_for_logs(flow_run_id, "suspended: 1 task checkpointed")
     levels = {log.message: log.level for log in logs}
-    ours = [m for m in levels if m.startswith("Train: suspended with a checkpoint; ")]
+    ours = [m for m in levels if m.startswith("Train: suspended; ")]
     assert ours == [
-        f"Train: suspended with a checkpoint; checkpoint generation {kept} kept "
+        f"Train: suspended; checkpoint generation {kept} kept "
         f"({kept + 1} file(s), kept by the store); resume with `prefect flow-run retry "
         f"{flow_run_id} --entrypoint {entrypoint}` or a new flow run with resume=latest"
     ], ours
