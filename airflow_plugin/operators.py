@@ -353,15 +353,19 @@ class OpenJDFinishOperator(BaseOperator):
 
 # ------------------------------------------------------------------------------------ tasks
 def checkpoint_summary(
-    attempt: core.Attempt, records: Sequence[core.TaskRecord], labels: Sequence[str]
+    attempt: core.Attempt,
+    records: Sequence[core.TaskRecord],
+    labels: Sequence[str],
+    files_mode: str | None = None,
 ) -> dict[str, Any]:
     """What the task state store keeps for one task instance: per OpenJD task, its status and
-    latest checkpoint's generation, time, state size and files (and ``files_mode``: ``managed``
-    when the store keeps them); never the state itself (it may hold anything) nor environment
+    latest checkpoint's generation, time, state size and files, and ``files_mode`` (``managed``
+    when the store keeps the files: the checkpoint's, else the run's, ``files_mode`` given, as
+    ``checkpoints show`` says); never the state itself (it may hold anything) nor environment
     values."""
     tasks = []
     for rec, label in zip(records, labels, strict=False):
-        task = core.summarize_task(rec)
+        task = core.summarize_task(rec, files_mode)
         ckpt = task.checkpoint
         tasks.append(
             {
@@ -371,7 +375,7 @@ def checkpoint_summary(
                 "saved_at": ckpt.saved_at if ckpt else None,
                 "state_bytes": ckpt.state_bytes if ckpt else 0,
                 "files": list(ckpt.files[:20]) if ckpt else [],
-                "files_mode": ckpt.files_mode if ckpt else None,
+                "files_mode": task.files_mode,
                 "frames_done": len(task.frames_done),
                 "resume_status": task.resume_status,
             }
@@ -748,7 +752,8 @@ class OpenJDTaskOperator(BaseOperator):
             if rec is not None:
                 records.append(rec)
                 shown.append(label)
-        summary = checkpoint_summary(attempt, records, shown)
+        files_mode = core.run_file_flow(store, attempt.job_key, attempt.run_id).value
+        summary = checkpoint_summary(attempt, records, shown, files_mode)
         if final and not writer.used and self._try_number() == 1:
             if not any(
                 t["generation"] is not None or t["frames_done"] or t["resume_status"]

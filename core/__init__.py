@@ -103,7 +103,7 @@ if TYPE_CHECKING:
     )
     from ._resume import RefusalCode, ResumeHow, ResumeRefusedError
     from ._session import Session, clean_stale_sessions
-    from ._store import CheckpointStore, default_store_location
+    from ._store import CheckpointStore, default_store_location, run_file_flow, run_files_mode
     from ._summary import (
         AttemptBar,
         CheckpointMark,
@@ -258,6 +258,8 @@ _EXPORTS = {
     "request_termination": "._termination",
     "runner_lost": "._termination",
     "run_status_words": "._words",
+    "run_file_flow": "._store",
+    "run_files_mode": "._store",
     "run_task": "._executor",
     "run_tasks": "._executor",
     "start_finally": "._phases",
@@ -380,6 +382,8 @@ __all__ = (
     "result_words",
     "runner_lost",
     "run_status_words",
+    "run_file_flow",
+    "run_files_mode",
     "run_task",
     "run_tasks",
     "start_finally",

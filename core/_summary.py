@@ -87,6 +87,11 @@ class TaskSummary:
     """The latest committed checkpoint, or None."""
     host: str | None = None
     """The host id of the process that last ran the task (None: it never started one)."""
+    files_mode: str | None = None
+    """How the task's checkpoint files are kept, ``shared`` or ``managed``: its latest
+    checkpoint's mode (a checkpoint is resumed the way it was made), else, for a task that
+    saved none, its run's (given to ``summarize_task``); None when it saved none and the run's
+    was not given."""
 
     @property
     def resumable(self) -> bool:
@@ -111,8 +116,11 @@ def summarize_checkpoint(ck: CheckpointData) -> CheckpointSummary:
     )
 
 
-def summarize_task(rec: TaskRecord) -> TaskSummary:
-    """The summary of one task record."""
+def summarize_task(rec: TaskRecord, files_mode: str | None = None) -> TaskSummary:
+    """The summary of one task record. ``files_mode``: how its run keeps checkpoint files
+    (``RunRecord.files_mode``, else the store's ``file_flow``), which a task that saved no
+    checkpoint shows as its own (``TaskSummary.files_mode``)."""
+    checkpoint = summarize_checkpoint(rec.checkpoint) if rec.checkpoint is not None else None
     return TaskSummary(
         step=rec.step,
         label=task_label(rec),
@@ -122,8 +130,9 @@ def summarize_task(rec: TaskRecord) -> TaskSummary:
         resume_status=rec.resume_status,
         message=rec.message,
         updated_at=rec.updated_at,
-        checkpoint=summarize_checkpoint(rec.checkpoint) if rec.checkpoint is not None else None,
+        checkpoint=checkpoint,
         host=rec.host,
+        files_mode=checkpoint.files_mode if checkpoint is not None else files_mode,
     )
 
 

@@ -166,3 +166,12 @@ def test_how_a_task_ended_is_said_in_plain_words_never_an_outcome_name() -> None
         "not started: the run is stopping (Suspended)"
     )
     assert said(TaskOutcome.SUCCEEDED) == "succeeded" and said(TaskOutcome.FAILED) == "failed"
+
+
+def test_a_task_without_a_checkpoint_shows_its_run_s_files_mode() -> None:
+    """A task that saved nothing shows the run's mode (``files_mode`` given), not ``shared``;
+    a checkpoint's own mode wins (it is resumed the way it was made)."""
+    assert summarize_task(_record(), "managed").files_mode == "managed"
+    assert summarize_task(_record()).files_mode is None  # the run's mode not given
+    shared = CheckpointData(generation=1, saved_at=1.0, attempt=1)
+    assert summarize_task(_record(checkpoint=shared), "managed").files_mode == "shared"

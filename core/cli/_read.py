@@ -24,6 +24,7 @@ from core import (
     continuations,
     kept_sentence,
     kept_timeline,
+    run_files_mode,
     run_status_words,
     runner_lost,
     summarize_task,
@@ -184,10 +185,10 @@ def cmd_runs(args: argparse.Namespace, store: CheckpointStore) -> int:
     return 0
 
 
-def checkpoint_row(run: RunRecord, rec: TaskRecord) -> dict[str, Any]:
+def checkpoint_row(store: CheckpointStore, run: RunRecord, rec: TaskRecord) -> dict[str, Any]:
     """One task that holds a checkpoint (or finished frames), as ``checkpoints list --json``
     gives it (see the README for each field)."""
-    task = summarize_task(rec)
+    task = summarize_task(rec, run_files_mode(store, run))
     ck = task.checkpoint
     return {
         "run_id": run.run_id,
@@ -200,7 +201,7 @@ def checkpoint_row(run: RunRecord, rec: TaskRecord) -> dict[str, Any]:
         "saved_time": _iso(ck.saved_at) if ck is not None else None,
         "state_bytes": ck.state_bytes if ck is not None else 0,
         "files": ck.named if ck is not None else 0,
-        "files_mode": ck.files_mode if ck is not None else None,
+        "files_mode": task.files_mode,
         "file_bytes": ck.file_bytes if ck is not None else None,
         "frames_done": len(task.frames_done),
     }
@@ -214,7 +215,7 @@ def cmd_checkpoints_list(args: argparse.Namespace, store: CheckpointStore) -> in
     for r, tasks in runs:
         for t in tasks:
             if summarize_task(t).resumable:
-                rows.append(checkpoint_row(r, t))
+                rows.append(checkpoint_row(store, r, t))
     if as_json:
         _dump({"schema": JSON_SCHEMA_VERSION, "store": store.location, "checkpoints": rows,
                "warnings": warnings})  # fmt: skip
@@ -247,16 +248,17 @@ def show_document(
     data["schema"] = JSON_SCHEMA_VERSION
     data["status_words"] = _run_status(store, run)
     data["tasks"] = []
-    summaries = [summarize_task(t) for t in tasks]
+    files_mode = run_files_mode(store, run)
+    summaries = [summarize_task(t, files_mode) for t in tasks]
     continued = continuations(tasks)
     for t, summary in zip(tasks, summaries, strict=True):
         td = t.model_dump(mode="json")
         td["label"] = summary.label
         td["generations"] = [g.generation for g in store.list_generations(t)]
-        td["files_mode"] = summary.checkpoint.files_mode if summary.checkpoint else "shared"
+        td["files_mode"] = summary.files_mode
         td["continued"] = continued.get((t.step, t.task_key))
         data["tasks"].append(td)
-    data["file_data_flow"] = run.files_mode or store.file_flow.value
+    data["file_data_flow"] = files_mode
     data["outputs"] = store.read_outputs(run.job_key, run.run_id, warnings)
     data["warnings"] = warnings
     return data, summaries
