@@ -175,3 +175,41 @@ def test_a_task_without_a_checkpoint_shows_its_run_s_files_mode() -> None:
     assert summarize_task(_record()).files_mode is None  # the run's mode not given
     shared = CheckpointData(generation=1, saved_at=1.0, attempt=1)
     assert summarize_task(_record(checkpoint=shared), "managed").files_mode == "shared"
+
+
+def test_a_checkpoint_mark_names_the_task_attempt_that_saved_it() -> None:
+    """Two attempts of a task in the run's attempt 1 (a framework's retry, a second Dask try):
+    the generation the second saved says ``task attempt #2, run attempt 1``, the first's
+    ``#1``; one saved where no attempt of the history ran says only the run's attempt. What a
+    succeeded run keeps (``KeptCollector``) reads the same."""
+    from core import AttemptSpan, checkpoint_mark_text, kept_timeline, task_timeline
+    from core._summary import KeptCollector
+
+    history = [
+        AttemptSpan(attempt=1, run_attempt=1, started_at=100.0, ended_at=110.0, outcome="x"),
+        AttemptSpan(attempt=2, run_attempt=1, started_at=111.0, ended_at=130.0, outcome="y"),
+    ]
+    gens = [
+        CheckpointData(generation=1, saved_at=105.0, attempt=1),
+        CheckpointData(generation=2, saved_at=120.0, attempt=1, files=["/w/a"]),
+        CheckpointData(generation=3, saved_at=50.0, attempt=1),  # before any attempt
+    ]
+    rec = _record(attempt=2, run_attempt=1, history=history, checkpoint=gens[1])
+    marks = task_timeline(rec, gens).checkpoints
+    assert [m.task_attempt for m in marks] == [1, 2, None]
+    texts = [checkpoint_mark_text(m) for m in marks]
+    assert texts[1] == (
+        "generation 2 at 1970-01-01 00:02:00Z (task attempt #2, run attempt 1, 0 B of state, "
+        "1 file(s))"
+    )
+    assert "(task attempt #1, run attempt 1, " in texts[0]
+    assert "(run attempt 1, " in texts[2] and "task attempt" not in texts[2]
+    # a span of another run attempt does not claim a generation of this one
+    other = _record(history=[history[0].model_copy(update={"run_attempt": 2})])
+    assert task_timeline(other, gens[:1]).checkpoints[0].task_attempt is None
+    collector = KeptCollector()
+    collector.add(rec)
+    [kept] = collector.result({(rec.step, rec.task_key): gens}, at=200.0).tasks
+    assert [checkpoint_mark_text(m) for m in kept_timeline(kept).checkpoints] == sorted(
+        texts, key=lambda t: int(t.split()[1])
+    )
