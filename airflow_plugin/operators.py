@@ -43,6 +43,15 @@ KILL_BUDGET_SECONDS = 4.0
 """How long after ``on_kill`` the task's processes must be gone, in seconds: inside the 5 s
 between the supervisor's SIGTERM and its SIGKILL (``supervisor.py``, ``escalation_delay``)."""
 
+_STOPPED = frozenset(
+    {
+        core.TaskOutcome.CANCELED,
+        core.TaskOutcome.INTERRUPTED,
+        core.TaskOutcome.INTERRUPTED_WITH_CHECKPOINT,
+    }
+)
+"""Outcomes of a task that a stop of the run ended (``core.result_words`` says what it kept)."""
+
 
 def _attempt(context: Any, begin_task_id: str = BEGIN_TASK_ID) -> core.Attempt:
     data = context["ti"].xcom_pull(task_ids=begin_task_id)
@@ -344,15 +353,19 @@ class OpenJDFinishOperator(BaseOperator):
 
 # ------------------------------------------------------------------------------------ tasks
 def checkpoint_summary(
-    attempt: core.Attempt, records: Sequence[core.TaskRecord], labels: Sequence[str]
+    attempt: core.Attempt,
+    records: Sequence[core.TaskRecord],
+    labels: Sequence[str],
+    files_mode: str | None = None,
 ) -> dict[str, Any]:
     """What the task state store keeps for one task instance: per OpenJD task, its status and
-    latest checkpoint's generation, time, state size and files (and ``files_mode``: ``managed``
-    when the store keeps them); never the state itself (it may hold anything) nor environment
+    latest checkpoint's generation, time, state size and files, and ``files_mode`` (``managed``
+    when the store keeps the files: the checkpoint's, else the run's, ``files_mode`` given, as
+    ``checkpoints show`` says); never the state itself (it may hold anything) nor environment
     values."""
     tasks = []
     for rec, label in zip(records, labels, strict=False):
-        task = core.summarize_task(rec)
+        task = core.summarize_task(rec, files_mode)
         ckpt = task.checkpoint
         tasks.append(
             {
@@ -362,7 +375,7 @@ def checkpoint_summary(
                 "saved_at": ckpt.saved_at if ckpt else None,
                 "state_bytes": ckpt.state_bytes if ckpt else 0,
                 "files": list(ckpt.files[:20]) if ckpt else [],
-                "files_mode": ckpt.files_mode if ckpt else None,
+                "files_mode": task.files_mode,
                 "frames_done": len(task.frames_done),
                 "resume_status": task.resume_status,
             }
@@ -669,15 +682,10 @@ class OpenJDTaskOperator(BaseOperator):
         if outcomes & failing:
             failed = [r for r in results if r.outcome in failing]
             raise AirflowException("; ".join(r.message for r in failed))
-        stopped = outcomes & {
-            core.TaskOutcome.CANCELED,
-            core.TaskOutcome.INTERRUPTED,
-            core.TaskOutcome.INTERRUPTED_WITH_CHECKPOINT,
-        }
-        if stopped:
+        if outcomes & _STOPPED:
             raise AirflowFailException(
                 "stopped by the run's termination request: "
-                + "; ".join(r.message for r in results if r.outcome in stopped)
+                + "; ".join(core.result_words(r) for r in results if r.outcome in _STOPPED)
             )
         if results and outcomes == {core.TaskOutcome.SKIPPED}:
             raise AirflowSkipException(results[0].message)
@@ -745,7 +753,8 @@ class OpenJDTaskOperator(BaseOperator):
             if rec is not None:
                 records.append(rec)
                 shown.append(label)
-        summary = checkpoint_summary(attempt, records, shown)
+        files_mode = core.run_file_flow(store, attempt.job_key, attempt.run_id).value
+        summary = checkpoint_summary(attempt, records, shown, files_mode)
         if final and not writer.used and self._try_number() == 1:
             if not any(
                 t["generation"] is not None or t["frames_done"] or t["resume_status"]
@@ -767,14 +776,15 @@ class OpenJDTaskOperator(BaseOperator):
         for r in box.get("results", []):
             rec = r.record
             ck = rec.checkpoint
+            stopped = r.outcome in _STOPPED  # the core's words say what it kept
             self.log.info(
                 "%s: %s%s%s",
                 label_of.get(rec.task_key, f"{rec.step} {rec.task_key}"),
-                r.outcome.value,
+                core.result_words(r),
                 f" (exit code {r.exit_code})" if r.exit_code is not None else "",
-                f"; checkpoint generation {ck.generation}" if ck else "",
+                f"; checkpoint generation {ck.generation}" if ck and not stopped else "",
             )
-            if r.message:
+            if r.message and not stopped:
                 self.log.info("  %s", r.message)
         if self._killed_at is not None:
             for r in box.get("results", []):

@@ -109,13 +109,14 @@ if TYPE_CHECKING:
     )
     from ._resume import RefusalCode, ResumeHow, ResumeRefusedError
     from ._session import Session, clean_stale_sessions
-    from ._store import CheckpointStore, default_store_location
+    from ._store import CheckpointStore, default_store_location, run_file_flow, run_files_mode
     from ._summary import (
         AttemptBar,
         CheckpointMark,
         CheckpointSummary,
         TaskSummary,
         TaskTimeline,
+        checkpoint_mark_text,
         continuations,
         describe_plan,
         duration_words,
@@ -145,8 +146,10 @@ if TYPE_CHECKING:
     from ._words import (
         OUTCOME_WORDS,
         describe_exit,
+        kept_words,
         outcome_key,
         outcome_sentence,
+        result_words,
         run_status_words,
         task_status_words,
     )
@@ -213,6 +216,7 @@ _EXPORTS = {
     "CheckpointsKept": "._records",
     "KeptCheckpoint": "._records",
     "KeptTask": "._records",
+    "checkpoint_mark_text": "._summary",
     "continuations": "._summary",
     "duration_words": "._summary",
     "kept_sentence": "._summary",
@@ -246,7 +250,9 @@ _EXPORTS = {
     "load_template": "._template",
     "mark_timed_out": "._phases",
     "outcome_key": "._words",
+    "kept_words": "._words",
     "outcome_sentence": "._words",
+    "result_words": "._words",
     "parse_line": "._messages",
     "parse_notice_sources": "._notices",
     "parse_poll_seconds": "._notices",
@@ -261,6 +267,8 @@ _EXPORTS = {
     "request_termination": "._termination",
     "runner_lost": "._termination",
     "run_status_words": "._words",
+    "run_file_flow": "._store",
+    "run_files_mode": "._store",
     "run_task": "._executor",
     "run_tasks": "._executor",
     "start_finally": "._phases",
@@ -357,10 +365,12 @@ __all__ = (
     "group_tasks",
     "host_id",
     "iter_attempt_records",
+    "checkpoint_mark_text",
     "continuations",
     "duration_words",
     "kept_sentence",
     "kept_timeline",
+    "kept_words",
     "load_document",
     "load_environment_template",
     "load_path_mapping_rules",
@@ -380,8 +390,11 @@ __all__ = (
     "read_input_file",
     "record_task_done",
     "request_termination",
+    "result_words",
     "runner_lost",
     "run_status_words",
+    "run_file_flow",
+    "run_files_mode",
     "run_task",
     "run_tasks",
     "start_finally",

@@ -74,6 +74,7 @@ __all__ = (
     "new_run_id",
     "redact_location",
     "run_file_flow",
+    "run_files_mode",
     "task_id_for",
     "this_process",
 )
@@ -484,14 +485,22 @@ class CheckpointStore:
         return self.tasks.list_generations(record, latest)
 
 
+def run_files_mode(store: CheckpointStore, run: RunRecord) -> str:
+    """How ``run`` keeps its checkpoint files, ``shared`` or ``managed``: as fixed when it was
+    created (``RunRecord.files_mode``); for a run made before that field, the store's setting
+    (``CheckpointStore.file_flow``). Every task of the run shows it, saved or not
+    (``core.summarize_task``)."""
+    return run.files_mode or store.file_flow.value
+
+
 def run_file_flow(store: CheckpointStore, job_key: str, run_id: str) -> FileDataFlow:
-    """The run's own file data flow (fixed when the run was created: read once per run and
-    kept on the store), else the store's (``CheckpointStore.file_flow``)."""
+    """The run's own file data flow (``run_files_mode``; read once per run and kept on the
+    store), else, when its record cannot be read, the store's (``CheckpointStore.file_flow``)."""
     flow = store._run_flows.get((job_key, run_id))
     if flow is None:
         try:
             run = store.read_run(job_key, run_id)
-            flow = FileDataFlow(run.files_mode) if run and run.files_mode else store.file_flow
+            flow = FileDataFlow(run_files_mode(store, run)) if run else store.file_flow
         except (StoreError, ValueError):
             return store.file_flow
         if run is not None:  # a run's flow never changes once recorded

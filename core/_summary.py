@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ._planning import task_label
 from ._records import (
@@ -35,6 +35,7 @@ __all__ = (
     "KeptCollector",
     "TaskSummary",
     "TaskTimeline",
+    "checkpoint_mark_text",
     "describe_plan",
     "kept_timeline",
     "summarize_checkpoint",
@@ -87,6 +88,11 @@ class TaskSummary:
     """The latest committed checkpoint, or None."""
     host: str | None = None
     """The host id of the process that last ran the task (None: it never started one)."""
+    files_mode: str | None = None
+    """How the task's checkpoint files are kept, ``shared`` or ``managed``: its latest
+    checkpoint's mode (a checkpoint is resumed the way it was made), else, for a task that
+    saved none, its run's (given to ``summarize_task``); None when it saved none and the run's
+    was not given."""
 
     @property
     def resumable(self) -> bool:
@@ -111,8 +117,11 @@ def summarize_checkpoint(ck: CheckpointData) -> CheckpointSummary:
     )
 
 
-def summarize_task(rec: TaskRecord) -> TaskSummary:
-    """The summary of one task record."""
+def summarize_task(rec: TaskRecord, files_mode: str | None = None) -> TaskSummary:
+    """The summary of one task record. ``files_mode``: how its run keeps checkpoint files
+    (``RunRecord.files_mode``, else the store's ``file_flow``), which a task that saved no
+    checkpoint shows as its own (``TaskSummary.files_mode``)."""
+    checkpoint = summarize_checkpoint(rec.checkpoint) if rec.checkpoint is not None else None
     return TaskSummary(
         step=rec.step,
         label=task_label(rec),
@@ -122,8 +131,9 @@ def summarize_task(rec: TaskRecord) -> TaskSummary:
         resume_status=rec.resume_status,
         message=rec.message,
         updated_at=rec.updated_at,
-        checkpoint=summarize_checkpoint(rec.checkpoint) if rec.checkpoint is not None else None,
+        checkpoint=checkpoint,
         host=rec.host,
+        files_mode=checkpoint.files_mode if checkpoint is not None else files_mode,
     )
 
 
@@ -224,10 +234,15 @@ class CheckpointMark:
     saved_at: float
     """Seconds since the epoch."""
     attempt: int
-    """The run's attempt that saved it."""
+    """The run's attempt that saved it (``CheckpointData.attempt``)."""
     state_bytes: int
     files: int
     """Paths it names: files, folders and the checkpoint file."""
+    task_attempt: int | None = None
+    """The task's attempt that saved it (``#2`` on the timeline): the attempt of the task's
+    history running when it was saved. A framework's retry inside one attempt of the run (a
+    Prefect task retry, a second Dask try) is a new task attempt in the same run attempt. None
+    when the history does not reach back to it."""
 
 
 @dataclass(frozen=True)
@@ -326,6 +341,7 @@ def _timeline(
                 saved_seconds=saved,
             )
         )
+    checkpoints = [_with_task_attempt(c, spans, bars) for c in checkpoints]
     starts = [b.start for b in bars] + [c.saved_at for c in checkpoints]
     start = min(starts) if starts else now
     end = max([last, *(b.end for b in bars), *(c.saved_at for c in checkpoints)])
@@ -337,6 +353,20 @@ def _timeline(
         checkpoints=tuple(checkpoints),
         problems=tuple(problems),
     )
+
+
+def _with_task_attempt(
+    mark: CheckpointMark, spans: Sequence[AttemptSpan], bars: Sequence[AttemptBar]
+) -> CheckpointMark:
+    """``mark`` with the task attempt that saved it: the latest attempt (bar) running at its
+    ``saved_at``, of the run's attempt that saved it (a span written before ``run_attempt``
+    was recorded, 0, matches any); as it was when none did."""
+    for span, bar in reversed(list(zip(spans, bars, strict=True))):
+        if span.run_attempt not in (0, mark.attempt):
+            continue
+        if bar.start <= mark.saved_at <= bar.end:
+            return dataclasses.replace(mark, task_attempt=bar.attempt)
+    return mark
 
 
 def _drawable_spans(spans: Sequence[AttemptSpan], problems: list[str]) -> list[AttemptSpan]:
@@ -446,12 +476,36 @@ class KeptCollector:
                     resume_status=rec.resume_status,
                     host=rec.host,
                     history=list(rec.history),
-                    checkpoints=[KeptCheckpoint(**dataclasses.asdict(m)) for m in marks],
+                    checkpoints=[
+                        KeptCheckpoint(**_stored_fields(dataclasses.asdict(m))) for m in marks
+                    ],
                 )
             )
         return self._totals.model_copy(
             update={"at": at, "tasks": tasks, "left_out": self._seen - len(tasks)}
         )
+
+
+def _stored_fields(mark: dict[str, Any]) -> dict[str, Any]:
+    """A mark's fields that ``KeptCheckpoint`` stores (its task attempt is read from the kept
+    history again)."""
+    mark.pop("task_attempt", None)
+    return mark
+
+
+def checkpoint_mark_text(mark: CheckpointMark) -> str:
+    """One stored checkpoint generation in words, the same in the Prefect table's checkpoint
+    history, its timeline artifact and ``checkpoints show``: ``generation 3 at 2026-01-05
+    14:03:09Z (task attempt #2, run attempt 1, 120 B of state, 2 file(s))``. The task
+    attempt is the timeline's ``#N`` (left out when not known); the run attempt is the run's
+    (``checkpoints show``'s ``after N attempt(s)``)."""
+    moment = utc_moment(mark.saved_at)  # a timeline's marks are times; never raise here
+    at = moment.strftime("%Y-%m-%d %H:%M:%SZ") if moment else f"{mark.saved_at} (not a time)"
+    task = f"task attempt #{mark.task_attempt}, " if mark.task_attempt is not None else ""
+    return (
+        f"generation {mark.generation} at {at} ({task}run attempt {mark.attempt}, "
+        f"{mark.state_bytes} B of state, {mark.files} file(s))"
+    )
 
 
 def timeline_text(timeline: TaskTimeline, width: int = 40) -> list[str]:

@@ -44,7 +44,7 @@ from ._template import (
     CancelMethod,
     _relabel,
 )
-from ._words import describe_exit
+from ._words import describe_exit, suspended_words
 from ._wrap import inject_wrapped
 
 __all__ = (
@@ -615,15 +615,10 @@ def _outcome(
     if intent == StopIntent.CHECKPOINT:
         has = rec.checkpoint is not None or bool(rec.completed_frames)
         rec.status = TaskStatus.INTERRUPTED
-        if rec.checkpoint is not None:
-            message = f"interrupted; checkpoint generation {rec.checkpoint.generation} kept"
-        elif rec.completed_frames:
-            message = f"interrupted; {len(rec.completed_frames)} finished frame(s) kept"
-        else:  # the action's own exit (a failure, to it) is what the stop asked for
-            message = "interrupted; nothing to resume from (it runs from its start again)"
-        return (
-            TaskOutcome.INTERRUPTED_WITH_CHECKPOINT if has else TaskOutcome.INTERRUPTED
-        ), message
+        # what it kept, in the words every runner shows (the action's own exit, a failure to
+        # it, is what the stop asked for)
+        outcome = TaskOutcome.INTERRUPTED_WITH_CHECKPOINT if has else TaskOutcome.INTERRUPTED
+        return outcome, suspended_words(rec)
     if intent == StopIntent.CANCEL:
         rec.status = TaskStatus.CANCELED
         return TaskOutcome.CANCELED, "canceled"

@@ -1,7 +1,8 @@
-"""Plain words for the CLI: how a process ended, what a run's outcome means for the user.
+"""Plain words for the CLI and the adapters: how a process ended, how a task ended, what a
+run's outcome means for the user.
 
-Kept apart from the CLI (``core.cli``) so that the progress display, the reports and the
-reading commands say things the same way.
+Kept apart from the CLI (``core.cli``) so that the progress display, the reports, the reading
+commands and the Airflow and Prefect adapters say things the same way.
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ from typing import Any
 __all__ = (
     "OUTCOME_WORDS",
     "describe_exit",
+    "kept_words",
     "outcome_key",
     "outcome_sentence",
+    "result_words",
     "run_status_words",
+    "suspended_words",
     "task_status_words",
 )
 
@@ -64,6 +68,46 @@ def outcome_key(result: Any) -> str:
     ):
         return "interrupted_with_frames"
     return outcome
+
+
+def kept_words(record: Any) -> str | None:
+    """What a stopped task kept to resume from, for a person: ``checkpoint generation 7 kept``,
+    or ``4 finished frames kept`` (frames of its chunk reported finished with
+    ``openjd_task_complete``, no checkpoint); None when it kept nothing. ``record``: the task's
+    ``TaskRecord`` as the stop left it."""
+    checkpoint = getattr(record, "checkpoint", None)
+    if checkpoint is not None:
+        return f"checkpoint generation {checkpoint.generation} kept"
+    frames = len(getattr(record, "completed_frames", None) or ())
+    return f"{_n(frames, 'finished frame')} kept" if frames else None
+
+
+def suspended_words(record: Any) -> str:
+    """A task stopped to be resumed, with what it kept (``kept_words``), for a person:
+    ``suspended; checkpoint generation 7 kept``, ``suspended; 4 finished frames kept``, or
+    ``suspended; nothing to resume from (it runs from its start again)``."""
+    kept = kept_words(record) or "nothing to resume from (it runs from its start again)"
+    return f"{OUTCOME_WORDS['interrupted']}; {kept}"
+
+
+def result_words(result: Any) -> str:
+    """How one task execution ended (a ``TaskResult``), for a person, the same on every runner
+    (a Prefect task run's ``Stopped`` state message, an Airflow task's log line): ``succeeded``,
+    ``failed``; ``canceled``, with what it kept if anything (``canceled; checkpoint generation
+    3 kept``); for a task stopped to be resumed, ``suspended`` and what it kept
+    (``suspended_words``, which its record's ``message`` says too: ``suspended; 4 finished
+    frames kept``); for a task not started because the run is stopping, the reason the result
+    gives (``not started: ...``). Never an outcome's internal name
+    (``interrupted_with_checkpoint``)."""
+    outcome = str(result.outcome.value)
+    if outcome in ("interrupted_with_checkpoint", "interrupted"):
+        return suspended_words(getattr(result, "record", None))
+    if outcome == "canceled":
+        kept = kept_words(getattr(result, "record", None))
+        return OUTCOME_WORDS["canceled"] + (f"; {kept}" if kept else "")
+    if outcome == "skipped":
+        return str(getattr(result, "message", "") or "not started: the run is stopping")
+    return OUTCOME_WORDS.get(outcome, outcome)
 
 
 _RUN_STATUS = {

@@ -244,8 +244,9 @@ class RunView:
     def rows(self) -> list[dict[str, Any]]:
         """The table artifact's rows: one a task, its status in the CLI's words
         (``core.task_status_words``: ``succeeded``, ``suspended``...), its checkpoint history
-        (every kept generation: number, UTC time, state bytes, files; the bytes of its files
-        that a managed store keeps), resume status and what continued it
+        (every kept generation, as ``core.checkpoint_mark_text`` says it: number, UTC time,
+        the task's and the run's attempt that saved it, state bytes, files; the bytes of its
+        files that a managed store keeps), resume status and what continued it
         (``core.continuations``); never a state's contents."""
         rows = []
         continued = core.continuations(self.records)
@@ -265,7 +266,9 @@ class RunView:
                     "bytes kept by the store": (
                         ckpt.file_bytes if ckpt and ckpt.file_bytes is not None else ""
                     ),
-                    "checkpoint history": "; ".join(_mark(m) for m in line.checkpoints),
+                    "checkpoint history": "; ".join(
+                        core.checkpoint_mark_text(m) for m in line.checkpoints
+                    ),
                     "resume status": task.resume_status or "",
                     "resumed from": ", ".join(str(g) for g in resumed),
                     "work saved by resumes (s)": round(line.saved_seconds, 1) if resumed else "",
@@ -292,7 +295,7 @@ class RunView:
             parts.append("")
             parts.extend(f"- {problem}" for problem in line.problems)
             block = core.timeline_text(line) or ["(never started)"]
-            block += [f"  ▲ {_mark(mark)}" for mark in line.checkpoints]
+            block += [f"  ▲ {core.checkpoint_mark_text(mark)}" for mark in line.checkpoints]
             longest = max((len(r) for r in re.findall("`+", "\n".join(block))), default=0)
             fence = "`" * max(3, longest + 1)  # a host named with ``` does not end the block
             parts.extend([fence, *block, fence, ""])
@@ -304,15 +307,6 @@ def _md(text: str) -> str:
     """``text`` (a task's label: parameter values, anything) as literal markdown: its
     punctuation backslash-escaped, so that it neither formats nor links nor ends a block."""
     return re.sub(r"([\\`*_{}\[\]()<>#+\-.!|~&])", r"\\\1", text)
-
-
-def _mark(mark: core.CheckpointMark) -> str:
-    moment = core.utc_moment(mark.saved_at)  # a timeline's marks are times; never raise here
-    at = moment.strftime("%Y-%m-%d %H:%M:%SZ") if moment else f"{mark.saved_at} (not a time)"
-    return (
-        f"generation {mark.generation} at {at} (attempt {mark.attempt}, "
-        f"{mark.state_bytes} B of state, {mark.files} file(s))"
-    )
 
 
 def read_run_view(

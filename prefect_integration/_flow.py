@@ -198,6 +198,7 @@ def _submit_step(
     step: str,
     wait_for: list[PrefectFuture[Any]],
     attempt: int,
+    hint: str,
 ) -> list[PrefectFuture[Any]]:
     originals = job.plan_step(step)
     attempt_part = attempt if job.template.is_finally(step) else None  # see group_result_key
@@ -227,6 +228,7 @@ def _submit_step(
                 file_roots=list(store.file_roots),
                 interruption_notices=config.interruption_notices,
                 notice_poll_seconds=config.notice_poll_seconds,
+                resume_how=hint,
                 wait_for=wait_for,
             )
         )
@@ -251,12 +253,13 @@ def _run_steps(
     steps: Sequence[str],
     stopping: Stopping,
     attempt: int,
+    hint: str,
 ) -> list[PrefectFuture[Any]]:
     by_step: dict[str, list[PrefectFuture[Any]]] = {}
     all_futures: list[PrefectFuture[Any]] = []
     for step in [s for s in job.step_order() if s in steps]:
         wait_for = [f for dep in job.dependencies(step) for f in by_step.get(dep, [])]
-        by_step[step] = _submit_step(config, job, run_id, store, step, wait_for, attempt)
+        by_step[step] = _submit_step(config, job, run_id, store, step, wait_for, attempt, hint)
         all_futures.extend(by_step[step])
     wait_all(all_futures, stopping)
     return all_futures
@@ -299,7 +302,7 @@ def _run_inline(
                 on_note=logger.info,
             )
             for spec, res in zip(specs, results, strict=True):
-                logger.info("%s: %s %s", spec.label, res.outcome.value, res.message or "")
+                logger.info("%s: %s", spec.label, core.result_words(res))
 
     errors: list[BaseException] = []
 
@@ -389,6 +392,13 @@ def _flow_body(
                 )
         except Exception as exc:  # end_flow_run will not find the run; the run itself goes on
             logger.warning("could not label the flow run with its core run: %s", exc)
+        # How to resume this flow run, said here and by its task runs (which, on a Dask worker,
+        # have no flow run context to tell a deployment or the flow's file from)
+        hint = resume_hint(
+            flow_run_id,
+            deployment=ctx.flow_run.deployment_id is not None,
+            entrypoint=flow_entrypoint(ctx.flow, config.source_file),
+        )
         watcher = CancelWatcher(
             flow_run_id,
             store,
@@ -406,13 +416,13 @@ def _flow_body(
                 watcher.request(early)
             stopping.tick()  # a signal while the run began: no task starts
             regular, n = job.template.regular_steps, attempt.attempt
-            _run_steps(config, job, run_id, store, regular, stopping, n)
+            _run_steps(config, job, run_id, store, regular, stopping, n, hint)
             decision = core.start_finally(store, job, run_id)
             if decision.run_finally:
                 logger.info("running finally steps (Job.Status=%s)", decision.job_status)
                 finally_steps = job.template.finally_steps
                 if _flow_run_running(flow_run_id):
-                    _run_steps(config, job, run_id, store, finally_steps, stopping, n)
+                    _run_steps(config, job, run_id, store, finally_steps, stopping, n, hint)
                 else:  # Prefect starts no task run in a Cancelling flow run
                     logger.info("the flow run is being cancelled: finally steps run in the flow")
                     _run_inline(job, run_id, store, finally_steps, stopping, logger)
@@ -435,11 +445,6 @@ def _flow_body(
     )
     _artifacts(config, view, heading, logger)
     final = _final_state(outcome, run_id)
-    hint = resume_hint(
-        flow_run_id,
-        deployment=ctx.flow_run.deployment_id is not None,
-        entrypoint=flow_entrypoint(ctx.flow, config.source_file),
-    )
     records = view.records if view is not None else ()
     ran = sum(1 for r in records if r.run_attempt == attempt.attempt)
     sentence = core.outcome_sentence(outcome.status.value, records, ran, next_step=hint)

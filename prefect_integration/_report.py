@@ -64,27 +64,35 @@ def resume_hint(
     entrypoint: str | None = None,
 ) -> str:
     """How to resume a stopped flow run, for a person: a retry of the same flow run (``prefect
-    flow-run retry ID``; one not from a deployment needs ``--entrypoint FILE.py:FLOW``, run
-    where the store is reachable) or a new flow run with ``resume=latest``.
+    flow-run retry ID``; one not from a deployment needs the flow's code, ``--entrypoint
+    FILE.py:NAME``, and runs where the command is run) or a new flow run with
+    ``resume=latest``. The retry is named only as a command that works as written: from a
+    deployment, or with the flow's real entrypoint; else the new flow run alone, saying why.
 
     Args:
         deployment: whether the flow run is from a deployment (None: not known here).
-        entrypoint: ``FILE.py:FLOW`` of the flow (``flow_entrypoint``), if known.
+        entrypoint: ``FILE.py:NAME`` of the flow (``flow_entrypoint``), if known.
     """
+    new_run = "a new flow run with resume=latest"
     if flow_run_id is None:
-        return "resume with a new flow run with resume=latest"
+        return f"resume with {new_run}"
     retry = f"prefect flow-run retry {flow_run_id}"
+    if deployment:
+        return f"resume with `{retry}` or {new_run}"
     if deployment is None:
-        retry += "` (with `--entrypoint FILE.py:FLOW` if it is not from a deployment)"
-        return f"resume with `{retry} or a new flow run with resume=latest"
-    if not deployment:
-        retry += f" --entrypoint {entrypoint or 'FILE.py:FLOW'}"
-    return f"resume with `{retry}` or a new flow run with resume=latest"
+        return f"resume with {new_run} (or, if the flow run is from a deployment, `{retry}`)"
+    if entrypoint:
+        return f"resume with `{retry} --entrypoint {entrypoint}` or {new_run}"
+    return (
+        f"resume with {new_run} (`{retry}` would need the flow's file and name, and this "
+        "flow is not a name at the top of a module)"
+    )
 
 
 def kept_line(label: str, result: core.TaskResult, hint: str) -> str | None:
-    """The INFO line of a task that was stopped with something kept to resume from: ``Train:
-    suspended; checkpoint generation 7 kept (2 files, kept by the store); resume with ...``.
+    """The INFO line of a task that was stopped with something kept to resume from, in the
+    core's words (``core.result_words``) and the files the checkpoint names: ``Train:
+    suspended; checkpoint generation 7 kept (2 file(s), kept by the store); resume with ...``.
     None for a task that succeeded or failed."""
     if result.outcome in (
         core.TaskOutcome.SUCCEEDED,
@@ -94,17 +102,14 @@ def kept_line(label: str, result: core.TaskResult, hint: str) -> str | None:
         return None
     if result.outcome == core.TaskOutcome.SKIPPED:
         return f"{label}: not started, the run is stopping; {hint}"
-    words = core.OUTCOME_WORDS.get(core.outcome_key(result), result.outcome.value)
-    task = core.summarize_task(result.record)
-    ckpt = task.checkpoint
+    words = core.result_words(result)
+    ckpt = core.summarize_task(result.record).checkpoint
     if ckpt is not None:
         where = ", kept by the store" if ckpt.files_mode == "managed" else ""
-        kept = f"checkpoint generation {ckpt.generation} kept ({ckpt.named} file(s){where})"
-    elif task.frames_done:
-        kept = f"{len(task.frames_done)} finished frame(s) kept"
-    else:
-        return f"{label}: {words}; nothing kept, it runs from the top when resumed ({hint})"
-    return f"{label}: {words}; {kept}; {hint}"
+        words += f" ({ckpt.named} file(s){where})"
+    elif core.kept_words(result.record) is None and result.outcome == core.TaskOutcome.CANCELED:
+        words += "; nothing kept, it runs from the top when resumed"
+    return f"{label}: {words}; {hint}"
 
 
 # --- Prefect's "Finished in state" line of our stopped task runs --------------------------------

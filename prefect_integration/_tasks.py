@@ -106,6 +106,7 @@ def run_group(
     file_roots: list[str] | None = None,
     interruption_notices: str | None = None,
     notice_poll_seconds: float | None = None,
+    resume_how: str | None = None,
 ) -> Any:
     """Run what is left of a group of a step's original tasks (``TaskSpec.to_dict()`` each).
 
@@ -114,7 +115,10 @@ def run_group(
     task run's parameters, so a task run in another process or on another worker uses the
     same. ``interruption_notices`` and ``notice_poll_seconds`` are the flow's notice settings
     (None: this process's ``$OPENJD_CHECKPOINT_INTERRUPTION_NOTICES`` and
-    ``$OPENJD_CHECKPOINT_NOTICE_POLL_SECONDS``).
+    ``$OPENJD_CHECKPOINT_NOTICE_POLL_SECONDS``). ``resume_how`` is how to resume the flow run,
+    in words (``resume_hint``, made by the flow body, which knows its deployment and its
+    flow's file: a task run on a Dask worker does not); None: made here from what the task
+    run knows.
 
     The task run has a progress artifact (``GroupProgress``: its tasks' ``openjd_progress``,
     sent at most every 5 s and at its end). A task stopped with a checkpoint or finished frames
@@ -185,7 +189,7 @@ def run_group(
     progress.close(_ending(results))
     if not flushed_here():  # a worker of another process (Dask): its client closes after us
         progress.wait()
-    hint = _resume_hint()
+    hint = resume_how or _resume_hint()
     for spec, res in zip(specs, results, strict=True):
         line = kept_line(spec.label, res, hint)
         if line is not None:
@@ -205,7 +209,7 @@ def run_group(
             "reported is stored: a retry of this task run (or of the flow run) resumes from it"
         )
     stopped = [
-        f"{spec.label}: {res.outcome.value}"
+        f"{spec.label}: {core.result_words(res)}"
         for spec, res in zip(specs, results, strict=True)
         if res.outcome != TaskOutcome.SUCCEEDED
     ]

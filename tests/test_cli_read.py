@@ -207,3 +207,59 @@ def test_a_run_a_scheduler_drives_is_running_not_interrupted(tmp_path: Path) -> 
     shown = as_json("checkpoints", "show", run_id, "--store", str(store))
     assert (shown["external_key"], shown["status_words"]) == ("dag/run-1", "running")
     assert "running" in cli("runs", "--store", str(store)).stdout.splitlines()[1].split()
+
+
+MODES_JOB = """\
+specificationVersion: jobtemplate-2023-09
+extensions: [TASK_CHUNKING, CHECKPOINT]
+name: Modes
+steps:
+- name: Render
+  parameterSpace:
+    taskParameterDefinitions:
+    - name: Frame
+      type: CHUNK[INT]
+      range: "1-6"
+      chunks: {defaultTaskCount: 2, rangeConstraint: CONTIGUOUS}
+  script:
+    actions:
+      onRun:
+        command: python3
+        args: [-c, %s, "{{Task.Param.Frame}}"]
+"""
+# Frames 1-2 save a checkpoint; 3-4 save nothing and succeed; 5-6 finish frame 5 and fail
+MODES_CODE = """
+import json, sys
+first = int(sys.argv[1].split("-")[0])
+if first == 1:
+    print("openjd_checkpoint_save: " + json.dumps({"state": "one"}), flush=True)
+if first == 5:
+    print("openjd_task_complete: " + json.dumps({"Frame": 5}), flush=True)
+    sys.exit(1)
+"""
+
+
+def test_every_task_of_a_managed_run_says_managed_saved_or_not(tmp_path: Path) -> None:
+    """A run with ``--files managed`` keeps its checkpoint files managed for all of its tasks:
+    ``checkpoints show --json`` says ``files_mode: managed`` for each task record, those that
+    saved no checkpoint too (it said ``shared``), and ``checkpoints list --json`` for the chunk
+    that kept only finished frames too (it said null)."""
+    store = str(tmp_path / "store")
+    template = tmp_path / "modes.yaml"
+    template.write_text(MODES_JOB % json.dumps(MODES_CODE))
+    done = cli("run", str(template), "--store", store, "--files", "managed")
+    assert done.returncode == 1, done.stderr  # frames 5-6 failed
+    (run,) = as_json("runs", "--store", store)["runs"]
+    shown = as_json("checkpoints", "show", run["run_id"], "--store", store)
+    assert shown["file_data_flow"] == "managed"
+    tasks = {t["label"]: t for t in shown["tasks"]}
+    assert set(tasks) == {"Render[Frame=1-2]", "Render[Frame=3-4]", "Render[Frame=5-6]"}
+    assert tasks["Render[Frame=1-2]"]["checkpoint"] is not None
+    assert tasks["Render[Frame=3-4]"]["checkpoint"] is None  # saved nothing
+    assert tasks["Render[Frame=5-6]"]["completed_frames"] == [5]
+    assert {label: t["files_mode"] for label, t in tasks.items()} == dict.fromkeys(tasks, "managed")
+    rows = {r["task"]: r for r in as_json("checkpoints", "list", "--store", store)["checkpoints"]}
+    assert set(rows) == {"Render[Frame=1-2]", "Render[Frame=5-6]"}
+    assert rows["Render[Frame=5-6]"]["generation"] is None  # only the finished frame kept
+    assert rows["Render[Frame=5-6]"]["frames_done"] == 1  # a count; show lists them
+    assert {r["files_mode"] for r in rows.values()} == {"managed"}

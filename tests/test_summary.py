@@ -138,3 +138,78 @@ def test_a_chunk_continued_by_the_record_of_its_rest_says_so() -> None:
     # a rest in another step is not this chunk's
     twin = _record(step="Encode", task_key="k2#15-20", parameters=frames("15-20"), updated_at=5)
     assert continuations([other, twin]) == {}
+
+
+def test_how_a_task_ended_is_said_in_plain_words_never_an_outcome_name() -> None:
+    """``core.result_words``: what a Prefect ``Stopped`` state and an Airflow log line say of a
+    task execution; a chunk that kept only finished frames is ``suspended; 4 finished frames
+    kept`` (its outcome is ``interrupted_with_checkpoint``, an internal name)."""
+    from core import TaskOutcome, TaskResult, result_words
+
+    def said(outcome: TaskOutcome, message: str = "", **fields: object) -> str:
+        return result_words(TaskResult(outcome, None, message, _record(**fields)))
+
+    with_frames = said(TaskOutcome.INTERRUPTED_WITH_CHECKPOINT, completed_frames=[1, 2, 3, 4])
+    assert with_frames == "suspended; 4 finished frames kept"
+    one = said(TaskOutcome.INTERRUPTED_WITH_CHECKPOINT, completed_frames=[7])
+    assert one == "suspended; 1 finished frame kept"
+    ckpt = CheckpointData(generation=7, saved_at=1.0, attempt=1)
+    assert said(TaskOutcome.INTERRUPTED_WITH_CHECKPOINT, checkpoint=ckpt) == (
+        "suspended; checkpoint generation 7 kept"
+    )
+    assert said(TaskOutcome.INTERRUPTED) == (
+        "suspended; nothing to resume from (it runs from its start again)"
+    )
+    assert said(TaskOutcome.CANCELED, "canceled") == "canceled"
+    assert said(TaskOutcome.CANCELED, checkpoint=ckpt) == "canceled; checkpoint generation 7 kept"
+    assert said(TaskOutcome.SKIPPED, "not started: the run is stopping (Suspended)") == (
+        "not started: the run is stopping (Suspended)"
+    )
+    assert said(TaskOutcome.SUCCEEDED) == "succeeded" and said(TaskOutcome.FAILED) == "failed"
+
+
+def test_a_task_without_a_checkpoint_shows_its_run_s_files_mode() -> None:
+    """A task that saved nothing shows the run's mode (``files_mode`` given), not ``shared``;
+    a checkpoint's own mode wins (it is resumed the way it was made)."""
+    assert summarize_task(_record(), "managed").files_mode == "managed"
+    assert summarize_task(_record()).files_mode is None  # the run's mode not given
+    shared = CheckpointData(generation=1, saved_at=1.0, attempt=1)
+    assert summarize_task(_record(checkpoint=shared), "managed").files_mode == "shared"
+
+
+def test_a_checkpoint_mark_names_the_task_attempt_that_saved_it() -> None:
+    """Two attempts of a task in the run's attempt 1 (a framework's retry, a second Dask try):
+    the generation the second saved says ``task attempt #2, run attempt 1``, the first's
+    ``#1``; one saved where no attempt of the history ran says only the run's attempt. What a
+    succeeded run keeps (``KeptCollector``) reads the same."""
+    from core import AttemptSpan, checkpoint_mark_text, kept_timeline, task_timeline
+    from core._summary import KeptCollector
+
+    history = [
+        AttemptSpan(attempt=1, run_attempt=1, started_at=100.0, ended_at=110.0, outcome="x"),
+        AttemptSpan(attempt=2, run_attempt=1, started_at=111.0, ended_at=130.0, outcome="y"),
+    ]
+    gens = [
+        CheckpointData(generation=1, saved_at=105.0, attempt=1),
+        CheckpointData(generation=2, saved_at=120.0, attempt=1, files=["/w/a"]),
+        CheckpointData(generation=3, saved_at=50.0, attempt=1),  # before any attempt
+    ]
+    rec = _record(attempt=2, run_attempt=1, history=history, checkpoint=gens[1])
+    marks = task_timeline(rec, gens).checkpoints
+    assert [m.task_attempt for m in marks] == [1, 2, None]
+    texts = [checkpoint_mark_text(m) for m in marks]
+    assert texts[1] == (
+        "generation 2 at 1970-01-01 00:02:00Z (task attempt #2, run attempt 1, 0 B of state, "
+        "1 file(s))"
+    )
+    assert "(task attempt #1, run attempt 1, " in texts[0]
+    assert "(run attempt 1, " in texts[2] and "task attempt" not in texts[2]
+    # a span of another run attempt does not claim a generation of this one
+    other = _record(history=[history[0].model_copy(update={"run_attempt": 2})])
+    assert task_timeline(other, gens[:1]).checkpoints[0].task_attempt is None
+    collector = KeptCollector()
+    collector.add(rec)
+    [kept] = collector.result({(rec.step, rec.task_key): gens}, at=200.0).tasks
+    assert [checkpoint_mark_text(m) for m in kept_timeline(kept).checkpoints] == sorted(
+        texts, key=lambda t: int(t.split()[1])
+    )

@@ -20,14 +20,18 @@ from core import (
     RunRecord,
     TaskRecord,
     TaskSummary,
+    TaskTimeline,
     TemplateError,
+    checkpoint_mark_text,
     continuations,
     kept_sentence,
     kept_timeline,
+    run_files_mode,
     run_status_words,
     runner_lost,
     summarize_task,
     task_status_words,
+    task_timeline,
     timeline_text,
 )
 
@@ -184,10 +188,10 @@ def cmd_runs(args: argparse.Namespace, store: CheckpointStore) -> int:
     return 0
 
 
-def checkpoint_row(run: RunRecord, rec: TaskRecord) -> dict[str, Any]:
+def checkpoint_row(store: CheckpointStore, run: RunRecord, rec: TaskRecord) -> dict[str, Any]:
     """One task that holds a checkpoint (or finished frames), as ``checkpoints list --json``
     gives it (see the README for each field)."""
-    task = summarize_task(rec)
+    task = summarize_task(rec, run_files_mode(store, run))
     ck = task.checkpoint
     return {
         "run_id": run.run_id,
@@ -200,7 +204,7 @@ def checkpoint_row(run: RunRecord, rec: TaskRecord) -> dict[str, Any]:
         "saved_time": _iso(ck.saved_at) if ck is not None else None,
         "state_bytes": ck.state_bytes if ck is not None else 0,
         "files": ck.named if ck is not None else 0,
-        "files_mode": ck.files_mode if ck is not None else None,
+        "files_mode": task.files_mode,
         "file_bytes": ck.file_bytes if ck is not None else None,
         "frames_done": len(task.frames_done),
     }
@@ -214,7 +218,7 @@ def cmd_checkpoints_list(args: argparse.Namespace, store: CheckpointStore) -> in
     for r, tasks in runs:
         for t in tasks:
             if summarize_task(t).resumable:
-                rows.append(checkpoint_row(r, t))
+                rows.append(checkpoint_row(store, r, t))
     if as_json:
         _dump({"schema": JSON_SCHEMA_VERSION, "store": store.location, "checkpoints": rows,
                "warnings": warnings})  # fmt: skip
@@ -238,28 +242,32 @@ def cmd_checkpoints_list(args: argparse.Namespace, store: CheckpointStore) -> in
 
 def show_document(
     store: CheckpointStore, run: RunRecord
-) -> tuple[dict[str, Any], list[TaskSummary]]:
+) -> tuple[dict[str, Any], list[TaskSummary], list[TaskTimeline]]:
     """``checkpoints show RUN --json``: the run's raw records (the run, each task with its
-    stored generations, the run's outputs, warnings), and each task's summary, in the same
-    order, for the table."""
+    stored generations, the run's outputs, warnings), and each task's summary and timeline
+    (its stored generations as marks), in the same order, for the table."""
     tasks, warnings = store.read_tasks(run.job_key, run.run_id)
     data: dict[str, Any] = run.model_dump(mode="json")
     data["schema"] = JSON_SCHEMA_VERSION
     data["status_words"] = _run_status(store, run)
     data["tasks"] = []
-    summaries = [summarize_task(t) for t in tasks]
+    files_mode = run_files_mode(store, run)
+    summaries = [summarize_task(t, files_mode) for t in tasks]
+    timelines = []
     continued = continuations(tasks)
     for t, summary in zip(tasks, summaries, strict=True):
+        generations = store.list_generations(t)
+        timelines.append(task_timeline(t, generations))
         td = t.model_dump(mode="json")
         td["label"] = summary.label
-        td["generations"] = [g.generation for g in store.list_generations(t)]
-        td["files_mode"] = summary.checkpoint.files_mode if summary.checkpoint else "shared"
+        td["generations"] = [g.generation for g in generations]
+        td["files_mode"] = summary.files_mode
         td["continued"] = continued.get((t.step, t.task_key))
         data["tasks"].append(td)
-    data["file_data_flow"] = run.files_mode or store.file_flow.value
+    data["file_data_flow"] = files_mode
     data["outputs"] = store.outputs.read_outputs(run.job_key, run.run_id, warnings)
     data["warnings"] = warnings
-    return data, summaries
+    return data, summaries, timelines
 
 
 def cmd_show(args: argparse.Namespace, store: CheckpointStore) -> int:
@@ -269,7 +277,7 @@ def cmd_show(args: argparse.Namespace, store: CheckpointStore) -> int:
     if run is None:
         print(f"openjd-checkpoint: no run {args.run_id!r} in {store.location}", file=sys.stderr)
         return 2
-    data, summaries = show_document(store, run)
+    data, summaries, timelines = show_document(store, run)
     if getattr(args, "json", False):
         _dump(data)
         return 0
@@ -292,13 +300,16 @@ def cmd_show(args: argparse.Namespace, store: CheckpointStore) -> int:
         print(f"  does; until then it {kept_sentence(run.kept)}")
         for kept_task in run.kept.tasks:
             print(f"  {kept_task.label}:")
-            for line in timeline_text(kept_timeline(kept_task)):
+            timeline = kept_timeline(kept_task)
+            for line in timeline_text(timeline):
                 print(f"    {line}")
+            for mark in timeline.checkpoints:
+                print(f"    ▲ {checkpoint_mark_text(mark)}")
         if run.kept.left_out:
             print(f"  ({run.kept.left_out} more task(s) without checkpoints or resumes)")
         return 0
     print(f"  {'TASK':<28} {'STATUS':<12} {'CHECKPOINT':<22} {'FRAMES':>6}  MESSAGE")
-    for task, td in zip(summaries, data["tasks"], strict=True):
+    for task, td, timeline in zip(summaries, data["tasks"], timelines, strict=True):
         message = "; ".join(m for m in (task.message, td["continued"]) if m)
         ck = task.checkpoint
         ckt = f"gen {ck.generation}, {ck.state_bytes}B" if ck else "-"
@@ -307,6 +318,8 @@ def cmd_show(args: argparse.Namespace, store: CheckpointStore) -> int:
         if ck:
             kept = f", {ck.file_bytes:,} bytes kept" if ck.file_bytes is not None else ""
             print(f"  {'':<28} checkpoint files: {ck.files_mode}, {ck.named} named{kept}")
+        for mark in timeline.checkpoints:  # the Prefect table's checkpoint history, in order
+            print(f"  {'':<28} ▲ {checkpoint_mark_text(mark)}")
     for out in data["outputs"]:
         print(f"  output: {json.dumps(out, sort_keys=True)}")
     for w in data["warnings"]:

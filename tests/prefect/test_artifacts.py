@@ -164,9 +164,9 @@ def test_a_suspended_flow_run_shows_what_it_kept_and_its_retry_resumes(
     kept = rec.checkpoint.generation
     logs = ph.wait_for_logs(flow_run_id, "suspended: 1 task checkpointed")
     levels = {log.message: log.level for log in logs}
-    ours = [m for m in levels if m.startswith("Train: suspended with a checkpoint; ")]
+    ours = [m for m in levels if m.startswith("Train: suspended; ")]
     assert ours == [
-        f"Train: suspended with a checkpoint; checkpoint generation {kept} kept "
+        f"Train: suspended; checkpoint generation {kept} kept "
         f"({kept + 1} file(s), kept by the store); resume with `prefect flow-run retry "
         f"{flow_run_id} --entrypoint {entrypoint}` or a new flow run with resume=latest"
     ], ours
@@ -356,3 +356,28 @@ def test_ctrl_c_as_a_direct_flow_runs_last_task_ends_leaves_its_outcome(
     else:
         assert code == 1 and fr.state_name == "Suspended", stderr[-3000:]
         assert " suspended: 1 task checkpointed; " in stderr.strip().splitlines()[-1]
+
+
+def test_the_resume_hint_names_a_retry_only_as_a_command_that_works() -> None:
+    """How to resume a stopped flow run: from a deployment, ``prefect flow-run retry ID``;
+    called directly, with ``--entrypoint`` and the flow's real file and name; when neither is
+    known (a flow that is not a name at the top of its file, or not known whether it is from a
+    deployment), a new flow run with ``resume=latest``, never a placeholder (it printed
+    ``--entrypoint FILE.py:FLOW``)."""
+    from prefect_integration._report import resume_hint
+
+    new_run = "a new flow run with resume=latest"
+    assert (
+        resume_hint("ID", deployment=True)
+        == f"resume with `prefect flow-run retry ID` or {new_run}"
+    )
+    assert resume_hint("ID", entrypoint="flows.py:render") == (
+        f"resume with `prefect flow-run retry ID --entrypoint flows.py:render` or {new_run}"
+    )
+    nameless = resume_hint("ID")
+    assert nameless.startswith(f"resume with {new_run} (") and "is not a name" in nameless
+    unknown = resume_hint("ID", deployment=None)
+    assert unknown.startswith(f"resume with {new_run} (or, if the flow run is from a deployment")
+    assert resume_hint(None) == f"resume with {new_run}"
+    for hint in (nameless, unknown):
+        assert "FILE.py" not in hint and "--entrypoint" not in hint, hint

@@ -23,6 +23,7 @@ from prefect_integration import end_flow_run, flow_from_template
 
 REPO = Path(__file__).resolve().parents[2]
 THREE_STEPS = REPO / "tests" / "data" / "three_steps.yaml"
+CHUNKED = REPO / "examples" / "chunked-frames" / "chunked-frames.yaml"
 CORE_MARKER = "OPENJD_CHECKPOINT_SESSION"  # every process a core task or session starts has it
 
 
@@ -99,6 +100,48 @@ def test_end_flow_run_in_each_mode(mode: str, tmp_path: Path) -> None:
         [rec] = [r for r in store.read_tasks(run.job_key, run.run_id)[0] if r.step == "Render"]
         assert rec.checkpoint is not None and rec.checkpoint.state == "1"
     assert not task_processes()
+
+
+def test_a_chunk_stopped_with_finished_frames_says_so_in_plain_words(tmp_path: Path) -> None:
+    """A chunk that reported finished frames and saved no checkpoint, stopped by
+    ``end_flow_run`` (Suspended): its task run is Cancelled, named Stopped, and its message is
+    the core's words for what it kept (``Render[Frame=1-8]: suspended; 2 finished frames
+    kept``; it was ``...: interrupted_with_checkpoint``, an internal name), as the task's
+    record says."""
+    store = CheckpointStore(tmp_path / "store")
+    flow = flow_from_template(CHUNKED, store=store.location)
+    frames: list[int] = []
+
+    def stop_it() -> None:
+        flow_run_id = ph.flow_run_of_store(store)
+        deadline = time.monotonic() + 60
+        while len(frames) < 2 and time.monotonic() < deadline:
+            for run in store.list_runs()[0]:
+                for rec in store.read_tasks(run.job_key, run.run_id)[0]:
+                    frames[:] = rec.completed_frames
+            time.sleep(0.1)
+        end_flow_run(flow_run_id, "Suspended")
+
+    helper = threading.Thread(target=stop_it)
+    helper.start()
+    state = flow(
+        Frames="1-8",
+        FramesPerChunk=8,
+        FrameSeconds=0.4,
+        OutputDir=str(tmp_path / "out"),
+        return_state=True,
+    )
+    helper.join()
+    assert state.type == StateType.CANCELLED and state.name == "Suspended", state
+    [run] = store.list_runs()[0]
+    [rec] = store.read_tasks(run.job_key, run.run_id)[0]
+    done = len(rec.completed_frames)
+    assert rec.checkpoint is None and 2 <= done < 8, rec
+    [task_run] = ph.task_runs(state.state_details.flow_run_id)
+    assert (task_run.state_type, task_run.state_name) == (StateType.CANCELLED, "Stopped")
+    words = f"suspended; {done} finished frames kept"
+    assert task_run.state.message == f"Render[Frame=1-8]: {words}", task_run.state
+    assert rec.message == words
 
 
 FLOW_MODULE = """

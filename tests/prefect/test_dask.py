@@ -22,6 +22,10 @@ depending on both (Total), a finally step (Report).
 - ``test_end_flow_run_cancelled_run_finally_reaches_both_workers``: ``end_flow_run`` in
   ``CancelledRunFinally`` cancels the tasks on both workers; the finally step runs once, with
   ``Job.Status`` ``Cancelled``.
+- ``test_a_second_try_on_a_worker_says_how_to_resume_and_which_try_saved``: a notice stops a
+  task on a worker, whose line says how to resume with the flow's real entrypoint; its second
+  try (a Prefect task retry in the same flow run) resumes, and the table's checkpoint history
+  and ``checkpoints show`` both say that try saved the generations it saved.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 import uuid
 from collections import Counter
@@ -368,3 +374,81 @@ def test_end_flow_run_cancelled_run_finally_reaches_both_workers(
     assert not [line for line in lines if "TOTAL-RAN" in line]
     assert not [line for line in lines if "TRAIN-DONE" in line]
     assert _job_run(store).status == RunStatus.CANCELED
+
+
+RETRY_MODULE = """
+from prefect_dask import DaskTaskRunner
+
+from prefect_integration import flow_from_template
+
+train = flow_from_template(
+    {template!r},
+    name={name!r},
+    store={store!r},
+    files="managed",
+    task_runner=DaskTaskRunner(address={address!r}),
+    task_retries=1,
+    interruption_notices={notices!r},
+    notice_poll_seconds=0.5,
+)
+"""
+
+
+def test_a_second_try_on_a_worker_says_how_to_resume_and_which_try_saved(
+    dask_cluster: DaskCluster, s3_server: Any, flows_dir: Path, proc_log_dir: Path, tmp_path: Path
+) -> None:
+    """The training job on a worker, with ``task_retries=1`` and a notice file: once it has
+    stored two checkpoints, the notice stops it (checkpoint kept) and the task run fails; its
+    second try (the task run's ``run_count`` 2, in the same flow run and core run attempt)
+    resumes and finishes. The line the first try logged on the worker says how to resume with
+    the flow's real entrypoint (the worker has no flow run context of its own: it was
+    ``--entrypoint FILE.py:FLOW``, a placeholder). The table's checkpoint history says which
+    try of the task saved each generation kept (``task attempt #2, run attempt 1``: it said
+    ``attempt 1``, the run's, for generations the second try saved), and ``checkpoints show``
+    of the finished run says the same words."""
+    notice = tmp_path / "notice"
+    store = CheckpointStore(s3_server.new_store("dask-retry"))
+    name = f"train-{uuid.uuid4().hex[:8]}"
+    source = RETRY_MODULE.format(
+        template=str(REPO / "examples" / "managed-files" / "training.yaml"),
+        name=name,
+        store=store.url,
+        address=dask_cluster.address,
+        notices=f"file:{notice}",
+    )
+    module = ph.write_module(flows_dir, name.replace("-", "_"), source)
+    flow = ph.start_flow_in_subprocess(
+        module,
+        "train",
+        {"Epochs": 24, "EpochSeconds": 0.25},
+        log_dir=proc_log_dir,
+        env=_flow_env(dask_cluster),
+    )
+    _running(store, "Train", 1, generation=2)
+    notice.write_text(f"{time.time() + 30}\n")
+    flow_run_id, final = _wait_final(flow, dask_cluster)
+    assert final.state_type == StateType.COMPLETED, ph.flow_run_states(flow_run_id)
+    [task_run] = ph.task_runs(flow_run_id)
+    assert task_run.run_count == 2, task_run  # one task run, tried twice
+    # 1. the first try's line, logged on a worker, names the flow's real entrypoint
+    lines = _logs_with(flow_run_id, "result: ")
+    [kept] = [line for line in lines if line.startswith("Train: suspended") and "resume" in line]
+    assert "FILE.py:FLOW" not in kept, kept
+    retry = f"`prefect flow-run retry {flow_run_id} --entrypoint "
+    assert retry in kept and kept.endswith("` or a new flow run with resume=latest"), kept
+    entrypoint = kept.split(retry)[1].split("`")[0]
+    assert entrypoint.endswith(f"{module.name}:train"), kept
+    assert (Path(flow.process.cwd or ".") / entrypoint.split(":")[0]).resolve() == module
+    # 2. the generations the second try saved say so, in the table and in checkpoints show
+    [row] = _table(flow_run_id)
+    history = row["checkpoint history"].split("; ")
+    assert len(history) == 3 and row["attempts"] == 2, row  # the three the store keeps
+    assert all("(task attempt #2, run attempt 1, " in h for h in history), history
+    [job_run] = store.list_runs()[0]
+    shown = subprocess.run(
+        [sys.executable, "-m", "core.cli", "checkpoints", "show", job_run.run_id]
+        + ["--store", store.url],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout  # fmt: skip
+    marks = [line.strip()[2:] for line in shown.splitlines() if line.strip().startswith("▲ ")]
+    assert marks == history, shown
