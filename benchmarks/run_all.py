@@ -788,11 +788,15 @@ WHY = {
         'an fsync of its folder; docs/decisions.md, "Which writes are durable"), and the '
         "task waits for it before it is reported ended, so that no task reported finished runs "
         "again after a crash of the machine; on a disk shared with other work one such write can "
-        "take longer than the whole task. Its start is written without an fsync, escaped "
-        "processes are found among the runner's descendants (a child subreaper), and one thread "
-        "reads the output and sees the exit. What would close it further: committing the end "
-        "record on a separate thread while the session's next task starts (reported ended once "
-        "durable), or a journal per session with one fdatasync for several tasks' ends."
+        "take longer than the whole task. Its start is written without an fsync, and one thread "
+        "reads the output and sees the exit. Where cgroup v2 is writable each action starts in "
+        "a cgroup of its own through an exec of /bin/sh (about 0.4 ms: docs/decisions.md, "
+        '"Escaped processes"), killed whole when it ends; elsewhere escaped processes are found '
+        "among the runner's descendants (a child subreaper). What would close it further: "
+        "committing the end record on a separate thread while the session's next task starts "
+        "(reported ended once durable), a journal per session with one fdatasync for several "
+        "tasks' ends, or starting actions into their cgroup without the shell (clone3's "
+        "CLONE_INTO_CGROUP, which Python's subprocess lacks)."
     ),
     "throughput": (
         "Every line is decoded, checked for a protocol message and handed on in Python; "

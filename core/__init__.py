@@ -94,6 +94,7 @@ if TYPE_CHECKING:
         step_feed,
         task_label,
     )
+    from ._process import action_containment
     from ._reaper import become_child_subreaper
     from ._records import (
         AttemptSpan,
@@ -235,6 +236,7 @@ _EXPORTS = {
     "default_store_location": "._store",
     "delete_run": "._attempt",
     "become_child_subreaper": "._reaper",
+    "action_containment": "._process",
     "describe_exit": "._words",
     "describe_plan": "._summary",
     "enter_finally": "._phases",
@@ -346,6 +348,7 @@ __all__ = (
     "TemplateError",
     "Termination",
     "TerminationMode",
+    "action_containment",
     "attempt_records",
     "become_child_subreaper",
     "begin_attempt",

@@ -18,6 +18,7 @@ docs/decisions.md, "stdout and stderr share one pipe").
 
 from __future__ import annotations
 
+import logging
 import os
 import selectors
 import signal
@@ -33,9 +34,18 @@ from typing import TYPE_CHECKING
 
 import psutil
 
+from ._cgroups import (
+    action_cgroup,
+    contained_here,
+    containment,
+    kill_cgroup,
+    kill_marker_cgroups,
+    release_cgroup,
+    spawn_in,
+)
 from ._host import host_id
 from ._messages import DEFAULT_MAX_LINE_BYTES
-from ._reaper import is_subreaper, kill_action_tree, start_sweeper
+from ._reaper import is_subreaper, kill_action_tree, reap_dead_children, start_sweeper
 
 if TYPE_CHECKING:
     from ._records import ProcessInfo
@@ -45,6 +55,7 @@ __all__ = (
     "ActionProcess",
     "OutputLine",
     "ProcessIdentity",
+    "action_containment",
     "kill_marked",
     "kill_process_group",
     "kill_recorded_process",
@@ -145,22 +156,45 @@ class ActionProcess:
         self._stop_reading = threading.Event()
         self.identity: ProcessIdentity | None = None
         self._pidfd = -1
+        self._cgroup: str | None = None
+        """The action's cgroup (core._cgroups), or None where actions are not contained."""
 
     def start(self) -> ProcessIdentity:
-        with _LEADERS_LOCK:  # registered before a sweep could see it exit (core._reaper)
-            self._popen = subprocess.Popen(
-                self._argv,
-                cwd=self._cwd,
-                env=self._env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                restore_signals=True,
-                close_fds=True,
-            )
-            pid = self._popen.pid
-            _LEADERS.add(pid)
+        """Start the process (in its cgroup where the machine allows it) and its output reader.
+
+        Raises:
+            OSError: it cannot be started, or its cgroup cannot be made or joined.
+            ValueError: ``$OPENJD_CHECKPOINT_CGROUPS`` is neither ``auto`` nor ``off``.
+        """
+        action_containment()  # the one log line, at the first action of this process
+        self._cgroup = action_cgroup(self._marker or f"action-{uuid.uuid4().hex}")
+        try:
+            with (
+                _LEADERS_LOCK,  # registered before a sweep could see it exit (core._reaper)
+                spawn_in(self._cgroup, self._argv, self._cwd, self._env) as (argv, join),
+            ):
+                self._popen = subprocess.Popen(
+                    argv,
+                    cwd=self._cwd,
+                    env=self._env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    restore_signals=True,
+                    close_fds=True,
+                    preexec_fn=join,
+                )
+                pid = self._popen.pid
+                _LEADERS.add(pid)
+        except subprocess.SubprocessError as exc:  # the preexec_fn could not join the cgroup
+            if self._cgroup is not None:
+                release_cgroup(self._cgroup)
+            raise OSError(f"cannot move it into its cgroup {self._cgroup} ({exc})") from None
+        except OSError:
+            if self._cgroup is not None:
+                release_cgroup(self._cgroup)
+            raise
         if is_subreaper():  # orphans re-parented here that exit during the action (core._reaper)
             start_sweeper(_live_leaders, _LEADERS_LOCK)
         self.identity = ProcessIdentity(pid=pid, pgid=pid, start_time=_create_time(pid))
@@ -206,6 +240,8 @@ class ActionProcess:
                 # A process outside our reach still holds the pipe: stop reading it.
                 self._stop_reading.set()
                 self._reader.join(reader_grace)
+        if self._cgroup is not None:  # removed once empty; an onEnter's daemons keep theirs
+            release_cgroup(self._cgroup)
         assert self._returncode is not None
         return self._returncode
 
@@ -239,6 +275,11 @@ class ActionProcess:
         """SIGKILL the process group and every descendant (even ones that left the group),
         then wait until none is left running."""
         if self._popen is None:
+            return
+        if self._cgroup is not None:  # everything the action started, wherever it went
+            kill_cgroup(self._cgroup)
+            if is_subreaper():  # the killed orphans were re-parented here: no zombie stays
+                reap_dead_children(_live_leaders, _LEADERS_LOCK, also_spare=self._popen.pid)
             return
         if is_subreaper():  # what left the group is still a descendant: no walk over /proc
             needle = None if self._marker is None else f"{MARKER_VARIABLE}={self._marker}"
@@ -450,6 +491,40 @@ def _create_time(pid: int) -> float:
             return time.time()
 
 
+_LOG = logging.getLogger("core._process")
+_ANNOUNCED: set[int] = set()
+"""The pids of processes that logged their containment line (a fork logs its own)."""
+
+
+def action_containment() -> str:
+    """One line saying how the actions this process starts are contained, logged (INFO, logger
+    ``core._process``) the first time a process asks: each action in a cgroup v2 of its own,
+    killed whole (``core._cgroups``), or why not, and what finds the leftovers then (their
+    process group and marker among the CLI runner's descendants, a child subreaper; else a walk
+    over ``/proc``). docs/decisions.md, "Escaped processes".
+
+    Raises:
+        ValueError: ``$OPENJD_CHECKPOINT_CGROUPS`` is neither ``auto`` nor ``off``.
+    """
+    found = containment()
+    if found.cgroups:
+        line = f"action containment: {found.detail}"
+    else:
+        where = (
+            "among the runner's descendants (child subreaper)"
+            if is_subreaper()
+            else "in a walk over /proc"
+        )
+        line = (
+            f"action containment: no cgroups ({found.detail}); leftovers are found by process "
+            f"group, descent and marker, {where}"
+        )
+    if os.getpid() not in _ANNOUNCED:
+        _ANNOUNCED.add(os.getpid())
+        _LOG.info("%s", line)
+    return line
+
+
 def _live_leaders() -> set[int]:
     with _LEADERS_LOCK:
         return set(_LEADERS)
@@ -618,15 +693,18 @@ def kill_process_group(
 
 def kill_marked(markers: list[str]) -> int:
     """SIGKILL every process of this machine that carries one of ``markers`` in its
-    environment; wait for them. Returns how many were killed."""
-    victims = [p for m in markers for p in processes_with_marker(m)]
+    environment, and every process in their cgroups (``core._cgroups``: also those that
+    cleared their environment); wait for them. Returns how many were killed. A marker whose
+    cgroup this process made needs no walk over ``/proc``: all its processes were in it."""
+    killed = kill_marker_cgroups(markers)
+    victims = [p for m in markers if not contained_here(m) for p in processes_with_marker(m)]
     for proc in victims:
         try:
             proc.kill()
         except psutil.Error:
             pass
     psutil.wait_procs(victims, timeout=10)
-    return len(victims)
+    return killed + len(victims)
 
 
 def recorded_name(info: ProcessInfo) -> str:
@@ -639,15 +717,18 @@ def kill_recorded_process(info: ProcessInfo) -> bool:
     """Kill a task's processes recorded by an earlier runner, if they still run on this host.
 
     Processes are found by the task's ``OPENJD_CHECKPOINT_SESSION`` marker, which only they
-    carry, so a process that reused a recorded pid is never touched. (A record without a marker
-    only has its leader killed, and only when the leader's start time matches.) Returns True if
-    something was killed. Used before a task starts again: never two copies of one task.
+    carry, and by the cgroup named after it (``core._cgroups``), which holds also those that
+    cleared their environment; so a process that reused a recorded pid is never touched. (A
+    record without a marker only has its leader killed, and only when the leader's start time
+    matches.) Returns True if something was killed. Used before a task starts again: never two
+    copies of one task.
     """
     if info.host != host_id():
         return False
     ident = ProcessIdentity(pid=info.pid, pgid=info.pgid, start_time=info.start_time)
     leader_alive = info.start_time >= psutil.boot_time() and ident.is_alive()
-    if leader_alive:
+    in_cgroup = kill_marker_cgroups([info.marker]) if info.marker else 0
+    if leader_alive and (not in_cgroup or ident.is_alive()):
         try:
             own_group = os.getpgid(info.pid) == info.pgid == info.pid
         except OSError:
@@ -660,4 +741,4 @@ def kill_recorded_process(info: ProcessInfo) -> bool:
             except psutil.Error:
                 pass
     killed = kill_marked([info.marker]) if info.marker else 0
-    return leader_alive or killed > 0
+    return leader_alive or killed > 0 or in_cgroup > 0

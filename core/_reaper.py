@@ -9,9 +9,11 @@ Linux 3.5 with ``CONFIG_PROC_CHILDREN``): a few reads, however many processes th
 Which of those descendants are the action's is told as before: the leader's own descendants,
 its process group or session, its marker in the environment; a process that both leaves the
 session and clears its environment (``setsid env -i ...``) is told by none of them and is left
-running, as it was by the walk over ``/proc``. Neither the standard library nor psutil sets the
-flag (psutil's ``children`` walks every
-process), so it is set here through libc's ``prctl``.
+running, as it was by the walk over ``/proc``, unless the action runs in a cgroup of its own
+(``core._cgroups``, where the machine allows it: then the cgroup is killed instead, and this
+module only reaps the killed orphans re-parented here). Neither the standard library nor psutil
+sets the flag (psutil's ``children`` walks every process), so it is set here through libc's
+``prctl``.
 
 Where it applies (docs/decisions.md, "Escaped processes: a subreaper where the process is
 ours"): the flag changes the process for all its children, so it is set only in a process the

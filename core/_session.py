@@ -11,8 +11,9 @@ killed when that action ends.
 
 What openjd-sessions lacks for this product: its actions are not ours to signal and read (see
 ``_task.py``), and a session whose runner dies leaves its daemons behind. Here every
-environment's processes carry a marker, and the session records its markers in the store under
-a lease, so that the next attempt kills what a dead session left (``_run.reap_orphans``).
+environment's processes carry a marker (and, where the machine allows it, run in a cgroup named
+after it: ``_cgroups``), and the session records its markers in the store under a lease, so that
+the next attempt kills what a dead session left (``_attempt.reap_orphans``).
 
 With CHECKPOINT (docs/decisions.md, "Sessions"): on a suspend the running task checkpoints
 first, then the environments exit normally; a resume enters them again before

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
 import time
 
 import psutil
+from escaping import alive_with_argv, kill_left
 
 from core._process import (
     MARKER_VARIABLE,
@@ -71,3 +73,37 @@ def test_descendants_skip_processes_older_than_their_parent() -> None:
     parents = {10: (1, 100), 11: (10, 150), 12: (10, 50), 13: (11, 160), 14: (2, 170)}
     assert sorted(_descendants(10, parents)) == [11, 13]
     assert _descendants(99, parents) == []
+
+
+RUN_ONE_ACTION = """
+import sys
+from core._process import MARKER_VARIABLE, ActionProcess, action_containment, new_marker
+marker = new_marker()
+proc = ActionProcess(["bash", "-c", sys.argv[1]], cwd="/", env={"PATH": "/usr/bin:/bin",
+                     MARKER_VARIABLE: marker}, on_lines=lambda lines: None, marker=marker)
+proc.start()
+print(proc.finish(), action_containment())
+"""
+
+
+def test_without_cgroups_the_walk_over_proc_kills_what_left_the_group() -> None:
+    # OPENJD_CHECKPOINT_CGROUPS=off, in a process that is no subreaper (an Airflow task, a
+    # Prefect worker): the earlier rules alone find a setsid child and double forks.
+    tag = random.randrange(10**6)
+    argvs = [f"sleep 600.{tag}{i}" for i in range(1, 4)]
+    script = f"setsid {argvs[0]} & ( ( {argvs[1]} & ) & ); ( setsid sh -c '{argvs[2]} &' & )"
+    env = dict(os.environ, OPENJD_CHECKPOINT_CGROUPS="off")
+    try:
+        res = subprocess.run(
+            [sys.executable, "-c", RUN_ONE_ACTION, script + "; sleep 0.2"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.startswith("0 action containment: no cgroups (turned off by "), res.stdout
+        assert "marker, in a walk over /proc" in res.stdout, res.stdout
+        assert [a for a in argvs if alive_with_argv(a)] == []
+    finally:
+        kill_left(argvs)

@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import psutil
+import pytest
 from conftest import run_cli
 
 SCRIPT = textwrap.dedent(
@@ -52,7 +53,10 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def test_the_cli_runner_kills_and_reaps_what_an_action_left(tmp_path: Path) -> None:
+@pytest.mark.parametrize("cgroups", ["auto", "off"])
+def test_the_cli_runner_kills_and_reaps_what_an_action_left(tmp_path: Path, cgroups: str) -> None:
+    # auto: each action in a cgroup of its own where the machine allows it (core._cgroups);
+    # off: the earlier rules (process group, marker, the runner's descendants) hold alone.
     script = tmp_path / "escaper.py"
     script.write_text(SCRIPT)
     template = tmp_path / "t.yaml"
@@ -69,9 +73,16 @@ def test_the_cli_runner_kills_and_reaps_what_an_action_left(tmp_path: Path) -> N
         f"      onRun: {{command: {sys.executable},\n"
         f"               args: ['{script}', '{{{{Task.Param.Frame}}}}']}}\n"
     )
-    res = run_cli("run", template, "--store", tmp_path / "store", "--max-parallel", "1", "-v")
+    env = dict(os.environ, OPENJD_CHECKPOINT_CGROUPS=cgroups)
+    res = run_cli(
+        "run", template, "--store", tmp_path / "store", "--max-parallel", "1", "-v", env=env
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     out = res.stdout + res.stderr
+    [line] = [ln for ln in out.splitlines() if "action containment: " in ln]
+    if cgroups == "off":
+        assert "no cgroups (turned off by OPENJD_CHECKPOINT_CGROUPS=off)" in line, line
+        assert "marker, among the runner's descendants (child subreaper)" in line, line
     escaped = [int(line.split()[-1]) for line in out.splitlines() if "ESCAPED " in line]
     assert len(escaped) == 2, out
     # When task 2 ran, task 1's escaped processes were gone: killed and reaped (no zombie).

@@ -37,6 +37,7 @@ from core import (
     StoreError,
     TemplateError,
     TerminationMode,
+    action_containment,
     become_child_subreaper,
     collect_file_garbage,
     default_store_location,
@@ -159,6 +160,10 @@ def _execute(args: argparse.Namespace, job: Any, *, how: ResumeHow, **resume: An
     # This process is the runner's own: what an action leaves behind (setsid, a double fork)
     # stays its descendant, found after each action without walking /proc.
     become_child_subreaper()
+    try:  # probed once, before the first task: its cgroups, or why not (shown with -v)
+        containment = action_containment()
+    except ValueError as exc:  # a bad $OPENJD_CHECKPOINT_CGROUPS
+        raise TemplateError([str(exc)]) from None
     notice_sources, notice_poll = _notice_sources(args)
     store = CheckpointStore(
         args.store,
@@ -188,6 +193,8 @@ def _execute(args: argparse.Namespace, job: Any, *, how: ResumeHow, **resume: An
         display.note(
             "interruption notices from: " + ", ".join(src.describe() for src in notice_sources)
         )
+    if args.verbose:
+        display.note(containment)
     escalation = StopEscalation()  # Suspended, then Cancelled (core's stop escalation)
 
     def on_signal(signum: int, _frame: Any) -> None:

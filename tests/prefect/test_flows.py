@@ -13,9 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import prefect_helpers as ph
+import pytest
+from escaping import alive_with_argv, escapes, kill_left, template
 from prefect.client.schemas.objects import StateType
 
 from core import CheckpointStore, RunStatus
+from core._cgroups import containment
 from prefect_integration import flow_from_template, openjd_flow
 
 REPO = Path(__file__).resolve().parents[2]
@@ -113,6 +116,24 @@ def test_three_steps_through_the_decorator_with_a_failing_step(tmp_path: Path) -
     assert (out / "cleanup-status").read_text() == "Failed\n"
     assert "Render" in (state.message or "")
     assert 4 not in _frames(out)
+
+
+def test_no_process_of_an_action_outlives_its_task_run(tmp_path: Path) -> None:
+    """A task run's action leaves processes in every way a process can escape (``setsid env
+    -i``, double forks): none is alive once the flow run ends. The flow runs in this process,
+    no subreaper: each action is in a cgroup of its own where the machine allows it
+    (docs/decisions.md, "Escaped processes")."""
+    if not containment().cgroups:
+        pytest.skip("no writable cgroup v2 here: actions are contained by the earlier rules")
+    script, argvs = escapes()
+    try:
+        flow = flow_from_template(template(tmp_path / "t.yaml", script), store=tmp_path / "s")
+        state = flow(return_state=True)
+        assert state.is_completed(), state
+        ph.wait_for_logs(state.state_details.flow_run_id, "ESCAPED")
+        assert [a for a in argvs if alive_with_argv(a)] == []
+    finally:
+        kill_left(argvs)
 
 
 def test_a_failing_on_exit_fails_the_flow_run(tmp_path: Path) -> None:
