@@ -234,10 +234,11 @@ def request_termination(
     ``enter_finally``/``finish_attempt`` or refused here: a request accepted is never dropped.
     Running tasks in any process learn of it within about a second (``RunWatcher``).
 
-    A second request, made while the run is already stopping (in the same mode or one that may
-    replace it), is forced, as a second Ctrl-C is: what still runs is killed at once, an
-    environment's ``onExit`` included, which a first request lets run (docs/decisions.md,
-    "Termination modes").
+    A request of the mode already in force (asked again) is forced, as a second Ctrl-C is: what
+    still runs is killed at once, an environment's ``onExit`` included, which a first request
+    lets run. A mode that replaces the one in force (``Cancelled`` after
+    ``StoppedRunFinally``) is a new request, applied as its mode says (its running tasks get
+    their ``cancelation``), unless ``force`` (docs/decisions.md, "Termination modes").
 
     Args:
         mode: a ``TerminationMode`` or its value.
@@ -270,7 +271,7 @@ def request_termination(
                 "it cannot be stopped"
             )
         current = resolve_termination(store.read_stop_requests(job_key, run_id), run.attempt)
-        force = force or (escalate and current.mode is not None)  # asked again: forced
+        force = force or (escalate and current.mode == mode)  # asked again: forced
         new, note = fold_request(current, mode, phase=run.phase, force=force, deadline=deadline)
         if note is not None and note.startswith("already stopping"):
             raise RunError(f"run {run_id} is {note}; {mode.value} may not replace it")

@@ -425,6 +425,14 @@ def test_a_second_request_of_a_stopping_run_is_forced(tmp_path: Path) -> None:
     stored = st.read_stop_requests(job.job_key, run_id)
     assert [r.force for r in stored] == [False, False, True]
     assert force_reaches(second, "regular") and not force_reaches(second, "finally")
+    # A mode that replaces the one in force is a new request (its cancelation runs), not a
+    # second one; asked again, it is forced.
+    run2 = begin_attempt(st, job, external_key="dag/run-2").run_id
+    request_termination(st, job.job_key, run2, "StoppedRunFinally")
+    upgraded, _ = request_termination(st, job.job_key, run2, "Cancelled")
+    assert upgraded.mode == TerminationMode.CANCELLED and not upgraded.force
+    again, _ = request_termination(st, job.job_key, run2, "Cancelled")
+    assert again.force
     cancelled = Termination(TerminationMode.CANCELLED, force=True)
     assert force_reaches(cancelled, "finally")
     assert not force_reaches(Termination(TerminationMode.CANCELLED), "regular")

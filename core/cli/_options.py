@@ -31,9 +31,11 @@ exit codes of 'run' and 'resume':
   1    a task or a finally step failed, or the run's --timeout expired (checkpoints are kept:
        running again resumes)
   2    bad template, parameters or usage
-  3    checkpoint store error
+  3    checkpoint store error (it could not be read or written: a full disk, a store that went
+       away); a task whose end was not stored runs again next time
   4    resume refused, with a code: unknown-run, not-failed, already-resumed, different-input,
-       no-checkpoint, chain-changed, state-changed (nothing ran)
+       no-checkpoint, chain-changed, state-changed (nothing ran); or this process lost the
+       run's lease to another process, which runs the run now (this one wrote nothing more)
   70   internal error (a bug in openjd-checkpoint)
   75   suspended (Ctrl-C, SIGTERM, SIGHUP, an interruption notice, or 'stop --mode
        Suspended'): checkpoints kept; run the same command again, or 'resume RUN_ID', to resume
