@@ -25,12 +25,12 @@ if TYPE_CHECKING:
         Attempt,
         attempt_records,
         begin_attempt,
-        delete_run,
         iter_attempt_records,
         plan_group,
         plan_step,
         prepare_run_job,
     )
+    from ._delete import delete_run, finish_interrupted_deletes
     from ._errors import (
         LeaseLostError,
         OpenJDCheckpointError,
@@ -108,7 +108,7 @@ if TYPE_CHECKING:
         TaskRecord,
         TaskStatus,
     )
-    from ._resume import RefusalCode, ResumeHow, ResumeRefusedError
+    from ._resume import RefusalCode, ResumeHow, ResumeRefusedError, no_run_words
     from ._session import Session, clean_stale_sessions
     from ._store import CheckpointStore, default_store_location, run_file_flow, run_files_mode
     from ._summary import (
@@ -234,7 +234,9 @@ _EXPORTS = {
     "declare_done": "._phases",
     "decode_json": "._inputs",
     "default_store_location": "._store",
-    "delete_run": "._attempt",
+    "delete_run": "._delete",
+    "finish_interrupted_deletes": "._delete",
+    "no_run_words": "._resume",
     "become_child_subreaper": "._reaper",
     "action_containment": "._process",
     "describe_exit": "._words",
@@ -362,6 +364,7 @@ __all__ = (
     "describe_plan",
     "enter_finally",
     "finish_attempt",
+    "finish_interrupted_deletes",
     "framework_parameter_values",
     "group_label",
     "group_result_key",
@@ -379,6 +382,7 @@ __all__ = (
     "load_path_mapping_rules",
     "load_template",
     "mark_timed_out",
+    "no_run_words",
     "outcome_key",
     "outcome_sentence",
     "parse_line",

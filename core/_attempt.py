@@ -59,7 +59,6 @@ __all__ = (
     "attempt_records",
     "iter_attempt_records",
     "begin_attempt",
-    "delete_run",
     "plan_group",
     "plan_step",
     "prepare_run_job",
@@ -160,33 +159,6 @@ def reap_run(store: CheckpointStore, run: RunRecord) -> list[str]:
                 f"stopped {recorded_name(rec.process)} of {rec.step} left running by a dead "
                 f"runner of run {run.run_id}"
             )
-    return notes
-
-
-def delete_run(store: CheckpointStore, run: RunRecord) -> list[str]:
-    """Delete a run with its task records and checkpoints (``checkpoints delete``, ``gc``),
-    after killing on this host what dead holders of it left running (``reap_run``), so that
-    nothing of it runs on unsupervised. Returns the notes of ``reap_run``.
-
-    Raises:
-        RunError: a live process drives the run or runs one of its tasks or sessions now.
-        StoreError: the store cannot be read or written.
-    """
-    busy = store.lease_held(run)
-    if not busy:
-        records, _ = store.read_tasks(run.job_key, run.run_id)
-        busy = any(
-            store.task_lease_held(run.job_key, run.run_id, r.step, r.task_key)
-            for r in records
-            if r.process is not None
-        ) or any(
-            store.sessions.lease_held(run.job_key, run.run_id, s.session_id)
-            for s in store.sessions.list(run.job_key, run.run_id)
-        )
-    if busy:
-        raise RunError(f"run {run.run_id} is running now; stop it first")
-    notes = reap_run(store, run)
-    store.delete_run(run.job_key, run.run_id)
     return notes
 
 

@@ -18,7 +18,7 @@ from ._job import PreparedJob, TaskSpec
 from ._lease import HeldLease
 from ._process import kill_recorded_process, recorded_name
 from ._records import TaskRecord, TaskStatus
-from ._resume import RefusalCode, ResumeRefusedError
+from ._resume import RefusalCode, ResumeRefusedError, no_run_words
 from ._store import CheckpointStore, Lease
 
 __all__ = (
@@ -46,6 +46,7 @@ def claim_task(
     *,
     note: Callable[[str], None] | None = None,
     should_stop: Callable[[], str | None] | None = None,
+    run_held: bool = False,
 ) -> tuple[Lease, TaskRecord | None]:
     """Take the task's lease and make sure no earlier process of it is alive on this host.
 
@@ -58,13 +59,19 @@ def claim_task(
     0.5 s, so that a process that merely probes the lease is not mistaken for a holder). A
     task that the holder waited for ran to its end meanwhile is not run again: refused.
 
+    With the lease taken, the run must still be there: a run being deleted (``core._delete``,
+    which looks at its tasks' leases again once it has marked the run) starts no task.
+    ``run_held``: this process holds the run's lease (the CLI), so no delete can have begun:
+    not looked at.
+
     Returns the lease (release it when the task ends) and the task's stored record (None if it
     has none); what a person should know (a record rebuilt, an earlier process stopped) goes
     to ``note``.
 
     Raises:
         ResumeRefusedError: ``already-resumed``: another live process holds the task (on a ttl
-            store: still, after the wait), or the holder waited for ran it to its end.
+            store: still, after the wait), or the holder waited for ran it to its end;
+            ``unknown-run``: the run has been deleted, or is being deleted.
         NotStartedError: ``should_stop`` gave a reason during the wait.
         StoreError: the store cannot be read or written.
     """
@@ -75,6 +82,12 @@ def claim_task(
     held = None
     if lease is None:
         lease, held = _wait_for_task_lease(store, job, run_id, spec, tell, should_stop)
+    if not run_held and store.removal.gone(job.job_key, run_id):
+        lease.release()
+        raise ResumeRefusedError(
+            RefusalCode.UNKNOWN_RUN,
+            f"{no_run_words(store, run_id, job.job_key)}: {spec.label} is not started",
+        )
     where = (job.job_key, run_id, spec.step_name, spec.task_key)
     try:
         store.fence_task(lease, *where)  # what this holder's record writes are conditional on

@@ -215,10 +215,9 @@ class TaskExecutor:
     Args:
         store / job / run_id / attempt: the run attempt whose tasks these are.
         max_parallel: tasks run at once (one session each); 1 runs them one after the other.
-        run_lease: the run's own lease, when this process drives the whole run (the CLI): it
-            is renewed with the task leases; if it expires, every task of the run here is
-            canceled and none starts. A notice then suspends the whole run (a ``Suspended``
-            request in the store), not only this process's tasks.
+        run_lease: the run's lease, when this process drives the whole run (the CLI): renewed
+            with the task leases; if it expires, every task here is canceled and none starts. A
+            notice then suspends the whole run (``Suspended``), not only this process's tasks.
         on_output / on_event: passed to every ``TaskExecution``.
         on_note: lines a person should see (warnings, notices, mode changes).
         on_start: called with each ``TaskExecution`` just before it runs.
@@ -550,6 +549,7 @@ class TaskExecutor:
                 spec,
                 note=self.note,
                 should_stop=lambda: self.running.why_not_start(is_finally),
+                run_held=self._run_lease is not None,
             )
         except NotStartedError as exc:
             return exc

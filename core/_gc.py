@@ -20,10 +20,18 @@ from ._files import (
 from ._hashing import ALGORITHMS, Digest
 
 if TYPE_CHECKING:
+    from ._fs import StoreFS
     from ._store import CheckpointStore
 
 
-__all__ = ("DEFAULT_GC_GRACE_SECONDS", "GcReport", "collect_file_garbage", "referenced_manifests")
+__all__ = (
+    "DEFAULT_GC_GRACE_SECONDS",
+    "GcReport",
+    "collect_file_garbage",
+    "file_mtime",
+    "list_files",
+    "referenced_manifests",
+)
 
 DEFAULT_GC_GRACE_SECONDS = 3600.0
 """Content younger than this (seconds) is never collected: a live run may still commit it."""
@@ -44,7 +52,9 @@ class GcReport:
     warnings: list[str] = field(default_factory=list)
 
 
-def _mtime(info: dict[str, Any]) -> float:
+def file_mtime(info: dict[str, Any]) -> float:
+    """The modification time (seconds since the epoch) in a file's ``list_files`` info; now if
+    it says none (so that a file of unknown age is never taken for an old one)."""
     for key in ("mtime", "LastModified", "created"):
         value = info.get(key)
         if value is None:
@@ -58,9 +68,16 @@ def _mtime(info: dict[str, Any]) -> float:
     return time.time()  # unknown: treat as new, never collect it
 
 
-def _list_files(store: CheckpointStore, prefix: str) -> list[tuple[str, dict[str, Any]]]:
-    """(path, info with ``size`` and a modification time) of every file under ``prefix``."""
-    fs = store.fs
+def list_files(fs: StoreFS, prefix: str) -> list[tuple[str, dict[str, Any]]]:
+    """(path, info with ``size`` and a modification time: ``file_mtime``) of every file under
+    ``prefix`` (relative to the store's root; a link is never followed); none if it is
+    missing.
+
+    Raises:
+        StoreError: ``prefix`` is not inside the store, or is (or passes) a link.
+        OSError: it cannot be listed (not on a local store, where what cannot be read is left
+            out).
+    """
     base = posixpath.join(fs.root, prefix)
     out: list[tuple[str, dict[str, Any]]] = []
     if fs.is_local:
@@ -165,12 +182,12 @@ def collect_file_garbage(
         except OSError as exc:
             report.warnings.append(f"cannot remove {path}: {exc}")
 
-    for path, info in _list_files(store, "manifests"):
+    for path, info in list_files(store.fs, "manifests"):
         name = posixpath.basename(path)
         digest = name[: -len(".json")] if name.endswith(".json") else name
         if digest in kept_manifests:
             continue
-        if now - _mtime(info) < grace_seconds:
+        if now - file_mtime(info) < grace_seconds:
             report.young += 1
             continue
         remove(path)
@@ -179,20 +196,20 @@ def collect_file_garbage(
     listed = [
         (Digest(algo, posixpath.basename(path)), path, info)
         for algo in ALGORITHMS
-        for path, info in _list_files(store, f"blobs/{algo}")
+        for path, info in list_files(store.fs, f"blobs/{algo}")
     ]
     for content, path, info in listed:
         if content in live_blobs or unreadable:
             report.kept_blobs += 1
             continue
-        if now - _mtime(info) < grace_seconds:
+        if now - file_mtime(info) < grace_seconds:
             report.young += 1
             continue
         remove(path)
         report.blobs_removed += 1
         report.bytes_freed += int(info.get("size") or 0)
-    for path, info in _list_files(store, "blobs/tmp"):
-        if now - _mtime(info) < grace_seconds:
+    for path, info in list_files(store.fs, "blobs/tmp"):
+        if now - file_mtime(info) < grace_seconds:
             continue
         remove(path)
         report.uploads_removed += 1

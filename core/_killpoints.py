@@ -17,6 +17,13 @@ The points (each a place where a crash must leave the store readable and resumab
 - ``task.process-recorded``: a task's process recorded, the action running;
 - ``task.ended-recorded``: a task's end recorded, before the runner reports it finished.
 
+A delete (``core._delete``: ``checkpoints delete``, ``gc``; no run passes them, so the crash
+harness, which kills runs at each point of the list above, leaves them out) has its own, where
+a crash must leave the run whole or gone: ``delete.marking`` (the run checked and its lease
+held, not marked as being deleted yet), ``delete.marked`` (marked, none of its files removed
+yet) and ``delete.removing`` (one more of its files removed; a batch of up to 50 objects on a
+store other than a local folder).
+
 The variable is read once, at the first kill point a process passes; with it unset a kill
 point costs one comparison.
 """

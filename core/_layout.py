@@ -10,6 +10,7 @@ Layout under the root (a local directory or any fsspec URL)::
     jobs/<job_key>/runs/<run_id>/sessions/<session_id>.json     open sessions (and their leases)
     jobs/<job_key>/runs/<run_id>/logs/<name>.log.gz             task output logs
     jobs/<job_key>/runs/<run_id>/outputs/<task_id>.json         early outputs (managed files)
+    jobs/<job_key>/runs/.deleting-<run_id>-<ns>/                a run being deleted (local store)
 
 Job keys, run ids and session ids are each one safe path component, checked before any path is
 made of them (``Layout``); a task's file name is a hash of its step and task key
@@ -104,6 +105,14 @@ class Layout:
 
     def run_path(self, job_key: str, run_id: str) -> str:
         return posixpath.join(self.run_dir(job_key, run_id), "run.json")
+
+    def run_lock(self, job_key: str, run_id: str) -> str:
+        """The run's record lock (``run.lock``: ``core._lease.hold_lock``)."""
+        return posixpath.join(self.run_dir(job_key, run_id), "run.lock")
+
+    def run_lease(self, job_key: str, run_id: str) -> str:
+        """The run's lease without its suffix (``lease.lock``, ``lease.lease.json``)."""
+        return posixpath.join(self.run_dir(job_key, run_id), "lease")
 
     def in_run(self, job_key: str, run_id: str, folder: str) -> str:
         """The run's folder ``folder`` (``tasks``, ``requests``, ``sessions``, ``logs``,

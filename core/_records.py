@@ -341,3 +341,9 @@ class RunRecord(_Model):
     resume still can."""
     kept: CheckpointsKept | None = None
     """Set when the run succeeded: what its checkpoints were until they were deleted."""
+    deleting: ProcessInfo | None = None
+    """The process deleting the run (``checkpoints delete``, ``gc``), set just before it removes
+    the run's files on a store whose folders cannot be renamed (S3; a local store renames the
+    run's folder instead): from then on every reader takes the run as gone, and ``gc`` finishes
+    a delete whose process no longer holds the run's lease. None (and in records made before
+    this field): not being deleted."""

@@ -19,8 +19,10 @@ from enum import Enum
 
 from ._errors import RunError, StoreError
 from ._job import PreparedJob
+from ._layout import is_job_key
 from ._process import ProcessIdentity
 from ._records import RunRecord, RunStatus, TaskRecord, TaskStatus
+from ._run_removal import RunBeingDeleted, being_deleted_words
 from ._store import CheckpointStore, TaskRebuilt, describe_holder, host_id
 
 __all__ = (
@@ -30,6 +32,7 @@ __all__ = (
     "ResumeRefusedError",
     "check_chain",
     "check_input",
+    "no_run_words",
     "plan_resume",
 )
 
@@ -87,6 +90,21 @@ class ResumePlan:
     superseded: list[RunRecord] = field(default_factory=list)
     """Earlier runs the new run replaces: retries stop picking them (their checkpoints stay
     until ``gc``, and an operator resume can still take them)."""
+
+
+def no_run_words(store: CheckpointStore, run_id: str, job_key: str | None = None) -> str:
+    """Why the store has no run ``run_id`` (of the job ``job_key``; else of any job), for a
+    refusal: it is being deleted (or its delete was interrupted), or there is none.
+
+    Raises:
+        StoreError: the store cannot be read.
+    """
+    keys = [job_key] if job_key else store.fs.list_names(store.layout.jobs_dir)
+    for key in keys:
+        if is_job_key(key) and store.removal.being_deleted(key, run_id):
+            return f"{being_deleted_words(run_id)}; it can no longer be resumed"
+    where = " of this job" if job_key else ""
+    return f"no run {run_id!r}{where} in {store.location}"
 
 
 def _owner_alive(run: RunRecord) -> bool:
@@ -268,7 +286,7 @@ def plan_resume(
         run = store.find_run(run_id)
         if run is None or run.job_key != job.job_key:
             raise ResumeRefusedError(
-                RefusalCode.UNKNOWN_RUN, f"no run {run_id!r} of this job in {store.location}"
+                RefusalCode.UNKNOWN_RUN, no_run_words(store, run_id, job.job_key)
             )
         op_notes: list[str] = []
         records = check_run(
@@ -288,7 +306,10 @@ def plan_resume(
         return ResumePlan(None, notes=["requeue: running from the top"], superseded=earlier)
 
     runs, warnings = store.list_runs(job.job_key)
-    notes = [f"warning: {w}" for w in warnings]
+    notes = [
+        f"{w}: a retry does not continue it" if isinstance(w, RunBeingDeleted) else f"warning: {w}"
+        for w in warnings
+    ]
     candidates = [
         r
         for r in reversed(runs)

@@ -12,7 +12,8 @@ each standing only on the ones below it:
 - ``core._lease``: leases (the right to run a run, a task or a session) and the run's and job's
   locks, on each kind of store;
 - ``core._task_records`` (task records and checkpoint generations) and ``core._logs_index``
-  (task output logs, the early-outputs index), to which this class hands its methods on.
+  (task output logs, the early-outputs index), to which this class hands its methods on;
+  ``core._run_removal`` (``store.removal``): a run marked as being deleted, then removed.
 
 This class itself keeps runs, stop requests and sessions, and takes their leases and locks.
 
@@ -58,6 +59,7 @@ from ._records import (
     StopRequest,
     TaskRecord,
 )
+from ._run_removal import RunBeingDeleted, RunRemoval, being_deleted_words, deleting_run_id
 from ._session_records import SessionRecords
 from ._task_records import TaskRecords
 
@@ -189,9 +191,11 @@ class CheckpointStore:
         self.logs = RunLogs(self.fs, self.layout)
         """The runs' task output logs (``core._logs_index.RunLogs``)."""
         self.outputs = OutputsIndex(self.fs, self.layout)
+        """The early-outputs index of each task's declared files (``OutputsIndex``)."""
         self.sessions = SessionRecords(self.records, self.layout, lease_seconds=self.lease_seconds)
         """The records of the runs' open sessions and their leases (``SessionRecords``)."""
-        """The early-outputs index of each task's declared files (``OutputsIndex``)."""
+        self.removal = RunRemoval(self.fs, self.layout, self.records)
+        """Runs being deleted: marked first, then removed (``RunRemoval``)."""
         if self.is_local and not read_only:
             _refuse_roots_around(self.root, self.location, self.file_roots)
         if create:
@@ -210,13 +214,15 @@ class CheckpointStore:
             self.layout.run_path(record.job_key, record.run_id), record.model_dump(mode="json")
         )
 
-    def read_run(self, job_key: str, run_id: str) -> RunRecord | None:
-        """The run's record, None if there is none. Raises StoreError if it is unreadable."""
+    def read_run(self, job_key: str, run_id: str, *, deleting: bool = False) -> RunRecord | None:
+        """The run's record, None if there is none or the run is being deleted (unless
+        ``deleting``: ``RunRecord.deleting``). Raises StoreError if it is unreadable."""
         rec: RunRecord | None = self.records.read(self.layout.run_path(job_key, run_id), RunRecord)
-        return rec
+        return None if rec is not None and rec.deleting and not deleting else rec
 
     def list_runs(self, job_key: str | None = None) -> tuple[list[RunRecord], list[str]]:
-        """All readable run records (oldest first) and a warning for each unreadable one."""
+        """All readable run records (oldest first), and a warning for each unreadable one and
+        each run being deleted (``RunBeingDeleted``: no longer listed)."""
         runs: list[RunRecord] = []
         warnings: list[str] = []
         keys = [job_key] if job_key else self.fs.list_names(self.layout.jobs_dir)
@@ -229,10 +235,13 @@ class CheckpointStore:
                 warnings.append(str(exc))
                 continue
             for run_id in run_ids:
+                deleting = deleting_run_id(run_id)  # a local store's folder being deleted
+                if deleting is not None:
+                    warnings.append(RunBeingDeleted(being_deleted_words(deleting)))
                 if not is_run_id(run_id):
                     continue
                 try:
-                    rec = self.read_run(key, run_id)
+                    rec = self.read_run(key, run_id, deleting=True)
                 except SetAsideError as exc:
                     warnings.append(
                         RunSetAside(
@@ -247,7 +256,9 @@ class CheckpointStore:
                 except StoreError as exc:
                     warnings.append(str(exc))
                     continue
-                if rec is not None:
+                if rec is not None and rec.deleting:
+                    warnings.append(RunBeingDeleted(being_deleted_words(run_id)))
+                elif rec is not None:
                     runs.append(rec)
         runs.sort(key=lambda r: (r.created_at, r.run_id))
         return runs, warnings
@@ -265,12 +276,11 @@ class CheckpointStore:
         return None
 
     def delete_run(self, job_key: str, run_id: str) -> None:
-        """Delete a run with its task records and checkpoints."""
-        path = self.layout.run_dir(job_key, run_id)
-        try:
-            self.fs.remove_tree(path)
-        except OSError as exc:
-            raise StoreError(f"cannot delete {self.fs.where(path)}: {os_reason(exc)}") from None
+        """Delete a run with its task records and checkpoints: marked as being deleted, then
+        removed (``core._run_removal``), taking no lock or lease (``core.delete_run`` does)."""
+        where = self.removal.mark(job_key, run_id, this_process())
+        if where is not None:
+            self.removal.remove(where, None)
 
     def delete_checkpoints(self, run: RunRecord) -> None:
         """Delete a run's task records and checkpoints, keeping its run record (the tombstone
@@ -289,14 +299,18 @@ class CheckpointStore:
         """Hold the run's record lock while reading and rewriting ``run.json`` or accepting a
         stop request, so that concurrent writers lose nothing.
 
-        ``run.lock``: see ``core._lease.hold_lock`` for what it is on each kind of store.
+        ``run.lock``: see ``core._lease.hold_lock`` for what it is on each kind of store. On a
+        local store a run with no folder (not made yet, under the job's lock; or deleted) is not
+        locked: its lock file would make a folder without a record.
 
         Raises:
             StoreError: the lock was not had within ``timeout`` seconds.
         """
-        with hold_lock(
-            self.fs, posixpath.join(self.layout.run_dir(job_key, run_id), "run.lock"), timeout
-        ):
+        path = self.layout.run_lock(job_key, run_id)
+        if self.is_local and not os.path.isdir(self.fs.confined(posixpath.dirname(path))):
+            yield
+            return
+        with hold_lock(self.fs, path, timeout):
             yield
 
     def update_run(
@@ -349,8 +363,8 @@ class CheckpointStore:
         an expired lease may be taken over: exactly one taker wins on S3 (conditional writes)
         and in one process on ``memory://``; on other stores it is best effort. The ttl is
         ``lease_seconds`` unless ``ttl_seconds`` says otherwise."""
-        run_dir = self.layout.run_dir(run.job_key, run.run_id)
-        return take_lease(self.fs, posixpath.join(run_dir, "lease"), self._ttl(ttl_seconds))
+        base = self.layout.run_lease(run.job_key, run.run_id)
+        return take_lease(self.fs, base, self._ttl(ttl_seconds))
 
     def _ttl(self, ttl_seconds: float | None) -> float:
         return self.lease_seconds if ttl_seconds is None else ttl_seconds
@@ -384,11 +398,7 @@ class CheckpointStore:
 
     def task_lease_held(self, job_key: str, run_id: str, step: str, task_key: str) -> bool:
         """True if a live holder has the task's lease (probes without keeping it)."""
-        lease = self.acquire_task_lease(job_key, run_id, step, task_key)
-        if lease is None:
-            return True
-        lease.release()
-        return False
+        return _held(self.acquire_task_lease(job_key, run_id, step, task_key))
 
     @contextlib.contextmanager
     def job_lock(self, job_key: str, *, timeout: float = 30.0) -> Iterator[None]:
@@ -406,11 +416,7 @@ class CheckpointStore:
 
     def lease_held(self, run: RunRecord) -> bool:
         """True if a live owner holds the run's lease (probes without keeping it)."""
-        lease = self.acquire_lease(run)
-        if lease is None:
-            return True
-        lease.release()
-        return False
+        return _held(self.acquire_lease(run))
 
     # --- tasks (core._task_records) --------------------------------------------------------------
     def write_task(
@@ -491,6 +497,14 @@ def run_files_mode(store: CheckpointStore, run: RunRecord) -> str:
     (``CheckpointStore.file_flow``). Every task of the run shows it, saved or not
     (``core.summarize_task``)."""
     return run.files_mode or store.file_flow.value
+
+
+def _held(lease: Lease | None) -> bool:
+    """True if a probe found the lease held (None); else lets the probe's lease go."""
+    if lease is None:
+        return True
+    lease.release()
+    return False
 
 
 def run_file_flow(store: CheckpointStore, job_key: str, run_id: str) -> FileDataFlow:

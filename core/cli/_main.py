@@ -43,8 +43,10 @@ from core import (
     default_store_location,
     delete_run,
     describe_exit,
+    finish_interrupted_deletes,
     load_environment_template,
     load_path_mapping_rules,
+    no_run_words,
     outcome_key,
     outcome_sentence,
     parse_notice_sources,
@@ -104,9 +106,7 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     store = _store_from(args)
     run = store.find_run(args.run_id)
     if run is None:
-        raise ResumeRefusedError(
-            RefusalCode.UNKNOWN_RUN, f"no run {args.run_id!r} in {store.location}"
-        )
+        raise ResumeRefusedError(RefusalCode.UNKNOWN_RUN, no_run_words(store, args.run_id))
     template = args.template or (Path(run.template_path) if run.template_path else None)
     if template is None:
         raise TemplateError([f"run {run.run_id} has no template path; pass --template"])
@@ -338,13 +338,12 @@ def _store_from(args: argparse.Namespace) -> CheckpointStore:
     return CheckpointStore(args.store, create=False)
 
 
-def _store_runs(args: argparse.Namespace) -> tuple[CheckpointStore, list[Any]]:
-    """The store and its readable runs; unreadable ones are reported on stderr."""
-    store = _store_from(args)
+def _store_runs(store: CheckpointStore) -> list[Any]:
+    """The store's readable runs; unreadable ones are reported on stderr."""
     runs, warnings = store.list_runs()
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
-    return store, runs
+    return runs
 
 
 def _store_run(args: argparse.Namespace) -> tuple[CheckpointStore, Any]:
@@ -352,7 +351,7 @@ def _store_run(args: argparse.Namespace) -> tuple[CheckpointStore, Any]:
     store = _store_from(args)
     run = store.find_run(args.run_id)
     if run is None:
-        print(f"openjd-checkpoint: no run {args.run_id!r} in {store.location}", file=sys.stderr)
+        print(f"openjd-checkpoint: {no_run_words(store, args.run_id)}", file=sys.stderr)
     return store, run
 
 
@@ -360,7 +359,12 @@ def _cmd_delete(args: argparse.Namespace) -> int:
     store, run = _store_run(args)
     if run is None:
         return 2
-    for note in delete_run(store, run):
+    try:
+        notes = delete_run(store, run)
+    except RunError as exc:  # running now, or deleted meanwhile
+        print(f"openjd-checkpoint: refused: {exc}", file=sys.stderr)
+        return EXIT_CODES["refused"]
+    for note in notes:
         print(f"openjd-checkpoint: {note}", file=sys.stderr)
     print(f"deleted run {run.run_id} and its checkpoints")
     return 0
@@ -398,7 +402,10 @@ def _cmd_stop(args: argparse.Namespace) -> int:
 
 
 def _cmd_gc(args: argparse.Namespace) -> int:
-    store, runs = _store_runs(args)
+    store = _store_from(args)
+    for line in finish_interrupted_deletes(store, grace_seconds=args.grace_seconds):
+        print(line)  # before the runs are listed: no warning for what is gone now
+    runs = _store_runs(store)
     cutoff = time.time() - args.retention_days * 86400
     removed = 0
     for r in runs:
