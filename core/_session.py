@@ -409,6 +409,13 @@ class Session:
         return problem
 
     def _exit_one(self, ex: ActionHost, entered: _Entered) -> str | None:
+        if ex.stop_state.force:  # a forced stop skips the cleanup it would only kill
+            name = entered.model.name
+            self.stopped_exits.append(
+                f"{entered.path}.script.actions.onExit (environment {name!r}): not run, the "
+                "stop was forced"
+            )
+            return None
         symtab = self.env_symtab(entered.step)
         for k, v in entered.files.items():
             symtab[k] = v
@@ -422,7 +429,10 @@ class Session:
             ex, entered.model, entered.path, "onExit", symtab, entered.marker
         )
         if code != 0 and ex.stop_state.ends_on_exit():
-            self.stopped_exits.append(f"{entered.path}.script.actions.onExit: killed by the stop")
+            self.stopped_exits.append(
+                f"{entered.path}.script.actions.onExit (environment {entered.model.name!r}): "
+                "killed by the stop"
+            )
         elif code != 0:
             return msg or f"environment {entered.model.name!r} onExit failed"
         return None

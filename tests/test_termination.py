@@ -363,7 +363,7 @@ def _ends_cancelled(cli: CliProcess, store: Path, run_id: str, pids: list[int]) 
     assert runs.returncode == 0, runs.stderr
     [row] = [r for r in json.loads(runs.stdout)["runs"] if r["run_id"] == run_id]
     assert (row["status"], row["reason"]) == ("canceled", "Cancelled"), row
-    assert "onExit: killed by the stop" in row["message"], row
+    assert "onExit (environment 'E'): killed by the stop" in row["message"], row
     late = stop(store, run_id, "Cancelled")
     assert late.returncode == 4 and "has ended" in late.stderr, late.stderr
 
@@ -394,6 +394,50 @@ def test_stop_force_kills_a_hung_on_exit_at_once(hung_exit) -> None:
     assert forced.returncode == 0, forced.stderr
     assert "forced" in forced.stdout, forced.stdout
     _ends_cancelled(cli, store, run_id, pids)
+
+
+SLOW_TASK_WITH_CLEANUP = """\
+specificationVersion: 'jobtemplate-2023-09'
+name: cleanup after a forced stop
+steps:
+- name: S
+  stepEnvironments:
+  - name: Cleanup
+    script:
+      actions:
+        onExit: {command: bash, args: [-c, "echo CLEANUP-STARTS; sleep 30"]}
+  script:
+    actions:
+      onRun: {command: bash, args: [-c, "echo TASK-RUNS; sleep 600"]}
+"""
+
+
+def test_a_forced_stop_skips_an_on_exit_that_has_not_started(tmp_path: Path) -> None:
+    """``stop --force`` while the task runs: the task is killed at once, and the
+    environment's onExit, which it would only kill part-way, is not started; the run says
+    so and reads Cancelled (a new user saw 'cleanup starts', then it killed)."""
+    import json
+
+    template = tmp_path / "cleanup.yaml"
+    template.write_text(SLOW_TASK_WITH_CLEANUP)
+    store = tmp_path / "store"
+    cli = CliProcess("run", str(template), "--store", str(store))
+    try:
+        cli.wait_for("TASK-RUNS")
+        run_id = run_id_of(store)
+        forced = run_cli(
+            "stop", run_id, "--mode", "Cancelled", "--force", "--store", str(store), timeout=30
+        )
+        assert forced.returncode == 0, forced.stderr
+        assert cli.wait(20) == 130, cli.stderr
+        assert "CLEANUP-STARTS" not in cli.stdout, cli.stdout
+        runs = run_cli("runs", "--json", "--store", str(store), cwd=ROOT, timeout=30)
+        [row] = [r for r in json.loads(runs.stdout)["runs"] if r["run_id"] == run_id]
+        assert (row["status"], row["reason"]) == ("canceled", "Cancelled"), row
+        assert "(environment 'Cleanup'): not run, the stop was forced" in row["message"], row
+    finally:
+        if cli.proc.poll() is None:
+            cli.proc.kill()
 
 
 def test_a_second_request_of_a_stopping_run_is_forced(tmp_path: Path) -> None:

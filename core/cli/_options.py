@@ -38,7 +38,8 @@ exit codes of 'run' and 'resume':
        run's lease to another process, which runs the run now (this one wrote nothing more)
   70   internal error (a bug in openjd-checkpoint)
   75   suspended (Ctrl-C, SIGTERM, SIGHUP, an interruption notice, or 'stop --mode
-       Suspended'): checkpoints kept; run the same command again, or 'resume RUN_ID', to resume
+       Suspended'): what the tasks reported is kept (the run's last line says what); run the
+       same command again, or 'resume RUN_ID', to resume
   130  canceled or stopped (a second Ctrl-C, or 'stop --mode Cancelled|CancelledRunFinally|
        StoppedRunFinally'); finally steps ran unless the mode was Cancelled
 

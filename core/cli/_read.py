@@ -320,8 +320,13 @@ def cmd_show(args: argparse.Namespace, store: CheckpointStore) -> int:
             print(f"  {'':<28} checkpoint files: {ck.files_mode}, {ck.named} named{kept}")
         for mark in timeline.checkpoints:  # the Prefect table's checkpoint history, in order
             print(f"  {'':<28} ▲ {checkpoint_mark_text(mark)}")
-    for out in data["outputs"]:
-        print(f"  output: {json.dumps(out, sort_keys=True)}")
+    for out in data["outputs"]:  # the files a task declared so far, in the store
+        files = out.get("files") if isinstance(out.get("files"), dict) else {}
+        who = f"{out.get('step', '?')} {out.get('task_key', '')}".strip()
+        print(f"  files declared by {who} (in the store): {len(files)}")
+        for path, entry in sorted(files.items()):
+            size = entry.get("size") if isinstance(entry, dict) else None
+            print(f"    {path}" + (f"  {size:,} bytes" if isinstance(size, int) else ""))
     for w in data["warnings"]:
         print(f"warning: {w}", file=sys.stderr)
     return 0
