@@ -436,9 +436,8 @@ def _flow_body(
             outcome = core.finish_attempt(store, job, run_id)
         finally:
             watcher.close()
-    logger.info(
-        "run %s ended: %s (%s)", run_id, outcome.condition.reason, outcome.condition.message
-    )
+    why = f" ({outcome.condition.message})" if outcome.condition.message else ""
+    logger.info("run %s ended: %s%s", run_id, outcome.condition.reason, why)
     heading = (
         f"core run {run_id}, attempt {attempt.attempt}"
         f"{' (resumed)' if attempt.resumed else ''}: {outcome.condition.reason}"

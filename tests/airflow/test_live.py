@@ -56,7 +56,8 @@ def marked(markers: set[str]) -> list[psutil.Process]:
 def running_record(store: Path) -> dict:
     def ready() -> dict | None:
         for rec in task_records(store):
-            if rec["status"] == "running" and rec.get("process"):
+            # pid 0: the record names the process about to start (it is not running yet)
+            if rec["status"] == "running" and (rec.get("process") or {}).get("pid"):
                 return rec
         return None
 
