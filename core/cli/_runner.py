@@ -269,22 +269,16 @@ class JobRunner:
                 try:
                     return self._run_attempt(attempt, executor)
                 except LeaseLostError as exc:
-                    if not exc.taken:  # the store could not be written for the lease's ttl
-                        return RunResult(
-                            attempt.run_id,
-                            RunStatus.FAILED,
-                            RunCondition(status="Unknown", reason="Running"),
-                            EXIT_CODES["store"],
-                            resumed=attempt.resumed,
-                            store_failed=str(exc),
-                        )
+                    # taken: another process runs the run now; else the store could not be
+                    # written for the lease's whole ttl (a store failure)
                     return RunResult(
                         attempt.run_id,
-                        RunStatus.RUNNING,
+                        RunStatus.RUNNING if exc.taken else RunStatus.FAILED,
                         RunCondition(status="Unknown", reason="Running"),
-                        EXIT_CODES["refused"],
+                        EXIT_CODES["refused" if exc.taken else "store"],
                         resumed=attempt.resumed,
-                        lease_lost=str(exc),
+                        lease_lost=str(exc) if exc.taken else None,
+                        store_failed=None if exc.taken else str(exc),
                     )
         finally:
             with self._lock:
