@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import threading
 import time
@@ -211,7 +212,12 @@ def _take_object(fs: StoreFS, path: str, ttl: float) -> Lease | None:
     """Take the lease object ``path`` on S3: create it with ``If-None-Match: *``; if it is
     there and expired (its age by the server's clock is more than its ttl), rewrite it with
     ``If-Match`` of the ETag read. Returns None if a live holder has it or another taker
-    won. OSError is the caller's."""
+    won. OSError is the caller's.
+
+    The server tells the age in whole seconds (``Date`` less ``LastModified``, each to the
+    second), up to 1 s more than it is: a lease counts as expired only once that age is over
+    its ttl rounded up, so that it is never taken while its holder still counts on it
+    (``Lease.expired``: its whole ttl since it wrote it)."""
     assert fs.s3 is not None
     lease = Lease(fs, path, ttl=ttl)
     etag = fs.s3.create(path, lease._content_bytes())
@@ -221,7 +227,7 @@ def _take_object(fs: StoreFS, path: str, ttl: float) -> Lease | None:
             etag = fs.s3.create(path, lease._content_bytes())
         else:
             data, held_etag, age = current
-            if age <= _held_ttl(data):
+            if age <= math.ceil(_held_ttl(data)):
                 return None
             etag = fs.s3.replace(path, lease._content_bytes(), held_etag)
         if etag is None:

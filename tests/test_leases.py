@@ -70,7 +70,9 @@ def test_racers_for_one_expired_lease_end_with_one_holder(store_url: str) -> Non
     for _round in range(3):
         _abandoned(store_url, ttl=0.01)
         if "://" in store_url:
-            time.sleep(1.1)  # an S3 lease's age is counted in whole seconds by the server
+            # an S3 lease's age is counted in whole seconds by the server, up to 1 s more
+            # than it is: a lease is taken once that age is over its ttl rounded up (1 s)
+            time.sleep(2.1)
         stores = [CheckpointStore(store_url) for _ in range(8)]
         start = threading.Barrier(len(stores))
         won: list = []
@@ -132,6 +134,33 @@ def test_a_lost_lease_says_so_and_leaves_the_new_holder_alone(store_url: str, tt
     assert take(store_url) is None
     winner.release()
     assert take(store_url) is not None
+
+
+@pytest.mark.parametrize("store_url", ["s3"], indirect=True)
+def test_a_lease_is_not_taken_while_its_stalled_holder_still_counts_on_it(store_url: str) -> None:
+    """A holder counts on its lease for its whole ttl since it last wrote it (``Lease.expired``;
+    ``Lease.confirm`` does no I/O before a fenced write meanwhile), so no other process may take
+    it sooner. The server tells a lease's age in whole seconds (``Date`` less ``LastModified``):
+    with a ttl of 1.5 s, a lease written at .8 of a second read as 2 s old, over its ttl, 1.2 s
+    after it was written, and was taken while its holder still counted on it."""
+    ttl = 1.5
+    warm = take(store_url, task_key="warm")  # the client made, the server probed
+    assert warm is not None
+    warm.release()
+    while not 0.75 < time.time() % 1 < 0.85:  # the server's clock is this machine's
+        time.sleep(0.01)
+    stalled = take(store_url, ttl=ttl)
+    assert stalled is not None
+    lease_module._KEEPER.discard(stalled)  # its process stalls: nothing renews it
+    end = time.monotonic() + 10
+    while (taker := take(store_url)) is None:
+        assert time.monotonic() < end, "the stalled holder's lease never expired"
+        time.sleep(0.02)
+    try:
+        assert stalled.expired, "taken while its holder still counted on it"
+    finally:
+        taker.release()
+        stalled.release()
 
 
 @pytest.mark.parametrize("lock", ["run", "job"])
