@@ -10,6 +10,7 @@ one task.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 
@@ -26,6 +27,7 @@ __all__ = (
     "NotStartedError",
     "claim_task",
     "lease_expired_note",
+    "planned_as_stored",
 )
 
 
@@ -46,6 +48,7 @@ def claim_task(
     *,
     note: Callable[[str], None] | None = None,
     should_stop: Callable[[], str | None] | None = None,
+    attempt: int | None = None,
 ) -> tuple[Lease, TaskRecord | None]:
     """Take the task's lease and make sure no earlier process of it is alive on this host.
 
@@ -56,7 +59,12 @@ def claim_task(
     when it starts and when it ends; it stops early when ``should_stop`` returns a reason. On
     a local folder or ``memory://`` a live holder is known to be alive: refused at once (after
     0.5 s, so that a process that merely probes the lease is not mistaken for a holder). A
-    task that the holder waited for ran to its end meanwhile is not run again: refused.
+    task that the holder waited for ran to its end meanwhile is not run again: refused; so is
+    a task whose record, read under the lease, says another process ran it to its end since it
+    was planned (a plan is made before the claim: another try of the same task, or a runner
+    woken after its lease expired, may have run it meanwhile). ``attempt``: the run attempt
+    this claim is for, which tells a finally task that succeeded in an earlier attempt (it runs
+    again) from one that succeeded in this one (None: finally tasks are never refused so).
 
     Returns the lease (release it when the task ends) and the task's stored record (None if it
     has none); what a person should know (a record rebuilt, an earlier process stopped) goes
@@ -101,6 +109,14 @@ def claim_task(
             f"task {spec.label} of run {run_id} is being run by another process "
             f"({held.describe()}, which ran it to its end while this one waited for its lease)",
         )
+    if record is not None and _ended_since_planned(job, record, attempt):
+        lease.release()
+        by = f" on host {record.host}" if record.host else ""
+        raise ResumeRefusedError(
+            RefusalCode.ALREADY_RESUMED,
+            f"task {spec.label} of run {run_id} was run by another process{by}, which ran it "
+            "to its end since this one planned it; it is not run again",
+        )
     if record is not None and record.process is not None:
         if kill_recorded_process(record.process):
             tell(
@@ -108,6 +124,50 @@ def claim_task(
                 "earlier attempt"
             )
     return lease, record
+
+
+def _ended_since_planned(job: PreparedJob, record: TaskRecord, attempt: int | None) -> bool:
+    """True if ``record`` says its task succeeded where no plan would run it again: a regular
+    task (planning leaves those out, or resets their record first), or a finally task that
+    succeeded in the attempt ``attempt`` itself."""
+    if record.status != TaskStatus.SUCCEEDED:
+        return False
+    if not job.template.is_finally(record.step):
+        return True
+    return attempt is not None and record.run_attempt >= attempt
+
+
+def planned_as_stored(
+    job: PreparedJob,
+    spec: TaskSpec,
+    record: TaskRecord | None,
+    note: Callable[[str], None] | None = None,
+) -> TaskSpec:
+    """``spec`` as its task's record, read under the task's lease (``claim_task``), says it
+    must run now: a task of a resumable step planned before another process stored a newer
+    checkpoint of it (or its first) resumes from that checkpoint, not from the one it was
+    planned with, nor from the top (said to ``note``). A chunk planned to run from the top
+    keeps its plan (its frames are planned with its checkpoint). Every other spec is returned
+    as it is."""
+    if record is None or record.checkpoint is None or record.status == TaskStatus.SUCCEEDED:
+        return spec
+    if not job.template.is_resumable(spec.step_name):
+        return spec
+    planned, stored = spec.resume, record.checkpoint
+    if planned is None and spec.chunk_parameter is not None:
+        return spec
+    if planned is not None and (planned.generation, planned.saved_at) == (
+        stored.generation,
+        stored.saved_at,
+    ):
+        return spec
+    if note is not None:
+        was = f"generation {planned.generation}" if planned is not None else "the top"
+        note(
+            f"{spec.label}: resumes from checkpoint generation {stored.generation}, stored "
+            f"since it was planned (to run from {was})"
+        )
+    return dataclasses.replace(spec, resume=stored)
 
 
 def _wait_for_task_lease(

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ._action import StopIntent
-from ._claim import NotStartedError, claim_task, lease_expired_note
+from ._claim import NotStartedError, claim_task, lease_expired_note, planned_as_stored
 from ._errors import RunError, StoreError
 from ._job import PreparedJob, TaskSpec
 from ._notices import (
@@ -550,7 +550,9 @@ class TaskExecutor:
                 spec,
                 note=self.note,
                 should_stop=lambda: self.running.why_not_start(is_finally),
+                attempt=self.attempt,
             )
+            spec = planned_as_stored(self.job, spec, record, self.note)
         except NotStartedError as exc:
             return exc
         except (ResumeRefusedError, StoreError) as exc:
