@@ -542,6 +542,9 @@ class TaskExecutor:
         errors: str,
         known: Mapping[TaskKey, TaskRecord] | None,
     ) -> tuple[TaskExecution, Lease, Session] | NotStartedError | str:
+        if self._run_lease is not None and not self._watcher.still_held(self._run_lease):
+            # a runner woken after a stall past its lease claims no next task
+            return NotStartedError("not started: this process lost the run's lease")
         try:
             lease, record = claim_task(
                 self.store,
