@@ -10,7 +10,6 @@ one task.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 
@@ -48,7 +47,6 @@ def claim_task(
     *,
     note: Callable[[str], None] | None = None,
     should_stop: Callable[[], str | None] | None = None,
-    attempt: int | None = None,
 ) -> tuple[Lease, TaskRecord | None]:
     """Take the task's lease and make sure no earlier process of it is alive on this host.
 
@@ -59,12 +57,7 @@ def claim_task(
     when it starts and when it ends; it stops early when ``should_stop`` returns a reason. On
     a local folder or ``memory://`` a live holder is known to be alive: refused at once (after
     0.5 s, so that a process that merely probes the lease is not mistaken for a holder). A
-    task that the holder waited for ran to its end meanwhile is not run again: refused; so is
-    a task whose record, read under the lease, says another process ran it to its end since it
-    was planned (a plan is made before the claim: another try of the same task, or a runner
-    woken after its lease expired, may have run it meanwhile). ``attempt``: the run attempt
-    this claim is for, which tells a finally task that succeeded in an earlier attempt (it runs
-    again) from one that succeeded in this one (None: finally tasks are never refused so).
+    task that the holder waited for ran to its end meanwhile is not run again: refused.
 
     Returns the lease (release it when the task ends) and the task's stored record (None if it
     has none); what a person should know (a record rebuilt, an earlier process stopped) goes
@@ -109,14 +102,6 @@ def claim_task(
             f"task {spec.label} of run {run_id} is being run by another process "
             f"({held.describe()}, which ran it to its end while this one waited for its lease)",
         )
-    if record is not None and _ended_since_planned(job, record, attempt):
-        lease.release()
-        by = f" on host {record.host}" if record.host else ""
-        raise ResumeRefusedError(
-            RefusalCode.ALREADY_RESUMED,
-            f"task {spec.label} of run {run_id} was run by another process{by}, which ran it "
-            "to its end since this one planned it; it is not run again",
-        )
     if record is not None and record.process is not None:
         if kill_recorded_process(record.process):
             tell(
@@ -126,48 +111,57 @@ def claim_task(
     return lease, record
 
 
-def _ended_since_planned(job: PreparedJob, record: TaskRecord, attempt: int | None) -> bool:
-    """True if ``record`` says its task succeeded where no plan would run it again: a regular
-    task (planning leaves those out, or resets their record first), or a finally task that
-    succeeded in the attempt ``attempt`` itself."""
-    if record.status != TaskStatus.SUCCEEDED:
-        return False
-    if not job.template.is_finally(record.step):
-        return True
-    return attempt is not None and record.run_attempt >= attempt
-
-
 def planned_as_stored(
     job: PreparedJob,
+    run_id: str,
     spec: TaskSpec,
     record: TaskRecord | None,
+    lease: Lease,
+    *,
+    attempt: int,
     note: Callable[[str], None] | None = None,
 ) -> TaskSpec:
-    """``spec`` as its task's record, read under the task's lease (``claim_task``), says it
-    must run now: a task of a resumable step planned before another process stored a newer
-    checkpoint of it (or its first) resumes from that checkpoint, not from the one it was
-    planned with, nor from the top (said to ``note``). A chunk planned to run from the top
-    keeps its plan (its frames are planned with its checkpoint). Every other spec is returned
-    as it is."""
-    if record is None or record.checkpoint is None or record.status == TaskStatus.SUCCEEDED:
+    """What to run of ``spec`` now, as its task's record, read under its ``lease``
+    (``claim_task``), says. A task is planned before its lease is claimed, and another process
+    may run it in between (another try of the same task, the holder the claim waited for, a
+    runner woken after its lease expired): the task is planned again from that record alone
+    (``PreparedJob.plan_step``, the plan's own rules), so that it resumes from the newest
+    checkpoint stored (said to ``note``), runs none of the frames reported finished, and is
+    not run again if it ran to its end. A finally task that succeeded in an earlier attempt
+    than ``attempt`` runs again, as planned; a remaining piece of a chunk (``KEY#FRAMES``),
+    or a chunk whose plan now splits it into pieces, runs as planned.
+
+    Raises:
+        ResumeRefusedError: ``already-resumed``: nothing of the task is left to run (another
+            process ran it to its end since it was planned); ``lease`` is released.
+    """
+    if record is None or "#" in spec.task_key:
         return spec
-    if not job.template.is_resumable(spec.step_name):
+    if job.template.is_finally(spec.step_name) and record.run_attempt < attempt:
+        return spec  # finally steps run again on every attempt
+    now = job.plan_step(spec.step_name, [record], tasks=[spec.record_parameters])
+    if not now:
+        lease.release()
+        by = f" on host {record.host}" if record.host else ""
+        raise ResumeRefusedError(
+            RefusalCode.ALREADY_RESUMED,
+            f"task {spec.label} of run {run_id} was run to its end by another process{by} "
+            "since it was planned; it is not run again",
+        )
+    if len(now) != 1 or now[0].task_key != spec.task_key:
         return spec
-    planned, stored = spec.resume, record.checkpoint
-    if planned is None and spec.chunk_parameter is not None:
-        return spec
-    if planned is not None and (planned.generation, planned.saved_at) == (
-        stored.generation,
-        stored.saved_at,
-    ):
-        return spec
-    if note is not None:
+    planned, stored = spec.resume, now[0].resume
+    changed = planned is None or (planned.generation, planned.saved_at) != (
+        stored.generation if stored else None,
+        stored.saved_at if stored else None,
+    )
+    if note is not None and stored is not None and changed:
         was = f"generation {planned.generation}" if planned is not None else "the top"
         note(
-            f"{spec.label}: resumes from checkpoint generation {stored.generation}, stored "
+            f"{now[0].label}: resumes from checkpoint generation {stored.generation}, stored "
             f"since it was planned (to run from {was})"
         )
-    return dataclasses.replace(spec, resume=stored)
+    return now[0]
 
 
 def _wait_for_task_lease(

@@ -553,9 +553,10 @@ class TaskExecutor:
                 spec,
                 note=self.note,
                 should_stop=lambda: self.running.why_not_start(is_finally),
-                attempt=self.attempt,
             )
-            spec = planned_as_stored(self.job, spec, record, self.note)
+            spec = planned_as_stored(
+                self.job, self.run_id, spec, record, lease, attempt=self.attempt, note=self.note
+            )
         except NotStartedError as exc:
             return exc
         except (ResumeRefusedError, StoreError) as exc:

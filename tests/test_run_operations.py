@@ -1121,7 +1121,67 @@ def test_a_claim_runs_the_task_as_its_record_says_now_not_as_it_was_planned(
     with pytest.raises(ResumeRefusedError) as info:
         run(stale)
     assert info.value.code.value == "already-resumed", info.value
-    assert "ran it to its end" in str(info.value), info.value
+    assert "run to its end by another process" in str(info.value), info.value
     [rec] = st.read_tasks(job.job_key, run_id)[0]
     assert rec.status.value == "succeeded" and rec.checkpoint is not None
     assert rec.checkpoint.state == "3"
+
+
+# A chunk of frames 1-4 that reports its first two frames finished, saves, and fails; it says
+# which frames it was given and from which state.
+CHUNK_STEPPING = """\
+specificationVersion: jobtemplate-2023-09
+extensions: [CHECKPOINT, TASK_CHUNKING]
+name: Chunk stepping
+steps:
+- name: R
+  parameterSpace:
+    taskParameterDefinitions:
+    - name: F
+      type: CHUNK[INT]
+      range: "1-4"
+      chunks: {defaultTaskCount: 4, rangeConstraint: CONTIGUOUS}
+  script:
+    embeddedFiles:
+    - name: R
+      type: TEXT
+      data: |
+        import sys
+        frames = []
+        for part in sys.argv[1].split(","):
+            a, _, b = part.partition("-")
+            frames.extend(range(int(a), int(b or a) + 1))
+        print("FRAMES", frames, "FROM", sys.argv[2] if len(sys.argv) > 2 else None, flush=True)
+        for f in frames[:2]:
+            print('openjd_task_complete: {"F": %d}' % f, flush=True)
+        print('openjd_checkpoint_save: {"state": "after-%d"}' % frames[1], flush=True)
+        sys.exit(1)
+    actions:
+      onRun: {command: python3, args: ["{{Task.File.R}}", "{{Task.Param.F}}"]}
+      onCheckpointResume:
+        command: python3
+        args: ["{{Task.File.R}}", "{{Task.Param.F}}", "{{Task.Checkpoint.State}}"]
+"""
+
+
+def test_a_claimed_chunk_runs_no_frame_reported_finished_since_it_was_planned(
+    tmp_path: Path,
+) -> None:
+    """The frames of a chunk planned before another process ran it are planned again at its
+    claim: it resumes with the frames not reported finished, from the checkpoint stored."""
+    from core import run_task
+
+    st = CheckpointStore(tmp_path / "store")
+    template = tmp_path / "chunk.yaml"
+    template.write_text(CHUNK_STEPPING)
+    job = prepare_job(template, {})
+    run_id = begin_attempt(st, job, external_key="k").run_id
+    [planned] = plan_step(st, job, run_id, "R")
+
+    def run(spec: TaskSpec) -> list[str]:
+        lines: list[str] = []
+        run_task(st, job, run_id, spec, on_output=lambda _ex, new: lines.extend(new))
+        return [line for line in lines if line.startswith("FRAMES")]
+
+    assert run(planned) == ["FRAMES [1, 2, 3, 4] FROM None"]  # another worker
+    assert run(planned) == ["FRAMES [3, 4] FROM after-2"]
