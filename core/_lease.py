@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ._errors import LeaseLostError, SettingError, StoreError, seconds_in_range
-from ._fs import NotARecordError, StoreFS, os_reason
+from ._fs import NotARecordError, StoreFS, lock_fence, os_reason
 from ._host import host_id
 from ._records import ProcessInfo
 
@@ -86,8 +86,9 @@ def hold_lock(fs: StoreFS, path: str, timeout: float) -> Iterator[None]:
     - local store: a blocking ``flock`` on the file ``path``;
     - S3 with conditional writes: the object ``path``, created with ``If-None-Match`` (tried
       again until ``timeout``) and deleted on exit. Its holder refreshes it every 10 s; one
-      not refreshed for ``LOCK_STALE_SECONDS`` (its holder died) is taken over with
-      ``If-Match``;
+      not refreshed for ``LOCK_STALE_SECONDS`` (its holder died, or stalled) is taken over
+      with ``If-Match``, and a holder that stalled that long writes nothing more under it
+      (``core._fs.lock_fence``);
     - ``memory://``: a threading lock of this process (a memory store lives in one process);
     - other stores: nothing (best effort, see docs/decisions.md).
     """
@@ -118,7 +119,8 @@ def hold_lock(fs: StoreFS, path: str, timeout: float) -> Iterator[None]:
             time.sleep(pause)
             pause = min(pause * 1.5, 0.25)
         try:
-            yield
+            with lock_fence(lease, f"the lock {fs.where(path)}"):
+                yield
         finally:
             lease.release()
     else:

@@ -7,9 +7,11 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import signal
 import threading
 import time
 
+import psutil
 import pytest
 from conftest import ROOT, run_cli
 
@@ -214,6 +216,57 @@ def test_a_run_lock_left_by_a_dead_process_is_taken_over_when_stale(
     started = time.monotonic()
     with st.run_lock(JK, RID, timeout=10):
         assert time.monotonic() - started < 4
+
+
+def _stall_inside_the_lock(store: str, wrote: multiprocessing.synchronize.Event) -> None:
+    """Take the run's lock, read the run, stall (SIGSTOP) past the lock's staleness, then write
+    what was read, with its own change; ``wrote`` is set if the write went through."""
+    st = CheckpointStore(store)
+    try:
+        with st.run_lock(JK, RID):
+            rec = st.read_run(JK, RID)
+            assert rec is not None
+            os.kill(os.getpid(), signal.SIGSTOP)
+            rec.termination = "Cancelled"
+            st.write_run(rec)
+            wrote.set()
+    except StoreError:
+        pass
+    os._exit(0)
+
+
+@pytest.mark.parametrize("store_url", ["s3"], indirect=True)
+def test_a_holder_of_a_run_lock_taken_over_when_stale_writes_nothing(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that read a run under its lock and then stalled past the lock's staleness
+    (30 s, 1 s here) lost the lock to the next process, which changed the run (a runner ending
+    it). Woken, it must not write what it read before (a ``stop`` would have put a finished run
+    back to running): its write is refused."""
+    monkeypatch.setattr(lease_module, "LOCK_STALE_SECONDS", 1.0)
+    st = CheckpointStore(store_url)
+    st.write_run(run_record())
+    wrote = FORK.Event()
+    stalled = FORK.Process(target=_stall_inside_the_lock, args=(store_url, wrote))
+    stalled.start()
+    try:
+        end = time.monotonic() + 30
+        while psutil.Process(stalled.pid).status() != psutil.STATUS_STOPPED:
+            assert time.monotonic() < end, "the process never stalled in the lock"
+            time.sleep(0.02)
+        with st.run_lock(JK, RID, timeout=10):  # taken over once stale
+            rec = st.read_run(JK, RID)
+            assert rec is not None
+            rec.attempt = 7
+            st.write_run(rec)
+        os.kill(stalled.pid, signal.SIGCONT)
+        stalled.join(30)
+    finally:
+        if stalled.is_alive():
+            stalled.kill()
+    assert not wrote.is_set(), "the stalled holder wrote over the run after losing its lock"
+    rec = st.read_run(JK, RID)
+    assert rec is not None and rec.attempt == 7 and rec.termination is None, rec
 
 
 def _write_from_elsewhere(store: str) -> None:
