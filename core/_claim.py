@@ -26,6 +26,7 @@ __all__ = (
     "NotStartedError",
     "claim_task",
     "lease_expired_note",
+    "planned_as_stored",
 )
 
 
@@ -121,6 +122,59 @@ def claim_task(
                 "earlier attempt"
             )
     return lease, record
+
+
+def planned_as_stored(
+    job: PreparedJob,
+    run_id: str,
+    spec: TaskSpec,
+    record: TaskRecord | None,
+    lease: Lease,
+    *,
+    attempt: int,
+    note: Callable[[str], None] | None = None,
+) -> TaskSpec:
+    """What to run of ``spec`` now, as its task's record, read under its ``lease``
+    (``claim_task``), says. A task is planned before its lease is claimed, and another process
+    may run it in between (another try of the same task, the holder the claim waited for, a
+    runner woken after its lease expired): the task is planned again from that record alone
+    (``PreparedJob.plan_step``, the plan's own rules), so that it resumes from the newest
+    checkpoint stored (said to ``note``), runs none of the frames reported finished, and is
+    not run again if it ran to its end. A finally task that succeeded in an earlier attempt
+    than ``attempt`` runs again, as planned; a remaining piece of a chunk (``KEY#FRAMES``),
+    or a chunk whose plan now splits it into pieces, runs as planned.
+
+    Raises:
+        ResumeRefusedError: ``already-resumed``: nothing of the task is left to run (another
+            process ran it to its end since it was planned); ``lease`` is released.
+    """
+    if record is None or "#" in spec.task_key:
+        return spec
+    if job.template.is_finally(spec.step_name) and record.run_attempt < attempt:
+        return spec  # finally steps run again on every attempt
+    now = job.plan_step(spec.step_name, [record], tasks=[spec.record_parameters])
+    if not now:
+        lease.release()
+        by = f" on host {record.host}" if record.host else ""
+        raise ResumeRefusedError(
+            RefusalCode.ALREADY_RESUMED,
+            f"task {spec.label} of run {run_id} was run to its end by another process{by} "
+            "since it was planned; it is not run again",
+        )
+    if len(now) != 1 or now[0].task_key != spec.task_key:
+        return spec
+    planned, stored = spec.resume, now[0].resume
+    changed = planned is None or (planned.generation, planned.saved_at) != (
+        stored.generation if stored else None,
+        stored.saved_at if stored else None,
+    )
+    if note is not None and stored is not None and changed:
+        was = f"generation {planned.generation}" if planned is not None else "the top"
+        note(
+            f"{now[0].label}: resumes from checkpoint generation {stored.generation}, stored "
+            f"since it was planned (to run from {was})"
+        )
+    return now[0]
 
 
 def _wait_for_task_lease(

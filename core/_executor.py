@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ._action import StopIntent
-from ._claim import NotStartedError, claim_task, lease_expired_note
+from ._claim import NotStartedError, claim_task, lease_expired_note, planned_as_stored
 from ._errors import RunError, StoreError
 from ._job import PreparedJob, TaskSpec
 from ._notices import (
@@ -541,6 +541,9 @@ class TaskExecutor:
         errors: str,
         known: Mapping[TaskKey, TaskRecord] | None,
     ) -> tuple[TaskExecution, Lease, Session] | NotStartedError | str:
+        if self._run_lease is not None and not self._watcher.still_held(self._run_lease):
+            # a runner woken after a stall past its lease claims no next task
+            return NotStartedError("not started: this process lost the run's lease")
         try:
             lease, record = claim_task(
                 self.store,
@@ -550,6 +553,9 @@ class TaskExecutor:
                 note=self.note,
                 should_stop=lambda: self.running.why_not_start(is_finally),
                 run_held=self._run_lease is not None,
+            )
+            spec = planned_as_stored(
+                self.job, self.run_id, spec, record, lease, attempt=self.attempt, note=self.note
             )
         except NotStartedError as exc:
             return exc

@@ -26,6 +26,7 @@ content-addressed files (``core._files``) all stand on this class's public metho
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -34,9 +35,11 @@ import posixpath
 import shutil
 import stat
 import tempfile
+import threading
 import time
 import urllib.parse
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import fsspec
@@ -53,6 +56,7 @@ __all__ = (
     "NotARecordError",
     "StoreFS",
     "WriteFence",
+    "lock_fence",
     "os_reason",
     "redact_location",
 )
@@ -64,6 +68,51 @@ set aside unread, like any unreadable record."""
 
 _LOG = logging.getLogger("core._store")
 """The store's warnings keep the logger they have always had."""
+
+
+_LOCKS_HELD = threading.local()
+"""``locks``: the store locks this thread holds whose holder can lose them (``lock_fence``)."""
+
+
+@contextlib.contextmanager
+def lock_fence(lock: WriteFence, what: str) -> Iterator[None]:
+    """While this thread holds the store lock ``lock`` (``core._lease.hold_lock`` on S3, an
+    object another process takes over once its holder has not refreshed it for
+    ``LOCK_STALE_SECONDS``), every file it writes (``StoreFS.replace_file``) is refused once the
+    lock is no longer its own (``lock.confirm()``: no I/O while it is fresh): a holder stalled
+    past the staleness inside the lock must not write what it read under it, over what the
+    process that took the lock wrote meanwhile. ``what`` names the lock in the message."""
+    held: list[tuple[WriteFence, str]] = _LOCKS_HELD.__dict__.setdefault("locks", [])
+    held.append((lock, what))
+    try:
+        yield
+    finally:
+        if (lock, what) in held:  # (a forked child starts with none)
+            held.remove((lock, what))
+
+
+def _forget_locks_in_child() -> None:
+    """In a forked child: the locks are its parent's (their holder is the parent)."""
+    global _LOCKS_HELD
+    _LOCKS_HELD = threading.local()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_locks_in_child)
+
+
+def _confirm_locks(where: str) -> None:
+    """Raise StoreError if this thread holds a store lock (``lock_fence``) that another process
+    took over."""
+    for lock, what in getattr(_LOCKS_HELD, "locks", ()):
+        try:
+            lock.confirm()
+        except StoreError as exc:
+            raise StoreError(
+                f"not writing {where}: this process held {what} past its staleness without "
+                f"refreshing it (it stalled), and another process took it ({exc}); what this "
+                "one read under it may be out of date"
+            ) from None
 
 
 class NotARecordError(Exception):
@@ -286,6 +335,7 @@ class StoreFS:
             StoreError: it cannot be written (the operating system's reason).
             LeaseLostError: ``fence``'s holder no longer holds its lease; nothing was written.
         """
+        _confirm_locks(self.where(path))
         if fence is not None:
             fence.confirm()
             if self.s3 is not None and self._conditional(path):

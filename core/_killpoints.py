@@ -3,7 +3,9 @@
 ``kill_point(name)`` does nothing unless the environment variable ``OPENJD_CHECKPOINT_KILL_AT``
 names that point: ``NAME`` (the first time the process passes it) or ``NAME@N`` (the N-th time,
 1-based). The process then SIGKILLs itself at once, as a crash would stop it there: no clean-up,
-no flush of Python's buffers (what the kernel was already given stays in the page cache).
+no flush of Python's buffers (what the kernel was already given stays in the page cache). With
+``:stop`` after it (``NAME@N:stop``) the process SIGSTOPs itself there instead, as a holder
+stalled at that moment (a paused VM, a long pause): the fencing tests wake it with SIGCONT.
 
 The points (each a place where a crash must leave the store readable and resumable):
 
@@ -38,24 +40,27 @@ __all__ = ("KILL_AT_ENV", "kill_point")
 KILL_AT_ENV = "OPENJD_CHECKPOINT_KILL_AT"
 
 
-def _parse(value: str | None) -> tuple[str, int] | None:
+def _parse(value: str | None) -> tuple[str, int, signal.Signals] | None:
     if not value:
         return None
+    value, _, how = value.partition(":")
+    sig = signal.SIGSTOP if how.strip().lower() == "stop" else signal.SIGKILL
     name, _, count = value.partition("@")
     try:
-        return name, max(1, int(count)) if count else 1
+        return name, max(1, int(count)) if count else 1, sig
     except ValueError:
-        return name, 1
+        return name, 1, sig
 
 
-_UNREAD = ("", 0)
-_TARGET: tuple[str, int] | None = _UNREAD
+_UNREAD = ("", 0, signal.SIGKILL)
+_TARGET: tuple[str, int, signal.Signals] | None = _UNREAD
 _PASSED: dict[str, int] = {}
 
 
 def kill_point(name: str) -> None:
-    """SIGKILL this process here if ``OPENJD_CHECKPOINT_KILL_AT`` names this point (and this
-    is the pass it counts); otherwise nothing."""
+    """SIGKILL (or, with ``:stop``, SIGSTOP) this process here if ``OPENJD_CHECKPOINT_KILL_AT``
+    names this point and this is the pass it counts (once: a process stopped here and woken
+    goes on past later passes); otherwise nothing."""
     global _TARGET
     target = _TARGET
     if target is _UNREAD:
@@ -63,5 +68,5 @@ def kill_point(name: str) -> None:
     if target is None or target[0] != name:
         return
     passed = _PASSED[name] = _PASSED.get(name, 0) + 1
-    if passed >= target[1]:
-        os.kill(os.getpid(), signal.SIGKILL)
+    if passed == target[1]:
+        os.kill(os.getpid(), target[2])

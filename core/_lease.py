@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import threading
 import time
@@ -30,7 +31,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ._errors import LeaseLostError, SettingError, StoreError, seconds_in_range
-from ._fs import NotARecordError, StoreFS, os_reason
+from ._fs import NotARecordError, StoreFS, lock_fence, os_reason
 from ._host import host_id
 from ._records import ProcessInfo
 
@@ -85,8 +86,9 @@ def hold_lock(fs: StoreFS, path: str, timeout: float) -> Iterator[None]:
     - local store: a blocking ``flock`` on the file ``path``;
     - S3 with conditional writes: the object ``path``, created with ``If-None-Match`` (tried
       again until ``timeout``) and deleted on exit. Its holder refreshes it every 10 s; one
-      not refreshed for ``LOCK_STALE_SECONDS`` (its holder died) is taken over with
-      ``If-Match``;
+      not refreshed for ``LOCK_STALE_SECONDS`` (its holder died, or stalled) is taken over
+      with ``If-Match``, and a holder that stalled that long writes nothing more under it
+      (``core._fs.lock_fence``);
     - ``memory://``: a threading lock of this process (a memory store lives in one process);
     - other stores: nothing (best effort, see docs/decisions.md).
     """
@@ -117,7 +119,8 @@ def hold_lock(fs: StoreFS, path: str, timeout: float) -> Iterator[None]:
             time.sleep(pause)
             pause = min(pause * 1.5, 0.25)
         try:
-            yield
+            with lock_fence(lease, f"the lock {fs.where(path)}"):
+                yield
         finally:
             lease.release()
     else:
@@ -211,7 +214,12 @@ def _take_object(fs: StoreFS, path: str, ttl: float) -> Lease | None:
     """Take the lease object ``path`` on S3: create it with ``If-None-Match: *``; if it is
     there and expired (its age by the server's clock is more than its ttl), rewrite it with
     ``If-Match`` of the ETag read. Returns None if a live holder has it or another taker
-    won. OSError is the caller's."""
+    won. OSError is the caller's.
+
+    The server tells the age in whole seconds (``Date`` less ``LastModified``, each to the
+    second), up to 1 s more than it is: a lease counts as expired only once that age is over
+    its ttl rounded up, so that it is never taken while its holder still counts on it
+    (``Lease.expired``: its whole ttl since it wrote it)."""
     assert fs.s3 is not None
     lease = Lease(fs, path, ttl=ttl)
     etag = fs.s3.create(path, lease._content_bytes())
@@ -221,7 +229,7 @@ def _take_object(fs: StoreFS, path: str, ttl: float) -> Lease | None:
             etag = fs.s3.create(path, lease._content_bytes())
         else:
             data, held_etag, age = current
-            if age <= _held_ttl(data):
+            if age <= math.ceil(_held_ttl(data)):
                 return None
             etag = fs.s3.replace(path, lease._content_bytes(), held_etag)
         if etag is None:

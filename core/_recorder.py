@@ -148,6 +148,7 @@ class TaskRecorder:
         """Guards ``record`` and everything below."""
         self._dirty = False
         self._pending_save: CheckpointSave | None = None
+        self._saved = False  # a save was taken (pending, being stored, or committed)
         # The checkpoint's file dataset so far, as insertion-ordered sets. The record's
         # pending_files/pending_dirs are synced from them when a checkpoint is committed and
         # when the action ends, not on every message: a message costs O(its paths).
@@ -286,7 +287,7 @@ class TaskRecorder:
             event.state is None
             and event.file is None
             and not (self._files or self._dirs)
-            and (self.record.checkpoint is not None or self._pending_save is not None)
+            and (self.record.checkpoint is not None or self._saved)
         ):
             return (
                 "openjd_checkpoint_save carries no state, no file and no declared checkpoint "
@@ -322,8 +323,7 @@ class TaskRecorder:
                 "previous checkpoint stays"
             )
         with self.lock:
-            self._pending_save = event
-            self._save_dataset = None
+            self._pending_save, self._save_dataset, self._saved = event, None, True
         return None
 
     def _unresumable(self, kind: str) -> str | None:

@@ -218,6 +218,8 @@ class TaskRecords:
             if fence is not None and self.fs.s3 is not None:
                 self.fs.s3.delete_own(gen_path, fence)
             raise
+        if fence is not None:  # noted only for delete_own above: no longer needed
+            fence.versions.pop(gen_path, None)
         kill_point("commit.stored")
         old = checkpoint.generation - self.keep_generations
         if old >= 1:

@@ -358,6 +358,7 @@ class RunWatcher:
         self._store = store
         self._on_lease_expired = on_lease_expired
         self._expired: set[int] = set()
+        self._expired_lock = threading.Lock()
         self._key = (job_key, run_id)
         self._attempt = attempt
         self._on_change = on_change
@@ -410,6 +411,27 @@ class RunWatcher:
                         continue
                     except StoreError:
                         pass
-                    self._expired.add(id(lease))
-                    if self._on_lease_expired is not None:
-                        self._on_lease_expired(lease)
+                    self.lease_expired(lease)
+
+    def still_held(self, lease: Lease) -> bool:
+        """True if ``lease`` may still be counted on (``Lease.confirm``: no I/O while it is
+        fresh; renewed first once its ttl ran out, which tells whether another process took
+        it). Otherwise False, after ``lease_expired``: a holder asks before it starts work
+        under the lease, so that a process woken after a stall past its lease starts nothing
+        before this watcher's next look."""
+        try:
+            lease.confirm()
+        except StoreError:
+            self.lease_expired(lease)
+            return False
+        return True
+
+    def lease_expired(self, lease: Lease) -> None:
+        """``lease`` was found lost (here, or by its holder before a write): call
+        ``on_lease_expired`` for it, once whoever finds it first."""
+        with self._expired_lock:
+            if id(lease) in self._expired:
+                return
+            self._expired.add(id(lease))
+        if self._on_lease_expired is not None:
+            self._on_lease_expired(lease)

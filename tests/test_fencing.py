@@ -203,12 +203,15 @@ def test_a_stalled_holder_woken_writes_nothing_and_the_new_holder_keeps_its_gene
         assert "RESUMED" in "".join(h2.out)
         run, _rec = _task(s3_store)
         assert run is not None and run.status == RunStatus.SUCCEEDED, run
-        # The run ended with what H2 stored last: its newest generation, saved by H2's
-        # attempt (the run's second), no older than any generation seen stored meanwhile.
-        kept = run.model_dump(mode="json")["kept"]
+        # The run ended with what H2 stored last: its newest generations, by host-b and H2's
+        # attempt (the run's second), none older than any generation seen stored meanwhile.
+        kept = run.model_dump(mode="json").get("kept") or {}
         [task] = kept["tasks"]
-        last = task["checkpoints"][-1]
-        assert last["attempt"] == 2 and last["generation"] >= max(seen) > stalled_at, kept
+        assert task["host"] == "host-b", kept
+        kept_generations = [c["generation"] for c in task["checkpoints"]]
+        assert kept_generations and min(kept_generations) >= max(seen), (kept, seen)
+        assert task["checkpoints"][-1]["attempt"] == 2, kept
+        assert stalled_at < max(seen)
     finally:
         for r in (h1, h2):
             if r is not None and r.proc.poll() is None:
@@ -232,6 +235,72 @@ def test_a_stalled_holder_woken_after_the_new_holder_finished_leaves_the_run_suc
         assert all(n <= stalled_at for n in told), (stalled_at, woke)
         run, _ = _task(s3_store)
         assert run is not None and run.status == RunStatus.SUCCEEDED, (run, woke)
+    finally:
+        for r in (h1, h2):
+            if r is not None and r.proc.poll() is None:
+                r.kill()
+
+
+# Two tasks one after the other: T=1 at once, T=2 for a while (it says where it runs).
+BETWEEN = """\
+specificationVersion: jobtemplate-2023-09
+name: between tasks
+steps:
+- name: M
+  parameterSpace:
+    taskParameterDefinitions:
+    - {name: T, type: INT, range: "1-2"}
+  script:
+    actions:
+      onRun:
+        command: python3
+        args:
+        - -c
+        - |
+          import os, sys, time
+          print(f"T{sys.argv[1]}-RAN", flush=True)
+          time.sleep(6 if sys.argv[1] == "2" else 0)
+        - "{{Task.Param.T}}"
+"""
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as fh:
+        return fh.read().rsplit(")", 1)[1].split()[0]
+
+
+def test_a_holder_stalled_between_two_tasks_starts_no_task_once_woken(
+    tmp_path: Path, s3_store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """H1 stalls just after it stored T=1's end (``OPENJD_CHECKPOINT_KILL_AT=...:stop``), past
+    its lease; H2 takes the run over and runs T=2. Woken, H1 must not claim T=2 (nor wait for
+    its lease, held by H2): it lost the run, so it starts nothing, says so in one line and
+    exits 4. Before, its loop went on to claim the next task before its lease watcher noticed
+    the loss: it waited for T=2's lease, or took it and started T=2 where H2 had not yet."""
+    template = tmp_path / "between.yaml"
+    template.write_text(BETWEEN)
+    h1 = h2 = None
+    try:
+        monkeypatch.setenv("OPENJD_CHECKPOINT_KILL_AT", "task.ended-recorded@1:stop")
+        h1 = Runner(template, s3_store, "host-a")
+        monkeypatch.delenv("OPENJD_CHECKPOINT_KILL_AT")
+        _wait("host-a stalled after T=1", lambda: _state(h1.proc.pid) == "T", 60, h1)
+        run = _wait("the run", lambda: _task(s3_store)[0], 30)
+        st = CheckpointStore(s3_store, lease_seconds=LEASE_SECONDS)
+        _wait("host-a's run lease to expire", lambda: not st.lease_held(run), 30)
+        h2 = Runner(template, s3_store, "host-b")
+        _wait("host-b running T=2", lambda: "T2-RAN" in "".join(h2.out), 60, h2)
+        mark = len(h1.err)
+        os.kill(h1.proc.pid, signal.SIGCONT)
+        assert h1.proc.wait(30) == 4, h1.text()
+        woke = _after_wake(h1, mark)
+        assert "M[T=2]" not in woke, woke
+        lost_lines = [line for line in woke.splitlines() if "lost the" in line and "lease" in line]
+        assert len(lost_lines) == 1, woke
+        assert "T2-RAN" not in "".join(h1.out), h1.text()
+        assert h2.proc.wait(60) == 0, h2.text()
+        run, _ = _task(s3_store)
+        assert run is not None and run.status == RunStatus.SUCCEEDED, run
     finally:
         for r in (h1, h2):
             if r is not None and r.proc.poll() is None:

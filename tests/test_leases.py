@@ -7,9 +7,11 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import signal
 import threading
 import time
 
+import psutil
 import pytest
 from conftest import ROOT, run_cli
 
@@ -70,7 +72,9 @@ def test_racers_for_one_expired_lease_end_with_one_holder(store_url: str) -> Non
     for _round in range(3):
         _abandoned(store_url, ttl=0.01)
         if "://" in store_url:
-            time.sleep(1.1)  # an S3 lease's age is counted in whole seconds by the server
+            # an S3 lease's age is counted in whole seconds by the server, up to 1 s more
+            # than it is: a lease is taken once that age is over its ttl rounded up (1 s)
+            time.sleep(2.1)
         stores = [CheckpointStore(store_url) for _ in range(8)]
         start = threading.Barrier(len(stores))
         won: list = []
@@ -134,6 +138,33 @@ def test_a_lost_lease_says_so_and_leaves_the_new_holder_alone(store_url: str, tt
     assert take(store_url) is not None
 
 
+@pytest.mark.parametrize("store_url", ["s3"], indirect=True)
+def test_a_lease_is_not_taken_while_its_stalled_holder_still_counts_on_it(store_url: str) -> None:
+    """A holder counts on its lease for its whole ttl since it last wrote it (``Lease.expired``;
+    ``Lease.confirm`` does no I/O before a fenced write meanwhile), so no other process may take
+    it sooner. The server tells a lease's age in whole seconds (``Date`` less ``LastModified``):
+    with a ttl of 1.5 s, a lease written at .8 of a second read as 2 s old, over its ttl, 1.2 s
+    after it was written, and was taken while its holder still counted on it."""
+    ttl = 1.5
+    warm = take(store_url, task_key="warm")  # the client made, the server probed
+    assert warm is not None
+    warm.release()
+    while not 0.75 < time.time() % 1 < 0.85:  # the server's clock is this machine's
+        time.sleep(0.01)
+    stalled = take(store_url, ttl=ttl)
+    assert stalled is not None
+    lease_module._KEEPER.discard(stalled)  # its process stalls: nothing renews it
+    end = time.monotonic() + 10
+    while (taker := take(store_url)) is None:
+        assert time.monotonic() < end, "the stalled holder's lease never expired"
+        time.sleep(0.02)
+    try:
+        assert stalled.expired, "taken while its holder still counted on it"
+    finally:
+        taker.release()
+        stalled.release()
+
+
 @pytest.mark.parametrize("lock", ["run", "job"])
 def test_a_lock_makes_read_change_write_exclusive(store_url: str, lock: str) -> None:
     """Four threads, each with a store of its own, add 1 to a run record five times each under
@@ -185,6 +216,57 @@ def test_a_run_lock_left_by_a_dead_process_is_taken_over_when_stale(
     started = time.monotonic()
     with st.run_lock(JK, RID, timeout=10):
         assert time.monotonic() - started < 4
+
+
+def _stall_inside_the_lock(store: str, wrote: multiprocessing.synchronize.Event) -> None:
+    """Take the run's lock, read the run, stall (SIGSTOP) past the lock's staleness, then write
+    what was read, with its own change; ``wrote`` is set if the write went through."""
+    st = CheckpointStore(store)
+    try:
+        with st.run_lock(JK, RID):
+            rec = st.read_run(JK, RID)
+            assert rec is not None
+            os.kill(os.getpid(), signal.SIGSTOP)
+            rec.termination = "Cancelled"
+            st.write_run(rec)
+            wrote.set()
+    except StoreError:
+        pass
+    os._exit(0)
+
+
+@pytest.mark.parametrize("store_url", ["s3"], indirect=True)
+def test_a_holder_of_a_run_lock_taken_over_when_stale_writes_nothing(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that read a run under its lock and then stalled past the lock's staleness
+    (30 s, 1 s here) lost the lock to the next process, which changed the run (a runner ending
+    it). Woken, it must not write what it read before (a ``stop`` would have put a finished run
+    back to running): its write is refused."""
+    monkeypatch.setattr(lease_module, "LOCK_STALE_SECONDS", 1.0)
+    st = CheckpointStore(store_url)
+    st.write_run(run_record())
+    wrote = FORK.Event()
+    stalled = FORK.Process(target=_stall_inside_the_lock, args=(store_url, wrote))
+    stalled.start()
+    try:
+        end = time.monotonic() + 30
+        while psutil.Process(stalled.pid).status() != psutil.STATUS_STOPPED:
+            assert time.monotonic() < end, "the process never stalled in the lock"
+            time.sleep(0.02)
+        with st.run_lock(JK, RID, timeout=10):  # taken over once stale
+            rec = st.read_run(JK, RID)
+            assert rec is not None
+            rec.attempt = 7
+            st.write_run(rec)
+        os.kill(stalled.pid, signal.SIGCONT)
+        stalled.join(30)
+    finally:
+        if stalled.is_alive():
+            stalled.kill()
+    assert not wrote.is_set(), "the stalled holder wrote over the run after losing its lock"
+    rec = st.read_run(JK, RID)
+    assert rec is not None and rec.attempt == 7 and rec.termination is None, rec
 
 
 def _write_from_elsewhere(store: str) -> None:

@@ -1062,3 +1062,126 @@ def test_the_job_runner_counts_succeeded_tasks_and_keeps_the_others(tmp_path: Pa
         ("R[Frame=3]", "failed")
     ]
     assert result.skipped == ["R[Frame=4]"]
+
+
+# A task that saves one more than it resumed from (1 from the top) and then fails, so that each
+# run of it leaves a newer checkpoint to resume from. It says where it started.
+STEPPING = """\
+specificationVersion: jobtemplate-2023-09
+extensions: [CHECKPOINT]
+name: Stepping
+steps:
+- name: S
+  script:
+    embeddedFiles:
+    - name: Step
+      type: TEXT
+      data: |
+        import sys
+        n = int(sys.argv[1]) if len(sys.argv) > 1 else 0
+        print(f"STARTED-FROM {n}", flush=True)
+        print('openjd_checkpoint_save: {"state": "%d"}' % (n + 1), flush=True)
+        sys.exit(int(n + 1 < 3))
+    actions:
+      onRun: {command: python3, args: ["{{Task.File.Step}}"]}
+      onCheckpointResume:
+        command: python3
+        args: ["{{Task.File.Step}}", "{{Task.Checkpoint.State}}"]
+"""
+
+
+def test_a_claim_runs_the_task_as_its_record_says_now_not_as_it_was_planned(
+    tmp_path: Path,
+) -> None:
+    """A scheduler plans a task (``plan_group``, ``plan_step``) before its worker claims it,
+    and another worker may run it meanwhile (a second try of the same task, a runner woken
+    after its lease expired). The claim reads the task's record under the task's lease: the
+    task resumes from the newest checkpoint stored, not from the one it was planned with (nor
+    from the top), and a task that ran to its end meanwhile is not run again."""
+    from core import run_task
+
+    st = CheckpointStore(tmp_path / "store")
+    template = tmp_path / "stepping.yaml"
+    template.write_text(STEPPING)
+    job = prepare_job(template, {})
+    run_id = begin_attempt(st, job, external_key="k").run_id
+
+    def run(spec: TaskSpec) -> tuple[str, list[str]]:
+        lines: list[str] = []
+        res = run_task(st, job, run_id, spec, on_output=lambda _ex, new: lines.extend(new))
+        return res.outcome.value, [line for line in lines if line.startswith("STARTED-FROM")]
+
+    [from_top] = plan_step(st, job, run_id, "S")
+    assert from_top.resume is None
+    assert run(from_top) == ("failed", ["STARTED-FROM 0"])  # another worker: saved 1
+    assert run(from_top) == ("failed", ["STARTED-FROM 1"])  # not from the top: saved 2
+    [stale] = plan_step(st, job, run_id, "S")
+    assert stale.resume is not None and stale.resume.state == "2"
+    assert run(stale) == ("succeeded", ["STARTED-FROM 2"])  # another worker: ran to its end
+    with pytest.raises(ResumeRefusedError) as info:
+        run(stale)
+    assert info.value.code.value == "already-resumed", info.value
+    assert "run to its end by another process" in str(info.value), info.value
+    [rec] = st.read_tasks(job.job_key, run_id)[0]
+    assert rec.status.value == "succeeded" and rec.checkpoint is not None
+    assert rec.checkpoint.state == "3"
+
+
+# A chunk of frames 1-4 that reports its first two frames finished, saves, and fails; it says
+# which frames it was given and from which state.
+CHUNK_STEPPING = """\
+specificationVersion: jobtemplate-2023-09
+extensions: [CHECKPOINT, TASK_CHUNKING]
+name: Chunk stepping
+steps:
+- name: R
+  parameterSpace:
+    taskParameterDefinitions:
+    - name: F
+      type: CHUNK[INT]
+      range: "1-4"
+      chunks: {defaultTaskCount: 4, rangeConstraint: CONTIGUOUS}
+  script:
+    embeddedFiles:
+    - name: R
+      type: TEXT
+      data: |
+        import sys
+        frames = []
+        for part in sys.argv[1].split(","):
+            a, _, b = part.partition("-")
+            frames.extend(range(int(a), int(b or a) + 1))
+        print("FRAMES", frames, "FROM", sys.argv[2] if len(sys.argv) > 2 else None, flush=True)
+        for f in frames[:2]:
+            print('openjd_task_complete: {"F": %d}' % f, flush=True)
+        print('openjd_checkpoint_save: {"state": "after-%d"}' % frames[1], flush=True)
+        sys.exit(1)
+    actions:
+      onRun: {command: python3, args: ["{{Task.File.R}}", "{{Task.Param.F}}"]}
+      onCheckpointResume:
+        command: python3
+        args: ["{{Task.File.R}}", "{{Task.Param.F}}", "{{Task.Checkpoint.State}}"]
+"""
+
+
+def test_a_claimed_chunk_runs_no_frame_reported_finished_since_it_was_planned(
+    tmp_path: Path,
+) -> None:
+    """The frames of a chunk planned before another process ran it are planned again at its
+    claim: it resumes with the frames not reported finished, from the checkpoint stored."""
+    from core import run_task
+
+    st = CheckpointStore(tmp_path / "store")
+    template = tmp_path / "chunk.yaml"
+    template.write_text(CHUNK_STEPPING)
+    job = prepare_job(template, {})
+    run_id = begin_attempt(st, job, external_key="k").run_id
+    [planned] = plan_step(st, job, run_id, "R")
+
+    def run(spec: TaskSpec) -> list[str]:
+        lines: list[str] = []
+        run_task(st, job, run_id, spec, on_output=lambda _ex, new: lines.extend(new))
+        return [line for line in lines if line.startswith("FRAMES")]
+
+    assert run(planned) == ["FRAMES [1, 2, 3, 4] FROM None"]  # another worker
+    assert run(planned) == ["FRAMES [3, 4] FROM after-2"]

@@ -114,3 +114,56 @@ def test_a_template_without_checkpoint_stores_no_save_and_says_it_is_not_resumab
     assert all(r.checkpoint is None and not r.pending_files for r in records), records
     blobs = [p for p in (store / "blobs").rglob("*") if p.is_file()]
     assert blobs == [], blobs
+
+
+# A first save whose file takes a while to store (256 MiB, sparse), then ``{}`` once the runner
+# has read the first (the bytes of the action's stdout pipe it has not read yet: FIONREAD).
+EMPTY_WHILE_STORING = """\
+specificationVersion: jobtemplate-2023-09
+extensions: [CHECKPOINT]
+name: empty save while the first is stored
+steps:
+- name: S
+  script:
+    actions:
+      onRun:
+        command: python3
+        args:
+        - -c
+        - |
+          import fcntl, os, struct, sys, termios, time
+          big = os.path.join(os.getcwd(), "big.bin")
+          with open(big, "wb") as fh:
+              fh.truncate(256 << 20)
+          print('openjd_checkpoint_save: {"state": "5", "file": "%s"}' % big, flush=True)
+          def unread():
+              return struct.unpack("i", fcntl.ioctl(1, termios.FIONREAD, b"0000"))[0]
+          while unread():
+              time.sleep(0.001)
+          print('openjd_checkpoint_save: {}', flush=True)
+          while unread():
+              time.sleep(0.001)
+          sys.exit(1)
+      onCheckpointResume:
+        command: python3
+        args: [-c, "print('RESUMED-FROM-' + '{{Task.Checkpoint.State}}', flush=True)"]
+"""
+
+
+def test_an_empty_save_after_one_still_being_stored_changes_nothing(
+    tmp_path: Path, store: Path
+) -> None:
+    """With managed files a save is committed once its files are in the store, on the capture
+    thread; ``{}`` read meanwhile was taken for a task's first save (the record held no
+    checkpoint yet) and superseded state ``5`` with nothing: the retry resumed with an empty
+    state. It is refused as after a stored save."""
+    template = tmp_path / "empty.yaml"
+    template.write_text(EMPTY_WHILE_STORING)
+    first = run_cli("run", template, "--store", store, "--files", "managed")
+    assert first.returncode == 1, first.stderr
+    assert "carries no state, no file" in first.stderr, first.stderr
+    [rec] = _records(store)
+    assert rec.checkpoint is not None and rec.checkpoint.state == "5", rec.checkpoint
+    again = run_cli("run", template, "--store", store, "--files", "managed")
+    assert again.returncode == 0, again.stderr
+    assert "RESUMED-FROM-5" in again.stdout, again.stdout

@@ -67,6 +67,27 @@ def test_round_trip_and_generations_kept(store_url: str) -> None:
     assert [g.generation for g in store.list_generations(tasks[0])] == [4, 5]
 
 
+@pytest.mark.parametrize("store_url", ["s3"], indirect=True)
+def test_a_fenced_holder_remembers_a_bounded_number_of_versions(store_url: str) -> None:
+    """On S3 a task's holder notes the ETag of each file it writes under its lease, so that its
+    next write of the record is conditional on it (fencing): a commit's generation file is
+    noted too, to be deleted again if the lease turns out lost before the record is written.
+    Once the record is written that note is of no use: a task that saves for days must not
+    keep one per generation (it did: memory grew with every save)."""
+    store = CheckpointStore(store_url)
+    lease = store.acquire_task_lease(JK, RID, "S", "{}")
+    assert lease is not None
+    try:
+        store.fence_task(lease, JK, RID, "S", "{}")
+        rec = record()
+        for gen in range(1, 21):
+            store.commit_checkpoint(rec, ck(gen), fence=lease)
+        assert store.read_tasks(JK, RID)[0][0].checkpoint.state == "s20"
+        assert len(lease.versions) <= 2, sorted(lease.versions)
+    finally:
+        lease.release()
+
+
 def test_unreadable_record_is_moved_aside_and_rebuilt_from_its_newest_generation(
     store_url: str,
 ) -> None:
