@@ -310,6 +310,10 @@ class Lease:
             if self.lost:
                 raise LeaseLostError(self._lost_message())
             self._renewals += 1
+            # Counted from before the request: a process stalled between sending it and
+            # reading the answer (a SIGSTOP, say) may have been taken over meanwhile, so the
+            # renewal vouches only for the time since it was sent.
+            sent = time.monotonic()
             try:
                 if self._etag is not None:
                     assert fs.s3 is not None
@@ -328,8 +332,8 @@ class Lease:
                 raise StoreError(f"cannot renew the lease {fs.where(self._path)}: {exc}") from None
             if self.lost:
                 raise LeaseLostError(self._lost_message())
-            self._due = time.monotonic() + self._ttl / 3
-            self._renewed = time.monotonic()
+            self._due = sent + self._ttl / 3
+            self._renewed = sent
 
     def confirm(self) -> None:
         """Make sure the lease may still be counted on before a write it fences (``WriteFence``):

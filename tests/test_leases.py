@@ -165,6 +165,47 @@ def test_a_lease_is_not_taken_while_its_stalled_holder_still_counts_on_it(store_
         stalled.release()
 
 
+@pytest.mark.parametrize("store_url", ["s3"], indirect=True)
+def test_a_renewal_answered_after_a_stall_vouches_only_for_the_time_since_it_was_sent(
+    store_url: str,
+) -> None:
+    """A holder stalled (SIGSTOP) between sending a renewal and reading its answer may have been
+    taken over meanwhile: the renewal counts from when it was sent, so once the stall outlasted
+    the ttl the lease is expired and the next fenced write confirms it with the store
+    (``Lease.confirm``), which finds the new holder. Counted from the answer, it read as fresh
+    and the run's record was written over the new holder's (CI, issue 36)."""
+    ttl = 1.0
+    stalled = take(store_url, ttl=ttl)
+    assert stalled is not None
+    lease_module._KEEPER.discard(stalled)
+    s3 = stalled._fs.s3
+    sent_then_stalled = s3.replace
+
+    def replace(path, body, etag):
+        out = sent_then_stalled(path, body, etag)  # the server applied it ...
+        time.sleep(ttl + 1.5)  # ... and its answer is read after a stall past the ttl
+        return out
+
+    s3.replace = replace
+    try:
+        stalled.renew()
+    finally:
+        del s3.replace
+    assert stalled.expired, "a renewal answered after the stall counted as fresh"
+    winner = None
+    try:
+        end = time.monotonic() + 10
+        while (winner := take(store_url)) is None:
+            assert time.monotonic() < end, "the stalled holder's lease never expired"
+            time.sleep(0.05)
+        with pytest.raises(StoreError, match="was lost"):
+            stalled.confirm()
+    finally:
+        if winner is not None:
+            winner.release()
+        stalled.release()
+
+
 @pytest.mark.parametrize("lock", ["run", "job"])
 def test_a_lock_makes_read_change_write_exclusive(store_url: str, lock: str) -> None:
     """Four threads, each with a store of its own, add 1 to a run record five times each under

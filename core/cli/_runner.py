@@ -301,11 +301,20 @@ class JobRunner:
         )
         self._steps(executor, self.job.template.regular_steps, records, result)
         try:
+            if result.store_failed is not None and attempt.lease is not None:
+                # a task not stored because its lease was taken: whether the run was taken too
+                # (exit 4) or the store fails (exit 3) is the run lease's to say, renewed now
+                attempt.lease.confirm_held()
             return self._end(attempt, executor, records, result)
         except LeaseLostError:
             raise
         except StoreError as exc:  # the run's record cannot be written: the run ends here
-            result.store_failed = result.store_failed or str(exc)
+            if attempt.lease is not None:  # LeaseLostError: another process took the run
+                attempt.lease.confirm_held()
+            failed = f"the run's record was not stored: {exc}"
+            result.store_failed = (
+                failed if result.store_failed is None else f"{result.store_failed}; {failed}"
+            )
             result.status, result.exit_code = RunStatus.FAILED, EXIT_CODES["store"]
             return result
 
