@@ -24,7 +24,7 @@ CONFIG_SECTION = "openjd_checkpoint"
 """
 
 FILE_MODES = ("shared", "managed")
-"""The file data flows of a store (``core._files``): ``shared`` keeps paths only, ``managed``
+"""The file data flows of a store (``core.files._blobs``): ``shared`` keeps paths only, ``managed``
 keeps the checkpoint files themselves and restores them on resume, on any worker."""
 
 BEGIN_TASK_ID = "openjd_begin"

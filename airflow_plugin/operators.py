@@ -36,6 +36,7 @@ from airflow.sdk.exceptions import (
 )
 
 import core
+from core import original_tasks, plan_tasks
 
 from ._config import BEGIN_TASK_ID, RESUME_PARAM, STATE_STORE_KEY, notice_settings, open_store
 
@@ -126,7 +127,7 @@ def _group_originals(
     job: core.PreparedJob, step: str, group: dict[str, Any]
 ) -> list[core.TaskSpec]:
     """The original tasks of one mapped instance's group (``group_tasks``'s item)."""
-    return job.original_tasks(step, int(group["start"]), int(group["stop"]))
+    return original_tasks(job, step, int(group["start"]), int(group["stop"]))
 
 
 # ------------------------------------------------------------------------------------ begin
@@ -273,7 +274,7 @@ class OpenJDPlanOperator(BaseOperator):
         attempt = _attempt(context)
         store = _store(self)
         job = _job(store, attempt)
-        originals = job.plan_step(self.step)
+        originals = plan_tasks(job, self.step)
         limit = self.max_map_length or conf.getint("core", "max_map_length", fallback=1024)
         groups = group_tasks(originals, limit)
         self.log.info(

@@ -20,7 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _templates import python_step_document  # noqa: E402  (benchmarks/, the script's folder)
 
-from core import CheckpointStore, TaskExecution, parse_template, prepare_job  # noqa: E402
+from core import CheckpointStore, TaskExecution, prepare_job  # noqa: E402
+from core.job import plan_tasks
+from core.job._template import parse_template  # noqa: E402
 
 SMALL, LARGE = (int(a) for a in sys.argv[1:3]) if len(sys.argv) > 2 else (10_000, 100_000)
 
@@ -41,7 +43,7 @@ def script(n: int, save_every: int) -> str:
 def run(n: int, save_every: int = 0) -> tuple[float, int, int, int]:
     doc = python_step_document(script(n, save_every))
     job = prepare_job(parse_template(doc))
-    spec = job.plan_step("S")[0]
+    spec = plan_tasks(job, "S")[0]
     with tempfile.TemporaryDirectory() as tmp:
         store = CheckpointStore(os.path.join(tmp, "store"))
         t0 = time.perf_counter()

@@ -34,8 +34,8 @@ from _templates import trivial_template  # noqa: E402  (benchmarks/, the script'
 from metadata_server import MetadataServer, closed_port_url  # noqa: E402  (tests/)
 
 from core import CheckpointStore, prepare_job  # noqa: E402
-from core._notices import parse_notice_sources  # noqa: E402
 from core.cli._runner import JobRunner  # noqa: E402
+from core.run import parse_notice_sources  # noqa: E402
 
 TASKS = int(sys.argv[1]) if len(sys.argv) > 1 else 40
 ROUNDS = int(sys.argv[2]) if len(sys.argv) > 2 else 3

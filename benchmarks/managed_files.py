@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core import CheckpointStore  # noqa: E402
-from core._capture import FileCapture  # noqa: E402
+from core.files import FileCapture
 
 CHILD = len(sys.argv) > 1 and sys.argv[1] == "--child-memory"
 ARGS = sys.argv[4:] if CHILD else sys.argv[1:]
@@ -59,7 +59,7 @@ def child_memory(mib: int, work: str) -> None:
     make_file(big, mib)
     store = CheckpointStore(STORE_URL or str(Path(work) / "store"), files="managed")
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    capture = FileCapture(store, work, [], warn=print)
+    capture = FileCapture(store.fs, work, [], warn=print)
     commit_once(capture, str(big))
     after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(f"{before} {after}")
@@ -78,7 +78,7 @@ def main() -> None:
         cp_seconds = time.perf_counter() - started
         os.unlink(Path(work) / "copy.bin")
         store = CheckpointStore(STORE_URL or str(Path(work) / "store"), files="managed")
-        capture = FileCapture(store, work, [], warn=print)
+        capture = FileCapture(store.fs, work, [], warn=print)
         first = commit_once(capture, str(big))
         uploaded = capture.stats.uploaded_bytes
         second = commit_once(capture, str(big))
@@ -94,7 +94,7 @@ def main() -> None:
             f"uploaded {capture.stats.uploaded_bytes - uploaded:,} bytes"
         )
         # A fresh capture (another task) of the same unchanged file: hashed, not uploaded.
-        other = FileCapture(store, work, [], warn=print)
+        other = FileCapture(store.fs, work, [], warn=print)
         third = commit_once(other, str(big))
         other.close()
         print(

@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from core.job import plan_tasks
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -42,11 +44,12 @@ TASKS = {
 def child(kind: str, n: int) -> None:
     from _templates import python_step_document
 
-    from core import CheckpointStore, TaskExecution, parse_template, prepare_job
+    from core import CheckpointStore, TaskExecution, prepare_job
+    from core.job._template import parse_template
 
     doc = python_step_document(TASKS[kind].format(n=n))
     job = prepare_job(parse_template(doc))
-    spec = job.plan_step("S")[0]
+    spec = plan_tasks(job, "S")[0]
     count = 0
 
     def on_output(_ex: TaskExecution, lines: list[str]) -> None:

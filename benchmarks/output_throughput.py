@@ -19,7 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from core import TaskExecution, parse_template, prepare_job  # noqa: E402
+from core import TaskExecution, prepare_job  # noqa: E402
+from core.job import plan_tasks
+from core.job._template import parse_template  # noqa: E402
 
 LINES = 1_000_000
 
@@ -60,7 +62,7 @@ def ours(lines: int = LINES) -> tuple[float, int]:
         nonlocal count
         count += len(lines)
 
-    spec = job.plan_step("S")[0]
+    spec = plan_tasks(job, "S")[0]
     t0 = time.perf_counter()
     result = TaskExecution(job, spec, run_id="bench", on_output=on_output).run()
     took = time.perf_counter() - t0

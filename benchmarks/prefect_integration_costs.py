@@ -39,6 +39,8 @@ from _templates import trivial_template  # noqa: E402  (benchmarks/, the script'
 from prefect import flow, get_client, task  # noqa: E402
 from prefect.task_runners import ThreadPoolTaskRunner  # noqa: E402
 
+from core.job import plan_tasks  # noqa: E402
+
 
 def model_floor(path: Path) -> float:
     """openjd-model alone: decode, create the job, walk the parameter space."""
@@ -72,7 +74,7 @@ def ours_build_and_plan(path: Path) -> float:
     started = time.perf_counter()
     flow_from_template(path, store=str(HOME / "store"))
     job = core.prepare_job(path, {})
-    groups = core.group_tasks(job.plan_step("Render"), 100)
+    groups = core.group_tasks(plan_tasks(job, "Render"), 100)
     [core.group_label(g) for g in groups]
     assert sum(len(g) for g in groups) == 10_000
     return time.perf_counter() - started

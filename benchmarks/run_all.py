@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core.job import iter_plan, plan_tasks
+
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 for entry in (str(ROOT), str(BENCH)):
@@ -494,8 +496,9 @@ def _cp(src: Path, dst: Path) -> float:
 def commit_latency(report: Report, quick: bool) -> None:
     from _templates import python_step_document
 
-    from core import CheckpointData, CheckpointStore, TaskExecution, parse_template, prepare_job
-    from core._capture import FileCapture
+    from core import CheckpointData, CheckpointStore, TaskExecution, prepare_job
+    from core.files import FileCapture
+    from core.job._template import parse_template
 
     print("4. checkpoint commit latency", flush=True)
     count = 20 if quick else 50
@@ -503,7 +506,7 @@ def commit_latency(report: Report, quick: bool) -> None:
         store = CheckpointStore(os.path.join(tmp, "store"))
         save = 'print(\'openjd_checkpoint_save: {"state": "0"}\', flush=True)'
         job = prepare_job(parse_template(python_step_document(save)))
-        spec = job.plan_step("S")[0]
+        spec = plan_tasks(job, "S")[0]
         result = TaskExecution(job, spec, run_id="bench", store=store).run()
         assert result.outcome.value == "succeeded", result
         records, _ = store.read_tasks(job.job_key, "bench")
@@ -538,7 +541,7 @@ def commit_latency(report: Report, quick: bool) -> None:
                     fh.write(os.urandom(1 << 20))
             cp_before = _cp(big, Path(tmp) / "copy.bin")
             store = CheckpointStore(os.path.join(tmp, "store"), files="managed")
-            capture = FileCapture(store, tmp, [], warn=print)
+            capture = FileCapture(store.fs, tmp, [], warn=print)
             first = _commit_file(capture, str(big))
             again = _commit_file(capture, str(big))
             capture.close()
@@ -593,12 +596,13 @@ def _plan_child(kind: str, n: int) -> None:
         space = job.steps[0].parameterSpace
         count = sum(1 for _ in StepParameterSpaceIterator(space=space))
     else:
-        from core import parse_template, prepare_job
+        from core import prepare_job
+        from core.job._template import parse_template
 
         started = time.perf_counter()
         prepared = prepare_job(parse_template(yaml.safe_load(text)))
         # every task's TaskSpec made, one at a time, as the runner's feed takes them
-        count = sum(1 for _ in prepared.iter_plan("Render"))
+        count = sum(1 for _ in iter_plan(prepared, "Render"))
     took = time.perf_counter() - started
     assert count == n, (count, n)
     print(took, _peak_kib())
@@ -625,7 +629,8 @@ def _child(*args: str) -> list[float]:
 def _build_runs(root: Path, count: int) -> None:
     """A store of ``count`` runs: one written through the core API, the rest copies of its
     record under other run ids (plain writes: building the store is not what is measured)."""
-    from core import CheckpointStore, RunRecord, RunStatus, parse_template, prepare_job
+    from core import CheckpointStore, RunRecord, RunStatus, prepare_job
+    from core.job._template import parse_template
 
     store = CheckpointStore(str(root))
     job = prepare_job(parse_template(__import__("yaml").safe_load(TRIVIAL)))

@@ -1,6 +1,7 @@
 """Content hashes of managed checkpoint files: which algorithms the store knows, how a content
-name is written, and where its blob lives. The one place that knows them; ``core._files``,
-``core._capture``, ``core._restore``, ``core._gc`` and the early-outputs index ask here.
+name is written, and where its blob lives. The one place that knows them; ``core.files._blobs``,
+``core.files._capture``, ``core.files._restore``, ``core.run._gc`` and the early-outputs index ask
+here.
 
 Two algorithms are known:
 
@@ -21,6 +22,7 @@ A content name travels as a ``Digest`` (algorithm and hex); as text it is ``<alg
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -142,3 +144,12 @@ def hash_fd(fd: int, algo: str = NEW_ALGORITHM) -> tuple[str, int]:
             return h.hexdigest(), offset
         h.update(view[:n])
         offset += n
+
+
+def canonical_json(value: Any) -> str:
+    """JSON with sorted keys and no spaces: the form every hash in this package is taken of."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def sha256_hex(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()

@@ -13,7 +13,7 @@ import socket
 from collections.abc import Iterable
 from enum import Enum
 
-from ._errors import StoreError
+from core._errors import StoreError
 
 __all__ = (
     "FILE_ROOTS_VARIABLE",

@@ -19,7 +19,7 @@ The points (each a place where a crash must leave the store readable and resumab
 - ``task.process-recorded``: a task's process recorded, the action running;
 - ``task.ended-recorded``: a task's end recorded, before the runner reports it finished.
 
-A delete (``core._delete``: ``checkpoints delete``, ``gc``; no run passes them, so the crash
+A delete (``core.run._delete``: ``checkpoints delete``, ``gc``; no run passes them, so the crash
 harness, which kills runs at each point of the list above, leaves them out) has its own, where
 a crash must leave the run whole or gone: ``delete.marking`` (the run checked and its lease
 held, not marked as being deleted yet), ``delete.marked`` (marked, none of its files removed

@@ -1,5 +1,5 @@
 """The records of the checkpoint store: runs, tasks, checkpoint generations, sessions, stop
-requests (pydantic models, each file one JSON document). ``core._store`` reads and writes
+requests (pydantic models, each file one JSON document). ``core.store._store`` reads and writes
 them; this module holds only their schema.
 
 A record with another ``schema_version`` is not resumed from; a field added later has a
@@ -92,7 +92,8 @@ class CheckpointData(_Model):
     attempt: int
     manifest: str | None = None
     """Managed file data flow: the SHA-256 of the manifest of this generation's files in the
-    store (``core._files``); None in shared mode, where ``file``/``files``/``dirs`` are paths on a
+    store (``core.files._blobs``); None in shared mode, where ``file``/``files``/``dirs`` are paths
+    on a
     shared file system."""
     file_bytes: int | None = None
     """Managed file data flow: bytes of this generation's files in the store (the manifest's
@@ -121,7 +122,7 @@ class GenerationFile(CheckpointData):
 
 class AttemptSpan(_Model):
     """One attempt of a task, for its timeline: when it ran, where, what it resumed from and
-    how it ended (``core._history``)."""
+    how it ended (``core.task._history``)."""
 
     attempt: int
     """The task's attempt number (``TaskRecord.attempt`` when it started)."""
@@ -172,7 +173,7 @@ class CheckpointsKept(_Model):
     """What a run that succeeded kept until its end, written into its run record just before
     its task records and checkpoints are deleted (``finish_attempt``), so that a page can still
     say what the checkpoints did. Totals count every task; ``tasks`` details at most
-    ``core._summary.MAX_KEPT_TASKS`` of them (those with a checkpoint or more than one attempt
+    ``core.job._summary.MAX_KEPT_TASKS`` of them (those with a checkpoint or more than one attempt
     first), ``left_out`` counts the others."""
 
     at: float
@@ -225,7 +226,7 @@ class TaskRecord(_Model):
     """The host id (``$OPENJD_CHECKPOINT_HOST_ID``) of the process that last ran the task, kept
     after it ended (``process`` is cleared then): which machine of a farm ran it."""
     history: list[AttemptSpan] = Field(default_factory=list)
-    """Its latest attempts, oldest first (at most ``core._history.MAX_SPANS``)."""
+    """Its latest attempts, oldest first (at most ``core.task._history.MAX_SPANS``)."""
     step_hash: str = ""
     message: str | None = None
     updated_at: float = Field(default_factory=time.time)
@@ -326,7 +327,7 @@ class RunRecord(_Model):
     created: every later attempt (a retry, a resume, a framework's retry on any host) keeps it,
     whatever its own configuration says. None (runs made before this field): the store's."""
     notices: list[dict[str, Any]] = Field(default_factory=list)
-    """Interruption notices that stopped an attempt of the run (``core._notices``): each with
+    """Interruption notices that stopped an attempt of the run (``core.run._notices``): each with
     ``source``, ``kind``, ``detail``, ``deadline`` and ``received_at`` (seconds since the
     epoch), ``attempt``, and, once the tasks have stopped, ``stopped_after`` (seconds)."""
     environment_failures: list[dict[str, Any]] = Field(default_factory=list)

@@ -5,7 +5,7 @@ scheduler makes for one run"):
 
 1. ``core.begin_attempt(store, job, external_key=<flow run id>)``: a flow retry keeps the flow
    run id, so it continues the same core run; ``resume=<run id>|latest`` is an operator resume.
-2. Per regular step, in dependency order: the step's original tasks (``job.plan_step(step)``,
+2. Per regular step, in dependency order: the step's original tasks (``plan_tasks(job, step)``,
    no records: a stable list), grouped into at most ``max_task_runs_per_step`` Prefect task runs
    (``run_group``), with the dependencies' task runs as ``wait_for``.
 3. Once every regular task run has resolved: ``core.enter_finally``; the finally steps' task
@@ -49,6 +49,7 @@ from core import (
     RunStatus,
     TerminationMode,
     load_template,
+    plan_tasks,
 )
 
 from ._artifacts import (
@@ -94,7 +95,7 @@ DEFAULT_MAX_WORKERS = 4
 ``ThreadPoolTaskRunner``'s ``max_workers``)."""
 
 FILE_MODES = ("shared", "managed")
-"""The file data flows of a store (``core._files``)."""
+"""The file data flows of a store (``core.files._blobs``)."""
 
 
 @dataclass(frozen=True)
@@ -200,7 +201,7 @@ def _submit_step(
     attempt: int,
     hint: str,
 ) -> list[PrefectFuture[Any]]:
-    originals = job.plan_step(step)
+    originals = plan_tasks(job, step)
     attempt_part = attempt if job.template.is_finally(step) else None  # see group_result_key
     tags = sorted(
         {t for r in _requirements(job, step) for t in config.host_requirements.get(r, [])}

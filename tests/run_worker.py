@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import sys
 
-from core import CheckpointStore, ResumeRefusedError, TaskSpec, prepare_run_job, run_task
+from core import CheckpointStore, ResumeRefusedError, TaskSpec, prepare_run_job
+from core.run._executor import run_task
 
 
 def main() -> int:

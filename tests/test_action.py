@@ -1,9 +1,10 @@
-"""The stop state one action runs under (``core._action.StopState``), on its own: how
+"""The stop state one action runs under (``core.task._action.StopState``), on its own: how
 requests from several threads fold into one (seed 000, "Semantics")."""
 
 from __future__ import annotations
 
-from core._action import StopIntent, StopState
+from core.task import StopIntent
+from core.task._action import StopState
 
 
 def test_cancel_after_checkpoint_cancels_and_checkpoint_after_cancel_changes_nothing() -> None:

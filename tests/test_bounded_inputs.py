@@ -21,10 +21,11 @@ import pytest
 from conftest import ROOT, cli_cmd
 
 from core import TemplateError, prepare_job
+from core.job._planning import task_count
 
 TIMEOUT = 120  # wall seconds: only a hang (a FIFO opened and waited on) comes near it
 CPU_AT_ONCE = 10  # CPU seconds: start-up, parsing and the refusal take about 1.5
-MAX_TASKS_PER_STEP = 1_000_000  # core._job.MAX_TASKS_PER_STEP (docs/decisions.md)
+MAX_TASKS_PER_STEP = 1_000_000  # core.job._job.MAX_TASKS_PER_STEP (docs/decisions.md)
 MEMORY = 3 * 1024**3
 
 TEMPLATE = """\
@@ -244,7 +245,7 @@ def test_prepare_job_refuses_a_step_over_the_limit_for_every_adapter(template: P
     assert time.process_time() - start < CPU_AT_ONCE
     assert f"{MAX_TASKS_PER_STEP + 1:,} tasks" in str(info.value)
     job = prepare_job(template, {"N": MAX_TASKS_PER_STEP})
-    assert job.task_count("Work") == MAX_TASKS_PER_STEP
+    assert task_count(job, "Work") == MAX_TASKS_PER_STEP
 
 
 # --- parameter values no task could be given ---------------------------------------------------

@@ -18,8 +18,10 @@ from typing import Any
 
 import pytest
 
-from core import CheckpointStore, TaskExecution, TaskOutcome, parse_template, prepare_job
+from core import CheckpointStore, TaskExecution, TaskOutcome, prepare_job
 from core._messages import CheckpointFiles, CheckpointSave, MessageWarning, parse_line
+from core.job import plan_tasks
+from core.job._template import parse_template
 
 pytestmark = pytest.mark.slow
 RUN_ID = "20260101-000000-000001"
@@ -43,7 +45,7 @@ def run_python(
     events: list[Any] = []
     ex = TaskExecution(
         job,
-        job.plan_step("S")[0],
+        plan_tasks(job, "S")[0],
         run_id=RUN_ID,
         store=store,
         on_event=lambda _ex, ev: events.append(ev),

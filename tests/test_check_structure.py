@@ -45,8 +45,10 @@ def test_a_listed_unit_may_shrink_but_not_grow(monkeypatch) -> None:
 
 def test_a_private_module_missing_from_the_face_contract_fails(tmp_path) -> None:
     (tmp_path / "core").mkdir()
-    for name in ("__init__", "_a", "_b"):
+    for name in ("__init__", "_a", "_b", "local"):
         (tmp_path / "core" / f"{name}.py").write_text("")
+    (tmp_path / "core" / "pkg").mkdir()
+    (tmp_path / "core" / "pkg" / "__init__.py").write_text("")
     (tmp_path / "pyproject.toml").write_text(
         "[[tool.importlinter.contracts]]\n"
         'source_modules = ["airflow_plugin", "prefect_integration", "core.cli"]\n'
@@ -57,7 +59,10 @@ def test_a_private_module_missing_from_the_face_contract_fails(tmp_path) -> None
     )
     assert check_structure.face_problems(tmp_path) == [
         "pyproject.toml: core._b is not in the face contract's forbidden_modules: add it",
+        "pyproject.toml: core.pkg is not in the face contract's forbidden_modules: add it",
         "pyproject.toml: the face contract lists core._gone, which does not exist: drop it",
         "pyproject.toml: core._b is on no floor of the layers contract: put it on one",
+        "pyproject.toml: core.local is on no floor of the layers contract: put it on one",
+        "pyproject.toml: core.pkg is on no floor of the layers contract: put it on one",
     ]
     assert check_structure.face_problems(ROOT) == []

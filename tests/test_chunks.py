@@ -14,8 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from openjd.model import IntRangeExpr, StepParameterSpaceIterator
 
-from core import parse_template, prepare_job
-from core._planning import AdaptiveChunker, adaptive_chunk_size, group_key, is_adaptive
+from core import prepare_job
+from core.job._planning import AdaptiveChunker, adaptive_chunk_size, group_key, is_adaptive
+from core.job._template import parse_template
 
 
 def chunked_space(

@@ -14,7 +14,8 @@ import psutil
 import pytest
 from conftest import DATA, EXAMPLES, ROOT, CliProcess, run_cli
 
-from core import CheckpointStore, TaskStatus
+from core import CheckpointStore
+from core._records import TaskStatus
 
 pytestmark = pytest.mark.slow
 

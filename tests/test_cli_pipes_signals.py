@@ -12,7 +12,8 @@ import psutil
 import pytest
 from conftest import EXAMPLES, ROOT, CliProcess, cli_cmd, one_step_template, run_cli
 
-from core import CheckpointStore, TaskStatus
+from core import CheckpointStore
+from core._records import TaskStatus
 
 # one xdist worker runs the module (--dist loadgroup): its module-scoped fixture is made once
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cli_pipes_signals")]

@@ -1,4 +1,5 @@
-"""Every action in a cgroup v2 of its own (core._cgroups), killed whole when it ends: a process
+"""Every action in a cgroup v2 of its own (core.process._cgroups), killed whole when it ends: a
+process
 that leaves the session and clears its environment (``setsid env -i CMD &``), told by neither
 its process group nor its marker, does not outlive the action; what a SIGKILLed runner left is
 killed, and its cgroups removed, by the next run. Where cgroups are off the earlier rules hold
@@ -18,8 +19,8 @@ import pytest
 from conftest import CliProcess, run_cli
 from escaping import alive_with_argv, escapes, kill_left, template
 
-from core._cgroups import containment, kill_cgroup, release_cgroup
-from core._process import MARKER_VARIABLE, ActionProcess, new_marker
+from core.process import MARKER_VARIABLE, ActionProcess, new_marker
+from core.process._cgroups import containment, kill_cgroup, release_cgroup
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or not containment().cgroups,

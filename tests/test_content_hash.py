@@ -19,12 +19,11 @@ import blake3
 import pytest
 
 from core import CheckpointStore
-from core._capture import FileCapture
-from core._copy import copy_and_hash, copy_fd
-from core._files import Blobs, ManifestEntry, RestoreError
-from core._gc import collect_file_garbage
 from core._hashing import Digest
-from core._restore import restore_checkpoint
+from core.files import Blobs, FileCapture, RestoreError, restore_checkpoint
+from core.files._blobs import ManifestEntry
+from core.files._copy import copy_and_hash, copy_fd
+from core.run import collect_file_garbage
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "data" / "store_v1" / "store"
@@ -177,7 +176,7 @@ def test_an_old_format_store_made_by_hand_restores(tmp_path: Path) -> None:
     store, name = _old_store(tmp_path / "store", files)
     session = tmp_path / "session"
     session.mkdir()
-    result = restore_checkpoint(store, name, str(session), [])
+    result = restore_checkpoint(store.fs, name, str(session), [])
     assert result.file == str(session / "bin" / "run.sh")  # the first path, sorted
     for path, (data, executable) in files.items():
         assert (session / path).read_bytes() == data
@@ -187,7 +186,7 @@ def test_an_old_format_store_made_by_hand_restores(tmp_path: Path) -> None:
     digest = _sha(files["model.txt"][0])
     (tmp_path / "store" / "blobs" / "sha256" / digest[:2] / digest).write_bytes(b"weights 8\n")
     with pytest.raises(RestoreError, match="does not match its hash"):
-        restore_checkpoint(store, name, str(tmp_path / "elsewhere"), [])
+        restore_checkpoint(store.fs, name, str(tmp_path / "elsewhere"), [])
 
 
 def test_the_checked_in_old_store_restores_its_latest_files(tmp_path: Path) -> None:
@@ -206,7 +205,7 @@ def test_the_checked_in_old_store_restores_its_latest_files(tmp_path: Path) -> N
         assert entries and all(set(e) >= {"sha256"} and "blake3" not in e for e in entries)
         session = tmp_path / f"session{n}"
         session.mkdir()
-        restore_checkpoint(store, name, str(session), [])
+        restore_checkpoint(store.fs, name, str(session), [])
         for entry in entries:
             assert _sha((session / entry["path"]).read_bytes()) == entry["sha256"], entry
 
@@ -217,8 +216,8 @@ def test_an_unchanged_file_restored_from_a_sha256_entry_is_not_stored_again(
     store, name = _old_store(tmp_path / "store", {"model.txt": (b"weights 7\n", False)})
     session = tmp_path / "session"
     session.mkdir()
-    result = restore_checkpoint(store, name, str(session), [])
-    capture = FileCapture(store, str(session), [], warn=pytest.fail)
+    result = restore_checkpoint(store.fs, name, str(session), [])
+    capture = FileCapture(store.fs, str(session), [], warn=pytest.fail)
     try:
         for target, entry in result.entries:
             capture.adopt(target, entry, output=True)
@@ -279,8 +278,8 @@ def test_a_generation_after_the_upgrade_mixes_both_names_and_restores(tmp_path: 
     store, name = _old_store(tmp_path / "store", {"model.txt": (b"weights 7\n", False)})
     session = tmp_path / "session"
     session.mkdir()
-    result = restore_checkpoint(store, name, str(session), [])
-    capture = FileCapture(store, str(session), [], warn=pytest.fail)
+    result = restore_checkpoint(store.fs, name, str(session), [])
+    capture = FileCapture(store.fs, str(session), [], warn=pytest.fail)
     try:
         for target, entry in result.entries:
             capture.adopt(target, entry)
@@ -298,7 +297,7 @@ def test_a_generation_after_the_upgrade_mixes_both_names_and_restores(tmp_path: 
     assert new["blake3"] == blake3.blake3(b"epoch 5\n").hexdigest() and not new["sha256"]
     out = tmp_path / "restored"
     out.mkdir()
-    restore_checkpoint(store, got[0], str(out), [])
+    restore_checkpoint(store.fs, got[0], str(out), [])
     assert (out / "model.txt").read_bytes() == b"weights 7\n"
     assert (out / "samples.txt").read_bytes() == b"epoch 5\n"
 
@@ -313,7 +312,7 @@ def test_content_the_store_has_is_not_stored_again_by_another_task(
         session = tmp_path / f"session{n}"
         session.mkdir()
         (session / "weights.bin").write_bytes(data)
-        capture = FileCapture(store, str(session), [], warn=pytest.fail)
+        capture = FileCapture(store.fs, str(session), [], warn=pytest.fail)
         try:
             name = _commit(capture, str(session / "weights.bin"))
         finally:
@@ -343,7 +342,7 @@ def test_a_file_declared_without_a_save_is_in_the_store_once_the_capture_is_idle
             assert (tmp_path / "store" / Digest.parse(text).key).is_file(), text
         reports.append(outputs)
 
-    capture = FileCapture(store, str(session), [], warn=pytest.fail, on_uploaded=on_uploaded)
+    capture = FileCapture(store.fs, str(session), [], warn=pytest.fail, on_uploaded=on_uploaded)
     try:
         for n, size in enumerate((100, 9 << 20)):  # a small and a large (staged) file
             path = session / f"out{n}.bin"

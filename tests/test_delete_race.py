@@ -34,8 +34,8 @@ from core import (
     plan_step,
     prepare_job,
 )
-from core._claim import claim_task
-from core._lease import this_process
+from core.run._claim import claim_task
+from core.store import this_process
 
 pytestmark = pytest.mark.slow
 COUNTER = DATA / "counter.yaml"

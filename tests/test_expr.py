@@ -1,4 +1,4 @@
-"""``core._expr``: EXPR typed results applied to an action's fields, as openjd-sessions does."""
+"""``core.job._expr``: EXPR typed results applied to an action's fields, as openjd-sessions does."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from openjd.model import SymbolTable
 from openjd.model._format_strings import FormatString
 from openjd.model.v2023_09 import ModelParsingContext
 
-from core._expr import resolve_args, resolve_int_field
+from core.job import resolve_args, resolve_int_field
 
 
 def fs(text: str) -> FormatString:

@@ -13,14 +13,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from core import (  # noqa: E402
-    CheckpointStore,
-    StopIntent,
-    TaskOutcome,
-    TemplateError,
-    parse_template,
-    prepare_job,
-)
+from core import CheckpointStore, StopIntent, TaskOutcome, TemplateError, prepare_job  # noqa: E402
+from core.job._template import parse_template  # noqa: E402
 from tests.test_task_execution import Runner  # noqa: E402
 
 pytestmark = pytest.mark.slow

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from core import TaskSpec, group_label, group_tasks, parse_template, prepare_job
+from core import TaskSpec, group_label, group_tasks, plan_tasks, prepare_job
+from core.job._template import parse_template
 
 
 def specs_of(n: int) -> list[TaskSpec]:
@@ -46,37 +47,43 @@ def job_of(parameters: list[dict]):
 
 
 def test_labels_name_the_span_of_one_integer_parameter() -> None:
-    tasks = job_of([{"name": "Frame", "type": "INT", "range": "1-10"}]).plan_step("Render")
+    tasks = plan_tasks(job_of([{"name": "Frame", "type": "INT", "range": "1-10"}]), "Render")
     assert group_label(tasks[:1]) == "Render[Frame=1]"
     assert group_label(tasks[:3]) == "Render[Frame=1-3] (3 tasks)"
     assert group_label([tasks[0], tasks[4]]) == "Render[Frame=1,5] (2 tasks)"
 
 
 def test_labels_of_chunks_and_of_several_parameters() -> None:
-    chunked = job_of(
-        [
-            {
-                "name": "Frame",
-                "type": "CHUNK[INT]",
-                "range": "1-12",
-                "chunks": {"defaultTaskCount": 4, "rangeConstraint": "CONTIGUOUS"},
-            }
-        ]
-    ).plan_step("Render")
+    chunked = plan_tasks(
+        job_of(
+            [
+                {
+                    "name": "Frame",
+                    "type": "CHUNK[INT]",
+                    "range": "1-12",
+                    "chunks": {"defaultTaskCount": 4, "rangeConstraint": "CONTIGUOUS"},
+                }
+            ]
+        ),
+        "Render",
+    )
     assert group_label(chunked[:2]) == "Render[Frame=1-8] (2 tasks)"
-    two = job_of(
-        [
-            {"name": "Cam", "type": "STRING", "range": ["a", "b"]},
-            {"name": "Frame", "type": "INT", "range": "1-3"},
-        ]
-    ).plan_step("Render")
+    two = plan_tasks(
+        job_of(
+            [
+                {"name": "Cam", "type": "STRING", "range": ["a", "b"]},
+                {"name": "Frame", "type": "INT", "range": "1-3"},
+            ]
+        ),
+        "Render",
+    )
     label = group_label(two)
     assert label.startswith(two[0].label + " .. ") and label.endswith(f"{two[-1].label} (6 tasks)")
 
 
 def test_labels_are_cut_to_what_airflow_stores() -> None:
-    tasks = job_of([{"name": "Name", "type": "STRING", "range": ["x" * 200, "y" * 200]}]).plan_step(
-        "Render"
+    tasks = plan_tasks(
+        job_of([{"name": "Name", "type": "STRING", "range": ["x" * 200, "y" * 200]}]), "Render"
     )
     label = group_label(tasks)
     assert len(label) == 250 and label.endswith("...")

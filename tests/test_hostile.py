@@ -15,10 +15,11 @@ import pytest
 from conftest import ROOT, CliProcess, cli_cmd, one_step_template
 from test_task_execution import Runner, gone, make_job
 
-from core import CheckpointStore, StopIntent, TaskOutcome, parse_line
-from core._messages import MessageWarning
-from core._process import kill_recorded_process
+from core import CheckpointStore, StopIntent, TaskOutcome
+from core._messages import MessageWarning, parse_line
 from core._records import ProcessInfo
+from core.job import plan_tasks
+from core.process import kill_recorded_process
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +47,7 @@ def test_processes_that_left_the_group_die_with_the_task() -> None:
     assert result.outcome == TaskOutcome.SUCCEEDED
     marker = r.ex._actions._marker
     time.sleep(0.3)
-    from core._process import processes_with_marker
+    from core.process._process import processes_with_marker
 
     assert processes_with_marker(marker) == []
     assert all(gone(p) for p in r.pids())
@@ -105,7 +106,8 @@ def test_second_stop_abandons_a_hung_on_exit() -> None:
             }
         ],
     }
-    from core import parse_template, prepare_job
+    from core import prepare_job
+    from core.job._template import parse_template
 
     r = Runner(prepare_job(parse_template(doc)), None)
     r.wait_line("READY")
@@ -132,7 +134,7 @@ def test_failing_output_consumer_does_not_stop_reading(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path / "store")
     from core import TaskExecution
 
-    spec = job.plan_step("S")[0]
+    spec = plan_tasks(job, "S")[0]
 
     def broken(_ex, _lines):
         raise BrokenPipeError(32, "Broken pipe")

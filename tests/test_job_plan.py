@@ -6,15 +6,12 @@ from typing import Any
 
 import pytest
 
-from core import (
-    CheckpointData,
-    PlanHistory,
-    TaskRecord,
-    TaskStatus,
-    parse_template,
-    prepare_job,
-)
-from core._planning import params_to_record, task_key_of
+from core import CheckpointData, TaskRecord, prepare_job
+from core._records import TaskStatus
+from core.job import iter_plan, plan_tasks
+from core.job._planning import iter_tasks, original_tasks, params_to_record, task_count, task_key_of
+from core.job._template import parse_template
+from core.local import PlanHistory
 
 
 def chunk_job(constraint: str = "CONTIGUOUS", resumable: bool = False, count: int = 10):
@@ -69,7 +66,7 @@ def values(specs):
 
 def test_fresh_plan_is_the_parameter_space() -> None:
     job = chunk_job()
-    assert values(job.plan_step("R")) == [
+    assert values(plan_tasks(job, "R")) == [
         ("1-10", "a", False),
         ("1-10", "b", False),
         ("11-20", "a", False),
@@ -86,21 +83,21 @@ def test_fresh_plan_is_the_parameter_space() -> None:
 )
 def test_interrupted_chunk_runs_only_frames_not_reported(constraint, expected) -> None:
     job = chunk_job(constraint)
-    specs = job.plan_step("R")
+    specs = plan_tasks(job, "R")
     first = specs[0].parameters
     done = rec(job, first, frames=[3, 4])
     finished = [rec(job, s.parameters, status=TaskStatus.SUCCEEDED) for s in specs[1:]]
-    plan = job.plan_step("R", [done, *finished])
+    plan = plan_tasks(job, "R", [done, *finished])
     assert values(plan) == expected
     assert all(s.task_key.startswith(specs[0].task_key + "#") for s in plan)
 
 
 def test_checkpointed_chunk_resumes_with_remaining_frames() -> None:
     job = chunk_job(resumable=True)
-    specs = job.plan_step("R")
+    specs = plan_tasks(job, "R")
     ck = CheckpointData(generation=2, state="st", saved_at=0, attempt=1)
     r = rec(job, specs[1].parameters, frames=[1, 2, 3], checkpoint=ck)
-    plan = job.plan_step("R", [r])
+    plan = plan_tasks(job, "R", [r])
     assert values(plan)[0] == ("4-10", "b", True)
     assert plan[0].resume == ck and plan[0].task_key == specs[1].task_key
     assert plan[0].record_parameters["Frame"].value == "1-10"
@@ -113,25 +110,25 @@ def test_checkpointed_chunk_resumes_with_remaining_frames() -> None:
 
 def test_checkpoint_ignored_when_step_has_no_resume_action() -> None:
     job = chunk_job(resumable=False)
-    specs = job.plan_step("R")
+    specs = plan_tasks(job, "R")
     ck = CheckpointData(generation=1, state="st", saved_at=0, attempt=1)
-    plan = job.plan_step("R", [rec(job, specs[0].parameters, frames=[1], checkpoint=ck)])
+    plan = plan_tasks(job, "R", [rec(job, specs[0].parameters, frames=[1], checkpoint=ck)])
     assert plan[0].resume is None and plan[0].parameters["Frame"].value == "2-10"
 
 
 def test_fully_reported_chunk_is_not_run_again() -> None:
     job = chunk_job()
-    specs = job.plan_step("R")
+    specs = plan_tasks(job, "R")
     r = rec(job, specs[0].parameters, frames=range(1, 11))
-    assert len(job.plan_step("R", [r])) == 3
+    assert len(plan_tasks(job, "R", [r])) == 3
 
 
 def test_pieces_of_a_second_interruption_combine() -> None:
     """Frames reported by a piece of a chunk count for the whole chunk next time."""
     job = chunk_job()
-    specs = job.plan_step("R")
+    specs = plan_tasks(job, "R")
     first = rec(job, specs[0].parameters, frames=[1, 2, 3])
-    plan = job.plan_step("R", [first])
+    plan = plan_tasks(job, "R", [first])
     piece = plan[0]
     assert piece.parameters["Frame"].value == "4-10"
     second = TaskRecord(
@@ -139,7 +136,7 @@ def test_pieces_of_a_second_interruption_combine() -> None:
         parameters=params_to_record(piece.parameters), status=TaskStatus.INTERRUPTED,
         chunk_parameter="Frame", completed_frames=[4, 5],
     )  # fmt: skip
-    again = job.plan_step("R", [first, second])
+    again = plan_tasks(job, "R", [first, second])
     assert values(again)[0] == ("6-10", "a", False)
 
 
@@ -156,12 +153,12 @@ def test_plan_group_reads_only_its_tasks_and_plans_as_the_whole_step(
 
     from core import CheckpointStore, begin_attempt, plan_group
     from core import plan_step as run_plan_step
-    from core._store import task_id_for
+    from core.store._layout import task_id_for
 
     job = chunk_job(constraint, resumable, count=3)
     st = CheckpointStore(tmp_path / "store")
     run_id = begin_attempt(st, job, external_key="group").run_id
-    originals = job.plan_step("R")
+    originals = plan_tasks(job, "R")
     rng = random.Random(f"{constraint}{resumable}")
     for spec in originals:
         frames = sorted(spec.chunk_frames)
@@ -181,7 +178,7 @@ def test_plan_group_reads_only_its_tasks_and_plans_as_the_whole_step(
         first.run_id = run_id
         st.write_task(first)
         if kind == "piece":
-            planned = job.plan_step("R", [first])
+            planned = plan_tasks(job, "R", [first])
             piece = next(s for s in planned if s.task_key.startswith(spec.task_key + "#"))
             stem = task_id_for("R", spec.task_key)
             assert task_id_for("R", piece.task_key).startswith(stem + "-")
@@ -225,11 +222,11 @@ def test_original_tasks_are_slices_of_the_fresh_plan(template: str, params: dict
     tpl = load_template(root / template)
     job = prepare_job(tpl, params)
     for step in [*tpl.regular_steps, *tpl.finally_steps]:
-        full = job.plan_step(step)
-        n = job.task_count(step)
+        full = plan_tasks(job, step)
+        n = task_count(job, step)
         assert n == len(full)
         for start, stop in [(0, None), (1, 3), (2, 2), (n - 1, n + 5), (n, None)]:
-            assert job.original_tasks(step, start, stop) == full[start:stop]
+            assert original_tasks(job, step, start, stop) == full[start:stop]
 
 
 def frame_job(frames: int, resumable: bool = True):
@@ -256,7 +253,7 @@ def frame_job(frames: int, resumable: bool = True):
 
 
 def frame_rec(job, frame: int, status: TaskStatus, checkpoint=None) -> TaskRecord:
-    params = next(p for p in job.iter_tasks("R") if p["Frame"].value == str(frame))
+    params = next(p for p in iter_tasks(job, "R") if p["Frame"].value == str(frame))
     return TaskRecord(
         job_key=job.job_key,
         run_id="r",
@@ -272,13 +269,13 @@ def test_iter_plan_takes_tasks_one_at_a_time() -> None:
     """The plan is made as it is taken: the first task of a step comes before the parameter
     space is walked further (a space that breaks after its first set still gives it)."""
     job = frame_job(3)
-    first = next(iter(job.iter_tasks("R")))
+    first = next(iter(iter_tasks(job, "R")))
 
     def space():
         yield first
         raise AssertionError("the plan walked past the task it was asked for")
 
-    plan = job.iter_plan("R", tasks=space())
+    plan = iter_plan(job, "R", tasks=space())
     assert next(plan).label == "R[Frame=1]"
     with pytest.raises(AssertionError, match="walked past"):
         next(plan)
@@ -286,7 +283,7 @@ def test_iter_plan_takes_tasks_one_at_a_time() -> None:
 
 def test_iter_plan_raises_for_an_unknown_step_at_once() -> None:
     with pytest.raises(KeyError):
-        frame_job(3).iter_plan("Nope")
+        iter_plan(frame_job(3), "Nope")
 
 
 def test_plan_history_keeps_a_succeeded_task_as_its_key() -> None:
@@ -305,8 +302,8 @@ def test_plan_history_keeps_a_succeeded_task_as_its_key() -> None:
     assert sorted(r.task_key for r in history.records("R")) == sorted(
         records[i].task_key for i in (1, 2)
     )
-    from_history = [(s.label, s.resume is not None) for s in job.iter_plan("R", history)]
-    from_records = [(s.label, s.resume is not None) for s in job.plan_step("R", records)]
+    from_history = [(s.label, s.resume is not None) for s in iter_plan(job, "R", history)]
+    from_records = [(s.label, s.resume is not None) for s in plan_tasks(job, "R", records)]
     assert (
         from_history
         == from_records
@@ -324,7 +321,7 @@ def test_task_key_of_is_canonical_json() -> None:
     names, no spaces, non-ASCII kept, escapes as json writes them)."""
     from openjd.model import ParameterValue, ParameterValueType
 
-    from core._template import canonical_json
+    from core._hashing import canonical_json
 
     for names in (["b", "a"], ["Frame"], [], ['é"\\\n', "\u2028x"]):
         params = {

@@ -13,7 +13,8 @@ from conftest import DATA, CliProcess, checkpoint_at_least, cli_cmd
 
 import core
 from core import CheckpointStore, TerminationMode
-from core._summary import MAX_KEPT_TASKS, KeptCollector
+from core.job import KeptCollector
+from core.job._summary import MAX_KEPT_TASKS
 
 S, C, R, CR = (
     TerminationMode.SUSPENDED,

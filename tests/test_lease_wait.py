@@ -1,4 +1,4 @@
-"""A claim that finds the task's lease held (``core._claim.claim_task``): on S3 it waits for a
+"""A claim that finds the task's lease held (``core.run._claim.claim_task``): on S3 it waits for a
 holder that died (its lease frees after its ttl, ``$OPENJD_CHECKPOINT_LEASE_SECONDS``), up to
 that ttl plus 10 s, and says so; a live holder is refused after the wait, a stop request ends
 the wait with the task not started; a local folder refuses at once. The holders are forked
@@ -17,7 +17,6 @@ import pytest
 from conftest import one_step_template
 
 from core import (
-    LEASE_SECONDS_ENV,
     CheckpointStore,
     ResumeRefusedError,
     begin_attempt,
@@ -27,7 +26,8 @@ from core import (
     request_termination,
     run_tasks,
 )
-from core._claim import LEASE_WAIT_MARGIN_SECONDS
+from core.run._claim import LEASE_WAIT_MARGIN_SECONDS
+from core.store._lease import LEASE_SECONDS_ENV
 
 FORK = multiprocessing.get_context("fork")
 HOLDER_TTL = 2.0
@@ -190,7 +190,7 @@ def test_a_dead_local_holder_on_s3_is_described_with_the_setting(
     s3_location, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from core._records import ProcessInfo
-    from core._store import describe_holder
+    from core.store import describe_holder
 
     st = CheckpointStore(s3_location, lease_seconds=5)
     gone = ProcessInfo(pid=2**22 + 17, pgid=0, start_time=0, host=host_id())

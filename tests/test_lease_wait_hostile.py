@@ -1,5 +1,5 @@
-"""Hostile cases of a claim's wait for a held task lease (``core._claim.claim_task``) and of
-its setting, ``$OPENJD_CHECKPOINT_LEASE_SECONDS`` (``core._lease.lease_seconds_setting``): bad
+"""Hostile cases of a claim's wait for a held task lease (``core.run._claim.claim_task``) and of
+its setting, ``$OPENJD_CHECKPOINT_LEASE_SECONDS`` (``core.store._lease.lease_seconds_setting``): bad
 values of the setting (in the CLI too), lease objects on S3 with garbage content, a holder
 killed while a claim waits for it, and two claims waiting for the same dead holder."""
 
@@ -18,7 +18,6 @@ from conftest import one_step_template, run_cli
 from test_lease_wait import start_holder
 
 from core import (
-    LEASE_SECONDS_ENV,
     CheckpointStore,
     ResumeRefusedError,
     begin_attempt,
@@ -26,9 +25,9 @@ from core import (
     prepare_job,
     run_tasks,
 )
-from core._claim import LEASE_WAIT_MARGIN_SECONDS, NotStartedError, claim_task
 from core._errors import StoreError
-from core._lease import DEFAULT_LEASE_SECONDS, lease_seconds_setting
+from core.run._claim import LEASE_WAIT_MARGIN_SECONDS, NotStartedError, claim_task
+from core.store._lease import DEFAULT_LEASE_SECONDS, LEASE_SECONDS_ENV, lease_seconds_setting
 
 FORK = multiprocessing.get_context("fork")
 

@@ -15,12 +15,12 @@ import psutil
 import pytest
 from conftest import ROOT, run_cli
 
-import core._lease as lease_module
-import core._s3 as s3_module
+import core.fs._s3 as s3_module
+import core.store._lease as lease_module
 from core import CheckpointStore, RunRecord, StoreError, TaskRecord
-from core._fs import redact_location
 from core._records import StopRequest
-from core._s3 import S3Support
+from core.fs import redact_location
+from core.fs._s3 import S3Support
 
 JK = "0123456789abcdef"
 RID = "20260101-000000-abcdef"
@@ -342,7 +342,7 @@ def test_a_server_without_conditional_writes_gets_best_effort_leases_and_a_warni
     monkeypatch.setattr(
         s3_module.S3Objects, "probe", lambda self, path: S3Support(writes=False, deletes=False)
     )
-    caplog.set_level(logging.WARNING, logger="core._store")
+    caplog.set_level(logging.WARNING, logger="core.store._store")
     first = take(store_url)
     assert first is not None and first._etag is None  # the read-then-write lease file
     assert take(store_url) is None

@@ -26,13 +26,13 @@ from core import (
     StopIntent,
     TaskExecution,
     TaskOutcome,
-    parse_template,
     prepare_job,
     summarize_checkpoint,
 )
-from core._files import manifest_key
-from core._gc import collect_file_garbage
-from core._job import TaskSpec
+from core.files._blobs import manifest_key
+from core.job import TaskSpec, plan_tasks
+from core.job._template import parse_template
+from core.run import collect_file_garbage
 
 pytestmark = pytest.mark.slow
 RUN_ID = "20260101-000000-000011"
@@ -157,7 +157,7 @@ class Run:
     """A TaskExecution on a worker thread, with its output lines and warnings."""
 
     def __init__(self, job, store, working_root: Path, record=None, resume=None) -> None:
-        spec = next(iter(job.plan_step("S")))
+        spec = next(iter(plan_tasks(job, "S")))
         if resume is not None:
             spec = TaskSpec(spec.step_name, spec.task_key, spec.parameters, spec.parameters, resume)
         self.lines: list[str] = []
@@ -445,7 +445,7 @@ def test_a_manifest_edited_to_point_outside_is_refused_whole(
 
 
 def _tid(record) -> tuple[str]:
-    from core._store import task_id_for
+    from core.store._layout import task_id_for
 
     return (task_id_for(record.step, record.task_key),)
 
@@ -481,7 +481,7 @@ def test_a_blob_that_does_not_match_its_hash_fails_that_generation_only(
 
 
 def test_restoring_twice_gives_the_same_tree(managed_store, tmp_path: Path) -> None:
-    from core._restore import restore_checkpoint
+    from core.files import restore_checkpoint
 
     store = managed_store
     _job, result = _first_run(store, tmp_path)
@@ -494,9 +494,9 @@ def test_restoring_twice_gives_the_same_tree(managed_store, tmp_path: Path) -> N
             str(p.relative_to(target)): p.read_bytes() for p in target.rglob("*") if p.is_file()
         }
 
-    first = restore_checkpoint(store, cp.manifest, str(target), [])
+    first = restore_checkpoint(store.fs, cp.manifest, str(target), [])
     once = tree()
-    second = restore_checkpoint(store, cp.manifest, str(target), [])
+    second = restore_checkpoint(store.fs, cp.manifest, str(target), [])
     assert tree() == once and first.file == second.file == str(target / "ckpt.txt")
     saved = int(once["ckpt.txt"])
     assert saved >= 2
@@ -504,8 +504,7 @@ def test_restoring_twice_gives_the_same_tree(managed_store, tmp_path: Path) -> N
 
 
 def test_restore_never_writes_through_a_link_in_the_restore_root(tmp_path: Path) -> None:
-    from core._files import RestoreError
-    from core._restore import restore_checkpoint
+    from core.files import RestoreError, restore_checkpoint
 
     store = CheckpointStore(tmp_path / "store", files="managed")
     _job, result = _first_run(store, tmp_path)
@@ -515,7 +514,7 @@ def test_restore_never_writes_through_a_link_in_the_restore_root(tmp_path: Path)
     elsewhere.mkdir()
     (target / "frames").symlink_to(elsewhere)
     with pytest.raises(RestoreError, match="not a folder"):
-        restore_checkpoint(store, result.record.checkpoint.manifest, str(target), [])
+        restore_checkpoint(store.fs, result.record.checkpoint.manifest, str(target), [])
     assert list(elsewhere.iterdir()) == []
 
 
@@ -527,7 +526,7 @@ def test_gc_frees_exactly_what_no_kept_generation_references(managed_store, tmp_
     for n, run_id in enumerate(
         ["20260101-000000-00000a", "20260101-000000-00000b", "20260101-000000-00000c"]
     ):
-        spec = next(iter(job.plan_step("S")))
+        spec = next(iter(plan_tasks(job, "S")))
         lines: list[str] = []
         ex = TaskExecution(
             job,
@@ -580,13 +579,13 @@ def test_gc_frees_exactly_what_no_kept_generation_references(managed_store, tmp_
     assert report.blobs_removed == len(all_blobs - keep) >= 2
     assert report.bytes_freed > 0
     # Every kept generation still restores.
-    from core._restore import restore_checkpoint
+    from core.files import restore_checkpoint
 
     for rec in records:
         for gen in store.list_generations(rec.record):
             out = tmp_path / f"check-{rec.record.run_id}-{gen.generation}"
             out.mkdir()
-            restore_checkpoint(store, gen.manifest, str(out), [])
+            restore_checkpoint(store.fs, gen.manifest, str(out), [])
 
 
 def _cli_env(tmp: Path, host: str, files: str | None = "managed") -> dict[str, str]:
@@ -884,7 +883,7 @@ for n in range(1, 5):
 def test_every_generation_is_consistent_when_uploads_lag(managed_store, tmp_path: Path) -> None:
     """The save's file is taken as it was when the save was printed, whatever the task wrote
     after it: each generation's file matches its state and its file list."""
-    from core._restore import restore_checkpoint
+    from core.files import restore_checkpoint
 
     doc = {
         "specificationVersion": "jobtemplate-2023-09",
@@ -905,7 +904,7 @@ def test_every_generation_is_consistent_when_uploads_lag(managed_store, tmp_path
     for gen in gens:
         out = tmp_path / f"check-{gen.generation}"
         out.mkdir()
-        restored = restore_checkpoint(managed_store, gen.manifest, str(out), [])
+        restored = restore_checkpoint(managed_store.fs, gen.manifest, str(out), [])
         assert Path(restored.file).read_text() == gen.state
         names = sorted(Path(f).name for f in restored.files)
         assert names == [f"sample-{k}.bin" for k in range(1, int(gen.state) + 1)]
@@ -962,7 +961,7 @@ def test_a_task_run_again_from_the_top_starts_a_fresh_file_list(tmp_path: Path) 
 
 
 def test_a_session_folder_of_any_depth_is_removed(tmp_path: Path) -> None:
-    from core._session import remove_tree
+    from core.task._session import remove_tree
 
     top = str(tmp_path / "deep")
     os.mkdir(top)
@@ -980,7 +979,7 @@ def test_a_session_folder_of_any_depth_is_removed(tmp_path: Path) -> None:
 
 
 def test_a_record_too_large_to_read_back_is_never_written(tmp_path: Path, monkeypatch) -> None:
-    import core._fs as fs_module
+    import core.fs._storefs as fs_module
     from core import StoreError
     from core._records import TaskRecord
 
@@ -1000,8 +999,8 @@ def test_a_generation_that_cannot_be_restored_leaves_the_files_there_as_they_wer
     """All or nothing: a file already in the restore root (a --file-root holds the user's own)
     is neither overwritten nor deleted when a later file of the generation turns out damaged;
     what a restore killed part-way on this host left is swept, another live one's is not."""
-    from core._files import RestoreError
-    from core._restore import _restore_prefix, restore_checkpoint
+    from core.files import RestoreError, restore_checkpoint
+    from core.files._restore import _restore_prefix
 
     store = CheckpointStore(tmp_path / "store", files="managed")
     _job, result = _first_run(store, tmp_path)
@@ -1019,18 +1018,18 @@ def test_a_generation_that_cannot_be_restored_leaves_the_files_there_as_they_wer
     live = target / "frames" / f"{_restore_prefix()}{os.getpid()}-running"
     live.write_text("a running restore's")
     with pytest.raises(RestoreError, match="does not match its hash"):
-        restore_checkpoint(store, cp.manifest, str(target), [])
+        restore_checkpoint(store.fs, cp.manifest, str(target), [])
     assert (target / "frames" / "f000.txt").read_text() == "the user's own"
     left = sorted(p.name for p in (target / "frames").iterdir())
     assert left == sorted(["f000.txt", live.name]), left
     # A folder where a later file goes is found before any file is renamed in.
     put(store, entry_blob(last), original)
-    restore_checkpoint(store, cp.manifest, str(target), [])  # content mended: restores
+    restore_checkpoint(store.fs, cp.manifest, str(target), [])  # content mended: restores
     (target / "frames" / "f000.txt").write_text("the user's own")
     (target / last["path"]).unlink()
     (target / last["path"]).mkdir()
     with pytest.raises(RestoreError, match="a folder is in its place"):
-        restore_checkpoint(store, cp.manifest, str(target), [])
+        restore_checkpoint(store.fs, cp.manifest, str(target), [])
     assert (target / "frames" / "f000.txt").read_text() == "the user's own"
 
 

@@ -1,6 +1,6 @@
 """Tests of the stdout protocol on plain strings and bytes, no process: ``core._messages``
 (``parse_line``, ``MessageContext.check``, ``read_line``) and what a task makes of a well-formed
-message (``core._protocol.TaskOutput`` over a ``core._recorder.TaskRecorder``).
+message (``core.task._protocol.TaskOutput`` over a ``core.task._recorder.TaskRecorder``).
 
 Every malformed or refused case that a process-level test asserts has its case here too; the
 comment ``# from <test file>`` names where it comes from (test_task_execution.py's NOISY script,
@@ -36,6 +36,7 @@ from core._messages import (
     parse_line,
     read_line,
 )
+from core.job import new_task_record, plan_tasks
 
 PREFIXES = [
     "openjd_progress",
@@ -883,9 +884,10 @@ class _Task:
     """A TaskOutput over a TaskRecorder without a store, as a TaskExecution composes them."""
 
     def __init__(self, *, max_warnings: int = 100, working_dir: Any = None) -> None:
-        from core import parse_template, prepare_job
-        from core._protocol import TaskOutput
-        from core._recorder import TaskRecorder
+        from core import prepare_job
+        from core.job._template import parse_template
+        from core.task._protocol import TaskOutput
+        from core.task._recorder import TaskRecorder
 
         doc = {
             "specificationVersion": "jobtemplate-2023-09",
@@ -897,7 +899,7 @@ class _Task:
         self.events: list[tuple[str, Any]] = []
         self.shown: list[str] = []
         self.recorder = TaskRecorder(
-            job.new_task_record(job.plan_step("S")[0], "run"),
+            new_task_record(job, plan_tasks(job, "S")[0], "run"),
             store=None,
             attempt=1,
             warn=self.warnings.append,
@@ -917,7 +919,7 @@ class _Task:
     def feed(
         self, *texts: str, ctx: MessageContext = TASK_CTX, env: dict[str, Any] | None = None
     ) -> None:
-        from core._process import OutputLine
+        from core.process import OutputLine
 
         first = len(self.shown) + 1
         lines = [OutputLine(first + i, "stdout", t.encode()) for i, t in enumerate(texts)]
@@ -1058,7 +1060,7 @@ def test_task_output_applies_progress_status_fail_frames_and_resume_status(tmp_p
 def test_task_output_refuses_paths_a_managed_store_does_not_capture(tmp_path: Any) -> None:
     # from test_managed_files.py (the hostile task): '..', outside every root, not a regular file
     from core import CheckpointStore
-    from core._action import StopState
+    from core.task._action import StopState
 
     task = _Task()
     session = tmp_path / "session"

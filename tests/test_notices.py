@@ -17,19 +17,17 @@ import pytest
 from conftest import DATA, EXAMPLES, ROOT, CliProcess, run_cli
 from metadata_server import MetadataServer, closed_port_url
 
-from core import CheckpointStore, TaskStatus
-from core._notices import (
+from core import CheckpointStore
+from core._records import TaskStatus
+from core.run import Notice, SignalSource, parse_notice_sources, parse_poll_seconds
+from core.run._notices import (
     MIN_NOTICE_SECONDS,
     AwsSource,
     AzureSource,
     FileSource,
     GcpSource,
-    Notice,
     NoticeWatcher,
-    SignalSource,
     _file_deadline,
-    parse_notice_sources,
-    parse_poll_seconds,
 )
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 
-from core import TaskEvent, TaskExecution, TaskOutcome, TaskResult, parse_template, prepare_job
+from core import TaskEvent, TaskExecution, TaskOutcome, TaskResult, prepare_job
+from core.job import plan_tasks
+from core.job._template import parse_template
 
 pytestmark = pytest.mark.slow
 RUN_ID = "20260101-000000-000007"
@@ -42,7 +44,7 @@ def run_task(
     events: list[TaskEvent] = []
     execution = TaskExecution(
         job,
-        job.plan_step("S")[0],
+        plan_tasks(job, "S")[0],
         run_id=RUN_ID,
         on_output=lambda _ex, batch: lines.extend(batch),
         on_event=lambda _ex, event: events.append(event),

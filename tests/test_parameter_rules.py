@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 import yaml
 
-from core import TemplateError, parse_template, prepare_job
-from core._job import load_environment_template
+from core import TemplateError, prepare_job
+from core.job import load_environment_template
+from core.job._template import parse_template
 
 INT64_MAX = 2**63 - 1
 

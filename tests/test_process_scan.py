@@ -11,13 +11,8 @@ import time
 import psutil
 from escaping import alive_with_argv, kill_left
 
-from core._process import (
-    MARKER_VARIABLE,
-    _descendants,
-    _scan_proc,
-    kill_process_group,
-    new_marker,
-)
+from core.process import MARKER_VARIABLE, new_marker
+from core.process._process import _descendants, _scan_proc, kill_process_group
 
 
 def _wait_gone(pid: int, timeout: float = 5.0) -> bool:
@@ -77,7 +72,7 @@ def test_descendants_skip_processes_older_than_their_parent() -> None:
 
 RUN_ONE_ACTION = """
 import sys
-from core._process import MARKER_VARIABLE, ActionProcess, action_containment, new_marker
+from core.process._process import MARKER_VARIABLE, ActionProcess, action_containment, new_marker
 marker = new_marker()
 proc = ActionProcess(["bash", "-c", sys.argv[1]], cwd="/", env={"PATH": "/usr/bin:/bin",
                      MARKER_VARIABLE: marker}, on_lines=lambda lines: None, marker=marker)

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from core import TemplateError, parse_template
+from core import TemplateError
+from core.job._template import parse_template
 
 Doc = dict[str, Any]
 

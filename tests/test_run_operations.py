@@ -26,14 +26,15 @@ from core import (
     RunStatus,
     TaskSpec,
     begin_attempt,
-    enter_finally,
     finish_attempt,
-    parse_template,
     plan_step,
     prepare_job,
     request_termination,
 )
 from core.cli._runner import JobRunner
+from core.job import plan_tasks
+from core.job._template import parse_template
+from core.local import enter_finally
 
 pytestmark = pytest.mark.slow
 THREE = DATA / "three_steps.yaml"
@@ -116,7 +117,7 @@ def test_three_steps_in_separate_processes_end_as_the_job_runner(
     (out_runner / "fail-now").touch()
     job = prepare_job(THREE, dict(params, Out=str(out_ops)))
     got = drive(tmp_path / "store-ops", job)
-    labels = [s.label for s in job.plan_step("Render")]
+    labels = [s.label for s in plan_tasks(job, "Render")]
     assert labels == ["Render[Frame=1-2]", "Render[Frame=3-4]", "Render[Frame=5-6]"]
 
     runner_job = prepare_job(THREE, dict(params, Out=str(out_runner)))
@@ -405,7 +406,7 @@ def test_a_stop_deadline_shortens_the_notify_period(tmp_path: Path) -> None:
     from core import StopIntent, TaskExecution
 
     job = prepare_job(COUNTER, {"N": 1000, "StepSeconds": 0.1, "IgnoreSignal": 1})
-    [spec] = job.plan_step("Count")
+    [spec] = plan_tasks(job, "Count")
     lines: list[str] = []
     ex = TaskExecution(job, spec, run_id="deadline-run", on_output=lambda _e, ls: lines.extend(ls))
     box: dict = {}
@@ -458,7 +459,7 @@ def test_refused_claims_do_not_break_the_holder(tmp_path: Path) -> None:
     [spec] = plan_step(st, job, attempt.run_id, "Count")
     holder = Worker(store, attempt.job_key, attempt.run_id, spec)
     _task_pid(store)
-    from core._claim import claim_task
+    from core.run._claim import claim_task
 
     with pytest.raises(ResumeRefusedError) as info:
         claim_task(st, job, attempt.run_id, spec)
@@ -530,7 +531,7 @@ def test_concurrent_stop_requests_end_in_the_more_forceful_mode(
             if phase == "regular":
                 # a task of the run is mid-way: its record says it runs
                 [spec, *_] = plan_step(st, job, attempt.run_id, "Render")
-                from core._task import TaskExecution
+                from core.task import TaskExecution
 
                 rec = TaskExecution(job, spec, run_id=attempt.run_id).record
                 rec.status = rec.status.RUNNING
@@ -580,7 +581,7 @@ def test_a_group_of_tasks_runs_in_one_session_and_replans_by_original_task(
     st = CheckpointStore(tmp_path / "store")
     job = prepare_job(DATA / "sessions_job_env.yaml", {"Log": str(log)})
     attempt = begin_attempt(st, job, external_key="group")
-    originals = job.plan_step("Work")  # the stable list an adapter maps over
+    originals = plan_tasks(job, "Work")  # the stable list an adapter maps over
     assert [s.label for s in originals] == [f"Work[I={i}]" for i in range(1, 9)]
     ran_in: list[threading.Thread] = []
     first = run_tasks(
@@ -610,7 +611,7 @@ def test_a_chunk_remainder_stays_with_its_original_task(tmp_path: Path) -> None:
     st = CheckpointStore(tmp_path / "store")
     job = prepare_job(THREE, {"Out": str(out), "FailFrame": 4, "FrameSeconds": 0.01})
     attempt = begin_attempt(st, job, external_key="remainder")
-    originals = job.plan_step("Render")
+    originals = plan_tasks(job, "Render")
     [res] = run_task_in_process(st, job, attempt.run_id, originals[1])
     assert res.outcome.value == "failed"
     assert [s.label for s in plan_group(st, job, attempt.run_id, originals[1:2])] == [
@@ -630,7 +631,8 @@ def run_task_in_process(st: CheckpointStore, job, run_id: str, spec: TaskSpec) -
 def test_wait_tasks_released_waits_for_the_running_task(tmp_path: Path) -> None:
     import threading
 
-    from core import run_tasks, wait_tasks_released
+    from core import run_tasks
+    from core.run._phases import wait_tasks_released
 
     st = CheckpointStore(tmp_path / "store")
     job = prepare_job(ROOT / "examples" / "fibonacci" / "fibonacci-fast.yaml", {"N": 15})
@@ -644,7 +646,7 @@ def test_wait_tasks_released_waits_for_the_running_task(tmp_path: Path) -> None:
             st,
             job,
             attempt.run_id,
-            job.plan_step("ResumableFibonacci"),
+            plan_tasks(job, "ResumableFibonacci"),
             on_start=lambda ex: started.set(),
             on_event=lambda ex, ev: (
                 ev.kind == "started" and ran_in.append(threading.current_thread())
@@ -667,7 +669,8 @@ def test_wait_tasks_released_waits_for_the_running_task(tmp_path: Path) -> None:
 
 
 def test_record_task_done_counts_the_task_finished(tmp_path: Path) -> None:
-    from core import plan_group, record_task_done, run_tasks
+    from core import plan_group, run_tasks
+    from core.run._phases import record_task_done
 
     out = tmp_path / "out"
     out.mkdir()
@@ -675,7 +678,7 @@ def test_record_task_done_counts_the_task_finished(tmp_path: Path) -> None:
     st = CheckpointStore(tmp_path / "store")
     job = prepare_job(THREE, {"Out": str(out), "FailFrame": 3, "FrameSeconds": 0.01})
     attempt = begin_attempt(st, job, external_key="done")
-    originals = job.plan_step("Render")
+    originals = plan_tasks(job, "Render")
     [result] = run_tasks(
         st, job, attempt.run_id, plan_group(st, job, attempt.run_id, originals[1:2])
     )
@@ -820,8 +823,8 @@ def test_delete_kills_what_a_dead_runner_left(tmp_path: Path) -> None:
 
 def test_an_edited_record_never_kills_a_group_its_process_does_not_lead() -> None:
     from core._host import host_id
-    from core._process import kill_recorded_process
     from core._records import ProcessInfo
+    from core.process import kill_recorded_process
 
     a = subprocess.Popen(["sleep", "60"], start_new_session=True)
     b = subprocess.Popen(["sleep", "60"], start_new_session=True)
@@ -850,7 +853,7 @@ def test_stopped_run_finally_starts_no_more_tasks_of_a_group(tmp_path: Path) -> 
     attempt = begin_attempt(st, job, external_key="srf-group")
     # Eight tasks of at least 0.2 s: the request (seen within about 0.5 s) lands before the
     # last one starts, however loaded the machine.
-    specs = job.plan_step("Work")
+    specs = plan_tasks(job, "Work")
     box: dict = {}
     t = threading.Thread(
         target=lambda: box.setdefault("r", run_tasks(st, job, attempt.run_id, specs))
@@ -972,7 +975,7 @@ def test_start_finally_waits_for_regular_tasks_then_enters_finally(tmp_path: Pat
 
     def work() -> None:
         run_tasks(
-            st, job, attempt.run_id, job.plan_step(regular), on_start=lambda ex: started.set()
+            st, job, attempt.run_id, plan_tasks(job, regular), on_start=lambda ex: started.set()
         )
         ended.append(time.monotonic())
 
@@ -988,7 +991,7 @@ def test_start_finally_waits_for_regular_tasks_then_enters_finally(tmp_path: Pat
     started.clear()
     worker = threading.Thread(
         target=lambda: run_tasks(
-            st2, job, attempt2.run_id, job.plan_step(regular), on_start=lambda ex: started.set()
+            st2, job, attempt2.run_id, plan_tasks(job, regular), on_start=lambda ex: started.set()
         )
     )
     worker.start()
@@ -1013,7 +1016,7 @@ def test_declare_done_records_each_task_and_says_so(tmp_path: Path) -> None:
     st = CheckpointStore(tmp_path / "store")
     job = prepare_job(THREE, {"Out": str(out), "FailFrame": 3, "FrameSeconds": 0.01})
     attempt = begin_attempt(st, job, external_key="declared")
-    originals = job.plan_step("Render")
+    originals = plan_tasks(job, "Render")
     lines = declare_done(st, job, attempt.run_id, originals[1:], "marked success in Airflow")
     assert lines == [
         "Render[Frame=3-4]: recorded as done (marked success in Airflow); not resumable",
@@ -1098,7 +1101,7 @@ def test_a_claim_runs_the_task_as_its_record_says_now_not_as_it_was_planned(
     after its lease expired). The claim reads the task's record under the task's lease: the
     task resumes from the newest checkpoint stored, not from the one it was planned with (nor
     from the top), and a task that ran to its end meanwhile is not run again."""
-    from core import run_task
+    from core.run._executor import run_task
 
     st = CheckpointStore(tmp_path / "store")
     template = tmp_path / "stepping.yaml"
@@ -1169,7 +1172,7 @@ def test_a_claimed_chunk_runs_no_frame_reported_finished_since_it_was_planned(
 ) -> None:
     """The frames of a chunk planned before another process ran it are planned again at its
     claim: it resumes with the frames not reported finished, from the checkpoint stored."""
-    from core import run_task
+    from core.run._executor import run_task
 
     st = CheckpointStore(tmp_path / "store")
     template = tmp_path / "chunk.yaml"

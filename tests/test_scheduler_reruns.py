@@ -23,12 +23,13 @@ from core import (
     ResumeHow,
     ResumeRefusedError,
     begin_attempt,
-    enter_finally,
     finish_attempt,
     plan_group,
     prepare_job,
     run_tasks,
 )
+from core.job import plan_tasks
+from core.local import enter_finally
 
 THREE = DATA / "three_steps.yaml"
 
@@ -48,12 +49,12 @@ def _drive(st: CheckpointStore, job, run_id: str, groups: dict[str, list]) -> st
     decision = enter_finally(st, job, run_id)
     if decision.run_finally:
         for step in job.template.finally_steps:
-            _run_group(st, job, run_id, job.plan_step(step))
+            _run_group(st, job, run_id, plan_tasks(job, step))
     return finish_attempt(st, job, run_id).status.value
 
 
 def _all_groups(job) -> dict[str, list]:
-    return {s: [[t] for t in job.plan_step(s)] for s in job.template.regular_steps}
+    return {s: [[t] for t in plan_tasks(job, s)] for s in job.template.regular_steps}
 
 
 def test_clearing_a_finished_task_of_a_succeeded_run_runs_it_again_and_the_run_succeeds(
@@ -72,18 +73,18 @@ def test_clearing_a_finished_task_of_a_succeeded_run_runs_it_again_and_the_run_s
     again = begin_attempt(st, job, external_key="dag/run-1")
     assert again.run_id == first.run_id, again.notes
     assert again.attempt == 2
-    cleared = job.plan_step("Render")[1:2]
+    cleared = plan_tasks(job, "Render")[1:2]
     specs = plan_group(st, job, again.run_id, cleared, rerun=True)
     assert [s.label for s in specs] == ["Render[Frame=3-4]"]
     assert specs[0].resume is None and specs[0].chunk_frames == {3, 4}  # from its start
     # the others keep their outcome: nothing to run for them
-    assert plan_group(st, job, again.run_id, job.plan_step("Render")[:1]) == []
-    assert plan_group(st, job, again.run_id, job.plan_step("Assemble")) == []
+    assert plan_group(st, job, again.run_id, plan_tasks(job, "Render")[:1]) == []
+    assert plan_group(st, job, again.run_id, plan_tasks(job, "Assemble")) == []
     assert [r.outcome.value for r in run_tasks(st, job, again.run_id, specs)] == ["succeeded"]
     assert (out / "frame-3").read_text() == "xx" and (out / "frame-1").read_text() == "x"
     decision = enter_finally(st, job, again.run_id)
     assert decision.run_finally and decision.job_status == "Succeeded"
-    _run_group(st, job, again.run_id, job.plan_step("Cleanup"))
+    _run_group(st, job, again.run_id, plan_tasks(job, "Cleanup"))
     assert (out / "cleanup-status").read_text().splitlines() == ["Succeeded", "Succeeded"]
     outcome = finish_attempt(st, job, again.run_id)
     assert outcome.status.value == "succeeded", outcome.condition
@@ -102,7 +103,7 @@ def test_a_cleared_rerun_that_fails_fails_the_run_and_clearing_it_again_resumes(
 
     (out / "fail-now").touch()
     again = begin_attempt(st, job, external_key="dag/run-2")
-    cleared = job.plan_step("Render")[1:2]
+    cleared = plan_tasks(job, "Render")[1:2]
     assert _run_group(st, job, again.run_id, cleared, rerun=True) == ["failed"]
     assert _drive(st, job, again.run_id, {}) == "failed"  # ends as its tasks did
     assert (out / "cleanup-status").read_text().splitlines() == ["Succeeded", "Failed"]
@@ -131,7 +132,7 @@ def test_clearing_a_finished_task_of_a_failed_run_runs_it_again_from_its_start(
 
     again = begin_attempt(st, job, external_key="dag/run-3")
     assert again.run_id == first.run_id
-    render = job.plan_step("Render")
+    render = plan_tasks(job, "Render")
     # the finished first instance, cleared, runs again from its start ...
     assert [s.chunk_frames for s in plan_group(st, job, again.run_id, render[:1], rerun=True)] == [
         {1, 2}

@@ -17,6 +17,8 @@ import psutil
 import pytest
 from conftest import DATA, CliProcess, run_cli
 
+from core.job import plan_tasks
+
 pytestmark = pytest.mark.slow
 
 
@@ -308,7 +310,7 @@ def test_a_session_record_is_kept_while_an_environment_is_entered_only(tmp_path:
         store = CheckpointStore(tmp_path / f"store-{len(seen)}")
         job = prepare_job(template, params)
         attempt = begin_attempt(store, job, external_key=name)
-        specs = job.plan_step(job.step_order()[0])[:1]
+        specs = plan_tasks(job, job.step_order()[0])[:1]
         counts: list[int] = []
 
         def on_event(ex, event, store=store, attempt=attempt, counts=counts) -> None:

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from core import CheckpointData, CheckpointStore, RunRecord, StoreError, TaskRecord, TaskStatus
-from core._store import task_id_for
+from core import CheckpointData, CheckpointStore, RunRecord, StoreError, TaskRecord
+from core._records import TaskStatus
+from core.store._layout import task_id_for
 
 JK = "0123456789abcdef"
 RID = "20260101-000000-abcdef"
@@ -368,7 +369,7 @@ def test_a_refusal_names_a_dead_holder_whose_lease_has_not_expired() -> None:
     for a process that is gone. A live holder, or one of another host, is named only."""
     from core._host import host_id
     from core._records import ProcessInfo
-    from core._store import describe_holder
+    from core.store import describe_holder
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

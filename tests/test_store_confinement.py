@@ -17,8 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core import CheckpointData, CheckpointStore, RunRecord, StoreError, TaskRecord
-from core._store import MAX_RECORD_BYTES, task_id_for
-from core._template import canonical_json, sha256_hex
+from core._hashing import canonical_json, sha256_hex
+from core.fs._storefs import MAX_RECORD_BYTES
+from core.store._layout import task_id_for
 
 JK = "0123456789abcdef"
 RID = "20260101-000000-abcdef"

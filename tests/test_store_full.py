@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 
-from core import CheckpointStore, TaskStatus
+from core import CheckpointStore
+from core._records import TaskStatus
 
 pytestmark = pytest.mark.slow
 

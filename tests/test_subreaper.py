@@ -1,4 +1,4 @@
-"""The CLI runner as a child subreaper (core._reaper): what an action leaves behind (a child
+"""The CLI runner as a child subreaper (core.process._reaper): what an action leaves behind (a child
 that left the group, a double-forked daemon) is killed when the action ends, found among the
 runner's own descendants, and reaped: no zombie is left with the runner."""
 
@@ -55,7 +55,7 @@ SCRIPT = textwrap.dedent(
 
 @pytest.mark.parametrize("cgroups", ["auto", "off"])
 def test_the_cli_runner_kills_and_reaps_what_an_action_left(tmp_path: Path, cgroups: str) -> None:
-    # auto: each action in a cgroup of its own where the machine allows it (core._cgroups);
+    # auto: each action in a cgroup of its own where the machine allows it (core.process._cgroups);
     # off: the earlier rules (process group, marker, the runner's descendants) hold alone.
     script = tmp_path / "escaper.py"
     script.write_text(SCRIPT)
@@ -104,7 +104,7 @@ time.sleep(0.5)
 
 RUNNER = """
 import os, subprocess, sys, time
-from core._reaper import become_child_subreaper, is_subreaper, kill_action_tree
+from core.process._reaper import become_child_subreaper, is_subreaper, kill_action_tree
 assert become_child_subreaper() and is_subreaper()
 env = dict(os.environ, MARKER="m-123")
 leader = subprocess.Popen([sys.executable, sys.argv[1]], env=env, start_new_session=True,

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
-from core import CheckpointData, TaskRecord, summarize_checkpoint, summarize_task, task_label
+from core import CheckpointData, TaskRecord, summarize_checkpoint, summarize_task
+from core.job import new_task_record, plan_tasks
+from core.job._planning import task_label
 
 FRAME = {"Frame": {"type": "CHUNK[INT]", "value": "1-4"}}
 
@@ -64,7 +66,7 @@ def test_describe_plan_says_what_each_original_task_does_in_this_try(tmp_path) -
     st = CheckpointStore(tmp_path / "store")
     job = prepare_job(DATA / "three_steps.yaml", {"Out": str(out), "FrameSeconds": 0.01})
     attempt = begin_attempt(st, job, external_key="plan-lines")
-    originals = job.plan_step("Render")
+    originals = plan_tasks(job, "Render")
     assert describe_plan(originals, originals) == []  # a first try: nothing to say
     assert describe_plan(originals, originals[:1], again=True) == [
         "Render[Frame=3-4]: finished in an earlier try; not run again",
@@ -73,7 +75,7 @@ def test_describe_plan_says_what_each_original_task_does_in_this_try(tmp_path) -
     ]
     first = originals[0]
     ckpt = CheckpointData(generation=2, state="abc", files=["/w/a"], saved_at=1.0, attempt=1)
-    rec = job.new_task_record(first, attempt.run_id, status="interrupted", checkpoint=ckpt)
+    rec = new_task_record(job, first, attempt.run_id, status="interrupted", checkpoint=ckpt)
     rec.completed_frames = [1]
     st.write_task(rec)
     [resumed] = plan_group(st, job, attempt.run_id, originals[:1])
@@ -182,8 +184,9 @@ def test_a_checkpoint_mark_names_the_task_attempt_that_saved_it() -> None:
     the generation the second saved says ``task attempt #2, run attempt 1``, the first's
     ``#1``; one saved where no attempt of the history ran says only the run's attempt. What a
     succeeded run keeps (``KeptCollector``) reads the same."""
-    from core import AttemptSpan, checkpoint_mark_text, kept_timeline, task_timeline
-    from core._summary import KeptCollector
+    from core import checkpoint_mark_text, kept_timeline, task_timeline
+    from core._records import AttemptSpan
+    from core.job import KeptCollector
 
     history = [
         AttemptSpan(attempt=1, run_attempt=1, started_at=100.0, ended_at=110.0, outcome="x"),

@@ -23,10 +23,10 @@ from core import (
     StopIntent,
     TaskExecution,
     TaskOutcome,
-    parse_template,
     prepare_job,
 )
-from core._job import TaskSpec
+from core.job import TaskSpec, plan_tasks
+from core.job._template import parse_template
 
 pytestmark = pytest.mark.slow
 RUN_ID = "20260101-000000-000001"
@@ -56,7 +56,7 @@ class Runner:
     """Runs a TaskExecution on a worker thread and collects its output."""
 
     def __init__(self, job, store: CheckpointStore | None, resume: CheckpointData | None = None):
-        spec = next(iter(job.plan_step("S")))
+        spec = next(iter(plan_tasks(job, "S")))
         if resume is not None:
             spec = TaskSpec(spec.step_name, spec.task_key, spec.parameters, spec.parameters, resume)
         self.lines: list[str] = []

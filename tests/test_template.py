@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from core import TemplateError, load_template, parse_template
+from core import TemplateError, load_template
+from core.job._template import parse_template
 
 REPO = Path(__file__).resolve().parent.parent
 FIBONACCI = REPO / "examples" / "fibonacci" / "fibonacci.yaml"

@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from core import TemplateError, parse_template, prepare_job
-from core._template import JOB_STATUS_PARAMETER
+from core import TemplateError, prepare_job
+from core.job import JOB_STATUS_PARAMETER
+from core.job._template import parse_template
 
 
 def step(name: str, arg: str = "x", deps: list[str] | None = None) -> dict[str, Any]:

@@ -266,13 +266,13 @@ def test_a_stop_after_the_last_regular_task_changes_only_what_is_left(
     ends canceled, with the finally step left to run."""
     from core import (
         begin_attempt,
-        enter_finally,
         finish_attempt,
         plan_step,
         prepare_job,
         request_termination,
         run_tasks,
     )
+    from core.local import enter_finally
 
     st = CheckpointStore(tmp_path / "store")
     job = prepare_job(DATA / "finally.yaml", {"LongSeconds": "0"})
@@ -453,7 +453,7 @@ def test_a_second_request_of_a_stopping_run_is_forced(tmp_path: Path) -> None:
         prepare_job,
         request_termination,
     )
-    from core._termination import force_reaches
+    from core.task import force_reaches
 
     st = CheckpointStore(tmp_path / "store")
     job = prepare_job(DATA / "finally.yaml", {"LongSeconds": "0"})

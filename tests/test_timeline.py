@@ -1,4 +1,4 @@
-"""A task's attempt history and timeline (``core._history``, ``core.task_timeline``): a task
+"""A task's attempt history and timeline (``core.task._history``, ``core.task_timeline``): a task
 suspended twice and resumed has one span per attempt, each resume saves the work up to its
 checkpoint, and the text timeline (the Prefect artifact's, a log's) shows it."""
 
@@ -12,7 +12,7 @@ from conftest import DATA, CliProcess, checkpoint_at_least
 
 import core
 from core import CheckpointStore
-from core._history import MAX_SPANS
+from core.task._history import MAX_SPANS
 
 
 def test_a_task_suspended_twice_has_a_span_per_attempt_and_a_timeline(tmp_path: Path) -> None:
@@ -54,7 +54,7 @@ def test_a_task_suspended_twice_has_a_span_per_attempt_and_a_timeline(tmp_path: 
 
 def test_the_history_is_bounded_and_an_open_span_is_cut_off() -> None:
     rec = core.TaskRecord(job_key="0" * 16, run_id="r", step="S", task_key="{}", parameters={})
-    from core._history import close_span, open_span
+    from core.task._history import close_span, open_span
 
     for n in range(MAX_SPANS + 5):
         rec.attempt = n + 1
@@ -82,8 +82,9 @@ def test_a_record_with_times_that_are_not_times_draws_what_it_can_and_says_what_
     import math
     import re
 
-    from core._layout import task_id_for
-    from core._summary import MAX_TIMELINE_ATTEMPTS, MAX_TIMELINE_CHECKPOINTS, KeptCollector
+    from core.job import KeptCollector
+    from core.job._summary import MAX_TIMELINE_ATTEMPTS, MAX_TIMELINE_CHECKPOINTS
+    from core.store._layout import task_id_for
 
     st = CheckpointStore(tmp_path / "store")
     jk, now = "0" * 16, time.time()

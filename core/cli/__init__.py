@@ -24,7 +24,7 @@ def _early(signum: int, _frame: object) -> None:
     _SIGNALS.append(signum)
     if _importing:
         return  # acted on by main once the imports are done
-    from . import _early as early
+    from core.cli import _early as early
 
     if hasattr(early, "EARLY_SIGNALS"):  # not when the signal came while it was imported
         early.EARLY_SIGNALS.append(signum)  # kept even if library code swallows the exit
@@ -40,7 +40,7 @@ signal.signal(signal.SIGINT, _early)
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI with ``argv`` (default: the command line). Returns the exit code."""
     global _importing
-    from ._main import main as cli_main
+    from core.cli._main import main as cli_main
 
     _importing = False
     if _SIGNALS:  # a Ctrl-C while the modules were imported: nothing has started

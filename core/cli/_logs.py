@@ -24,7 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from core import MAX_RECORD_BYTES, CheckpointStore, StoreError
+from core import CheckpointStore, StoreError
+from core.local import MAX_RECORD_BYTES
 
 __all__ = ("DEFAULT_MAX_LOG_BYTES", "LogEntry", "LogFile", "LogKeeper", "read_run_logs")
 

@@ -18,15 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from core import (
-    DEFAULT_GC_GRACE_SECONDS,
-    EXIT_CODES,
     NOTICE_POLL_ENV,
     NOTICES_ENV,
     OUTCOME_WORDS,
     CheckpointStore,
-    Escalation,
     NoticeSource,
-    OpenJDCheckpointError,
     RefusalCode,
     ResumeHow,
     ResumeRefusedError,
@@ -37,16 +33,7 @@ from core import (
     StoreError,
     TemplateError,
     TerminationMode,
-    action_containment,
-    become_child_subreaper,
-    collect_file_garbage,
     default_store_location,
-    delete_run,
-    describe_exit,
-    finish_interrupted_deletes,
-    load_environment_template,
-    load_path_mapping_rules,
-    no_run_words,
     outcome_key,
     outcome_sentence,
     parse_notice_sources,
@@ -55,11 +42,10 @@ from core import (
     request_termination,
     run_status_words,
 )
-
-from ._completion import add_completion_parser, complete
-from ._early import EARLY_SIGNALS
-from ._logs import LogKeeper
-from ._options import (
+from core.cli._completion import add_completion_parser, complete
+from core.cli._early import EARLY_SIGNALS
+from core.cli._logs import LogKeeper
+from core.cli._options import (
     EPILOG,
     add_run_options,
     grace_seconds,
@@ -70,10 +56,10 @@ from ._options import (
     seconds_value,
     version_text,
 )
-from ._pipes import closed_pipe_exit, flush_stdout
-from ._progress import make_progress
-from ._progress import write as _write
-from ._read import (
+from core.cli._pipes import closed_pipe_exit, flush_stdout
+from core.cli._progress import make_progress
+from core.cli._progress import write as _write
+from core.cli._read import (
     add_json_option,
     add_logs_parser,
     cmd_check,
@@ -82,7 +68,22 @@ from ._read import (
     cmd_show,
     reading,
 )
-from ._runner import JobRunner, RunResult
+from core.cli._runner import JobRunner, RunResult
+from core.local import (
+    DEFAULT_GC_GRACE_SECONDS,
+    EXIT_CODES,
+    Escalation,
+    OpenJDCheckpointError,
+    action_containment,
+    become_child_subreaper,
+    collect_file_garbage,
+    delete_run,
+    describe_exit,
+    finish_interrupted_deletes,
+    load_environment_template,
+    load_path_mapping_rules,
+    no_run_words,
+)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

@@ -10,17 +10,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from core import (
-    NOTICE_POLL_ENV,
-    NOTICES_ENV,
-    TemplateError,
-    decode_json,
-    load_document,
-    load_path_mapping_rules,
-    read_input_file,
-)
-
-from ._runner import DEFAULT_FINALLY_TIMEOUT_SECONDS
+from core import NOTICE_POLL_ENV, NOTICES_ENV, TemplateError
+from core.cli._runner import DEFAULT_FINALLY_TIMEOUT_SECONDS
+from core.local import decode_json, load_document, load_path_mapping_rules, read_input_file
 
 ENV_VERSION = "environment-2023-09"
 """The ``specificationVersion`` that makes ``check`` validate an environment template."""

@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Any
 
-from core import OUTCOME_WORDS, TaskEvent, TaskExecution, outcome_key
+from core import OUTCOME_WORDS, TaskEvent, TaskExecution, outcome_key, plan_tasks
 
 __all__ = ("Progress", "make_progress", "write")
 
@@ -203,7 +203,7 @@ class Progress:
         if self._mode != "live":  # only the live display shows tasks left: plan nothing extra
             return None
         try:
-            return len(self._job.plan_step(step))
+            return len(plan_tasks(self._job, step))
         except Exception:  # adaptive or unusual plans: unknown
             return None
 

@@ -26,14 +26,13 @@ from core import (
     continuations,
     kept_sentence,
     kept_timeline,
-    run_files_mode,
     run_status_words,
-    runner_lost,
     summarize_task,
     task_status_words,
     task_timeline,
     timeline_text,
 )
+from core.local import run_files_mode, runner_lost
 
 __all__ = (
     "JSON_SCHEMA_VERSION",
@@ -371,7 +370,7 @@ def _line(e: Any) -> str:
 def cmd_logs(args: argparse.Namespace, store: CheckpointStore) -> int:
     """``logs RUN_ID``: the run's kept task output, merged in the order written. Exit 2 when
     there is no such run or ``--json`` and ``--follow`` are both given."""
-    from ._logs import read_run_logs
+    from core.cli._logs import read_run_logs
 
     if args.json and args.follow:
         print("openjd-checkpoint: logs: --json and --follow: choose one", file=sys.stderr)
@@ -566,7 +565,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from core import load_document, load_environment_template, load_template, read_input_file
+    from core import load_template
+    from core.local import load_document, load_environment_template, read_input_file
 
     path = Path(args.template)
     document = load_document(

@@ -22,32 +22,35 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from core import (
-    EXIT_CODES,
     Attempt,
     CheckpointStore,
-    LeaseLostError,
     NoticeSource,
-    PlanHistory,
     PreparedJob,
     ResumeHow,
-    RunCondition,
     RunError,
     RunStatus,
-    StepRun,
     StopIntent,
     StoreError,
     TaskEvent,
     TaskExecution,
-    TaskExecutor,
     TaskOutcome,
     TaskResult,
     TaskSpec,
     TerminationMode,
     begin_attempt,
+    finish_attempt,
+)
+from core.local import (
+    EXIT_CODES,
+    LeaseLostError,
+    PlanHistory,
+    RunCondition,
+    StepRun,
+    TaskExecutor,
     clean_stale_sessions,
     enter_finally,
-    finish_attempt,
     iter_attempt_records,
+    iter_plan,
     mark_timed_out,
     step_feed,
 )
@@ -425,6 +428,6 @@ class JobRunner:
 
     def _describe_plan(self, step_name: str, records: PlanHistory) -> list[str]:
         try:
-            return [s.label for s in self.job.iter_plan(step_name, records)]
+            return [s.label for s in iter_plan(self.job, step_name, records)]
         except Exception:  # pragma: no cover - a step whose space cannot be iterated
             return [step_name]

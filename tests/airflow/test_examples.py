@@ -43,7 +43,7 @@ def test_example_dag_files_parse_fast(dag_tester: ah.DagTester) -> None:
     clock measures the other processes."""
     folder = install_examples(dag_tester)
     code = (
-        "import time, runpy, airflow.sdk, core._template, openjd.model\n"
+        "import time, runpy, airflow.sdk, core.job._template, openjd.model\n"
         "t = time.process_time()\n"
         f"for name in ('openjd_fibonacci.py', 'openjd_chunked_frames.py'):\n"
         f"    runpy.run_path({str(folder)!r} + '/' + name)\n"

@@ -69,7 +69,7 @@ def test_notice_settings_come_from_the_config_section(monkeypatch) -> None:
     import pytest
 
     from airflow_plugin._config import notice_settings
-    from core._notices import AwsSource, FileSource
+    from core.run._notices import AwsSource, FileSource
 
     monkeypatch.setenv("AIRFLOW__OPENJD_CHECKPOINT__INTERRUPTION_NOTICES", "aws,file:/tmp/n")
     monkeypatch.setenv("AIRFLOW__OPENJD_CHECKPOINT__NOTICE_POLL_SECONDS", "2")

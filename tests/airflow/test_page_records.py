@@ -16,7 +16,7 @@ from fastapi import HTTPException
 
 import core
 from airflow_plugin.plugin import fragment_of, read_job_run
-from core._layout import task_id_for
+from core.store._layout import task_id_for
 
 JK = "0" * 16
 WHERE = "DAG run d/r"

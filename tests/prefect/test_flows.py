@@ -18,7 +18,8 @@ from escaping import alive_with_argv, escapes, kill_left, template
 from prefect.client.schemas.objects import StateType
 
 from core import CheckpointStore, RunStatus
-from core._cgroups import containment
+from core.job import plan_tasks
+from core.process._cgroups import containment
 from prefect_integration import flow_from_template, openjd_flow
 
 REPO = Path(__file__).resolve().parents[2]
@@ -471,7 +472,7 @@ def test_ten_thousand_tasks_make_a_bounded_number_of_task_runs(tmp_path: Path) -
     path.write_text(text)
     flow = flow_from_template(path, store=tmp_path / "store")
     job = prepare_job(load_template(path), {})
-    groups = group_tasks(job.plan_step("Work"), 100)
+    groups = group_tasks(plan_tasks(job, "Work"), 100)
     assert flow.name == "Secrets and hosts test job"
     assert len(groups) == 100 and {len(g) for g in groups} == {100}
     assert group_label(groups[0]) == "Work[Frame=1-100] (100 tasks)"

@@ -1,0 +1,71 @@
+"""A run's tasks, driven from any process: the one executor (``_executor``: claims, the session
+pool, termination requests, interruption notices, expired leases, phase budgets), a run's
+attempts (``_attempt``), its phases and outcome (``_phases``), how signals stop it
+(``_escalation``), deleting runs and collecting managed files (``_delete``, ``_gc``), and the
+interruption notice sources (``_notices``). Above ``task``; the top floor of core.
+"""
+
+from core.run._attempt import (
+    Attempt,
+    begin_attempt,
+    iter_attempt_records,
+    plan_group,
+    plan_step,
+    prepare_run_job,
+)
+from core.run._delete import delete_run, finish_interrupted_deletes
+from core.run._escalation import Escalation, StopEscalation
+from core.run._executor import StepRun, TaskExecutor, run_tasks
+from core.run._gc import DEFAULT_GC_GRACE_SECONDS, collect_file_garbage
+from core.run._notices import (
+    NOTICE_POLL_ENV,
+    NOTICES_ENV,
+    Notice,
+    NoticeSource,
+    SignalSource,
+    parse_notice_sources,
+    parse_poll_seconds,
+)
+from core.run._phases import (
+    EXIT_CODES,
+    RELEASE_WAIT_SECONDS,
+    RunOutcome,
+    declare_done,
+    enter_finally,
+    finish_attempt,
+    mark_timed_out,
+    start_finally,
+)
+
+__all__ = (
+    "Attempt",
+    "begin_attempt",
+    "collect_file_garbage",
+    "declare_done",
+    "DEFAULT_GC_GRACE_SECONDS",
+    "delete_run",
+    "enter_finally",
+    "Escalation",
+    "EXIT_CODES",
+    "finish_attempt",
+    "finish_interrupted_deletes",
+    "iter_attempt_records",
+    "mark_timed_out",
+    "Notice",
+    "NOTICE_POLL_ENV",
+    "NOTICES_ENV",
+    "NoticeSource",
+    "parse_notice_sources",
+    "parse_poll_seconds",
+    "plan_group",
+    "plan_step",
+    "prepare_run_job",
+    "RELEASE_WAIT_SECONDS",
+    "run_tasks",
+    "RunOutcome",
+    "SignalSource",
+    "start_finally",
+    "StepRun",
+    "StopEscalation",
+    "TaskExecutor",
+)

@@ -1,0 +1,186 @@
+"""Deleting a run (``checkpoints delete``, ``gc``) so that it never races a resume or a retry,
+and finishing deletes that were interrupted (docs/decisions.md, "Deleting a run").
+
+``delete_run`` takes the job's lock (which every ``begin_attempt`` holds while it chooses its
+run) and the run's lease (which the CLI's attempts hold while they run); refuses while a live
+process holds the run's lease or the lease of one of its tasks or sessions; kills on this host
+what dead holders left running; and marks the run as being deleted (``core.store._run_removal``),
+all under the job's lock. Only then, the lock let go, it removes the run's files. So of a delete
+and a resume started at the same instant one goes first: a resume that has the run makes the
+delete refuse, and a resume after the mark finds no run (``unknown-run``; a retry starts a new
+run and says why). An adapter's task claimed while the run was being marked finds it gone and
+does not start (``core.run._claim``); one claimed just before is found by a second look at the
+leases after the mark, which is then undone and the delete refused.
+
+``finish_interrupted_deletes`` (``gc``) removes what deletes killed midway left.
+
+Kill points (``core._killpoints``): ``delete.marking`` (checked, not marked yet: the run is
+whole), ``delete.marked`` (marked, none of its files removed yet), ``delete.removing``
+(``core.store._run_removal``: after each file removed).
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import time
+
+from core._errors import RunError
+from core._killpoints import kill_point
+from core._records import ProcessInfo, RunRecord
+from core.fs import NotARecordError, file_mtime, list_files
+from core.run._attempt import reap_run
+from core.store import (
+    CheckpointStore,
+    describe_holder,
+    is_job_key,
+    read_holder,
+    take_lease_once,
+    this_process,
+)
+from core.task import no_run_words
+
+__all__ = ("delete_run", "finish_interrupted_deletes")
+
+
+def delete_run(store: CheckpointStore, run: RunRecord) -> list[str]:
+    """Delete a run with its task records and checkpoints (``checkpoints delete``, ``gc``),
+    after killing on this host what dead holders of it left running (``reap_run``), so that
+    nothing of it runs on unsupervised. A resume or retry of the run (``begin_attempt``) and
+    this delete exclude each other (the module's docstring). Returns the notes of
+    ``reap_run``.
+
+    Raises:
+        RunError: a live process drives the run or runs one of its tasks or sessions now
+            (``run X is running (process P on host H); stop it first``), or the run is gone
+            (deleted meanwhile, or being deleted).
+        StoreError: the store cannot be read or written.
+    """
+    job_key, run_id = run.job_key, run.run_id
+    with store.job_lock(job_key):
+        current = store.read_run(job_key, run_id)
+        if current is None:
+            raise RunError(no_run_words(store, run_id, job_key))
+        lease = store.acquire_lease(current)
+        if lease is None:
+            raise RunError(
+                f"run {run_id} is running ({_run_holder(store, current)}); stop it first"
+            )
+        try:
+            _refuse_if_busy(store, current, store.layout.run_dir(job_key, run_id))
+            notes = reap_run(store, current)
+            kill_point("delete.marking")
+            where = store.removal.mark(job_key, run_id, this_process())
+            if where is None:
+                raise RunError(no_run_words(store, run_id, job_key))
+            try:
+                _refuse_if_busy(store, current, where)
+            except RunError:
+                store.removal.unmark(job_key, run_id, where)
+                raise
+        except BaseException:
+            lease.release()
+            raise
+    kill_point("delete.marked")
+    store.removal.remove(where, lease)
+    return notes
+
+
+def _who(store: CheckpointStore, owner: ProcessInfo | None) -> str:
+    """``process P on host H`` (saying so when it has ended on this host), else ``another
+    process``."""
+    if owner is None:
+        return "another process"
+    ended = describe_holder(store, owner).partition(f" by process {owner.pid}")[2]
+    return f"process {owner.pid} on host {owner.host}{ended}"
+
+
+def _run_holder(store: CheckpointStore, run: RunRecord) -> str:
+    """Who holds the run's lease, as far as the store tells (its lease object on S3, else the
+    runner the run's record names)."""
+    held = read_holder(store.fs, store.layout.run_lease(run.job_key, run.run_id))
+    return _who(store, held.owner if held is not None and held.owner else run.runner)
+
+
+def _refuse_if_busy(store: CheckpointStore, run: RunRecord, where: str) -> None:
+    """RunError if a live process holds a lease of a task or session of the run, whose folder
+    is ``where`` (the caller's own run lease aside), naming the first."""
+    held = store.removal.held_leases(where, store.lease_seconds, but=posixpath.join(where, "lease"))
+    if not held:
+        return
+    base = held[0]
+    kind, name = posixpath.basename(posixpath.dirname(base)), posixpath.basename(base)
+    holder = read_holder(store.fs, base)
+    owner = holder.owner if holder is not None else None
+    what = f"session {name}" if kind == "sessions" else "a task"
+    if kind == "tasks":
+        task = _task_fields(store, base + ".json")
+        if task.get("step"):
+            what = f"task {task['step']} {task.get('task_key', '')}".rstrip()
+        if owner is None and isinstance(task.get("process"), dict):
+            try:  # on a local store, the task's action process tells where it runs
+                owner = ProcessInfo.model_validate(task["process"])
+            except ValueError:
+                owner = None
+    raise RunError(f"run {run.run_id} is running ({what}: {_who(store, owner)}); stop it first")
+
+
+def _task_fields(store: CheckpointStore, path: str) -> dict[str, object]:
+    """A task record's fields as stored, read without its checks (it may lie in a folder
+    renamed for the delete); none if it cannot be read."""
+    try:
+        raw = store.fs.read_bytes(path)
+        data = json.loads(raw) if raw is not None else {}
+    except (NotARecordError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def finish_interrupted_deletes(store: CheckpointStore, *, grace_seconds: float) -> list[str]:
+    """Finish the deletes that were interrupted (``gc``): remove every run marked as being
+    deleted whose leases no live process holds (its deleter died), and every run folder with
+    no run record (and none set aside as unreadable) whose files are all older than
+    ``grace_seconds`` and whose leases no live process holds (left by a delete of an earlier
+    version killed midway, or written into by a task of a run being deleted). Returns a line
+    per run removed, for a person.
+
+    Raises:
+        StoreError: the store cannot be read or written.
+    """
+    lines: list[str] = []
+    ttl = store.lease_seconds
+    for key in store.fs.list_names(store.layout.jobs_dir):
+        if not is_job_key(key):
+            continue
+        for run_id, where in store.removal.marked(key):
+            own = posixpath.join(where, "lease")
+            if store.is_local:
+                if store.removal.held_leases(where, ttl):
+                    continue  # its deleter is still at work
+                store.removal.remove(where, None)
+            else:
+                lease = take_lease_once(store.fs, own, ttl)
+                if lease is None:
+                    continue  # its deleter is still at work
+                if store.removal.held_leases(where, ttl, but=own):
+                    lease.release()
+                    continue
+                store.removal.remove(where, lease)
+            lines.append(f"finished deleting run {run_id}, whose delete was interrupted")
+        now = time.time()
+        for run_id in store.removal.without_record(key):
+            run_dir = store.layout.run_dir(key, run_id)
+            files = list_files(store.fs, run_dir[len(store.fs.root) :].strip("/"))
+            if any(now - file_mtime(info) < grace_seconds for _, info in files):
+                continue  # a run being made (its lease comes before its record), or in use
+            with store.job_lock(key):  # every run is made under it
+                if store.removal.has_record(key, run_id) or store.removal.held_leases(run_dir, ttl):
+                    continue
+                folder = store.removal.mark(key, run_id, this_process())
+            if folder is not None:
+                store.removal.remove(folder, None)
+            lines.append(
+                f"removed the folder of run {run_id}, which had no run record (what a delete "
+                "killed midway leaves)"
+            )
+    return lines

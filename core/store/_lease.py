@@ -1,0 +1,575 @@
+"""Leases and locks on the store's file system.
+
+A lease is the right to run a run, a task or a session now; a lock (a run's record lock, a job's
+lock) makes a read-change-write of records one step. Both depend on the store:
+
+- local directory: ``flock``s, dropped by the kernel when their owner dies;
+- ``s3://`` (s3fs): objects written with S3 conditional writes (``If-None-Match: *`` to create,
+  ``If-Match: <ETag>`` to renew or take over an expired one), so that of two takers exactly one
+  wins. A server that does not honour them (probed once per process and bucket,
+  ``StoreFS.conditional_writes``) gets the best-effort files of other stores, with a warning
+  (``logging``, once);
+- ``memory://`` (one process): threading locks, exact within the process;
+- any other fsspec store: a ``*.lease.json`` with an expiry, read then written (best effort),
+  and no run or job lock.
+
+Everywhere but a local store, a held lease is renewed by a daemon thread of its process
+(``_KEEPER``), so it expires only when its process died (or stalled for its whole ttl).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+from core._errors import LeaseLostError, SettingError, StoreError, seconds_in_range
+from core._host import host_id
+from core._records import ProcessInfo
+from core.fs import NotARecordError, StoreFS, lock_fence, os_reason
+
+__all__ = (
+    "DEFAULT_LEASE_SECONDS",
+    "LEASE_SECONDS_ENV",
+    "LOCK_STALE_SECONDS",
+    "HeldLease",
+    "Lease",
+    "hold_lock",
+    "lease_seconds_setting",
+    "read_holder",
+    "take_lease",
+    "take_lease_once",
+    "this_process",
+)
+
+LEASE_SECONDS_ENV = "OPENJD_CHECKPOINT_LEASE_SECONDS"
+"""The environment variable that sets the ttl of leases on stores other than a local folder."""
+DEFAULT_LEASE_SECONDS = 60.0
+"""A lease's ttl in seconds when ``$OPENJD_CHECKPOINT_LEASE_SECONDS`` is not set."""
+_MIN_LEASE_SECONDS, _MAX_LEASE_SECONDS = 1.0, 86400.0
+
+
+def lease_seconds_setting(value: float | str | None = None) -> float:
+    """The ttl of leases in seconds: ``value``, else ``$OPENJD_CHECKPOINT_LEASE_SECONDS``, else
+    60. A holder renews its lease every third of it; a dead holder's lease frees after it.
+
+    Raises:
+        SettingError: (a ``ValueError`` and a ``StoreError``) not a number from 1 to 86400,
+            naming the setting it came from.
+    """
+    where = "lease_seconds"
+    if value is None:
+        value, where = os.environ.get(LEASE_SECONDS_ENV) or None, LEASE_SECONDS_ENV
+        if value is None:
+            return DEFAULT_LEASE_SECONDS
+    return seconds_in_range(
+        value, where=where, low=_MIN_LEASE_SECONDS, high=_MAX_LEASE_SECONDS, error=SettingError
+    )
+
+
+LOCK_STALE_SECONDS = 30.0
+"""A run's or job's lock object on S3 that its holder has not refreshed for this long (its
+holder refreshes it every 10 s) belonged to a process that died: it is taken over."""
+
+
+@contextlib.contextmanager
+def hold_lock(fs: StoreFS, path: str, timeout: float) -> Iterator[None]:
+    """Hold the lock ``path`` (waiting up to ``timeout`` seconds; not reentrant):
+
+    - local store: a blocking ``flock`` on the file ``path``;
+    - S3 with conditional writes: the object ``path``, created with ``If-None-Match`` (tried
+      again until ``timeout``) and deleted on exit. Its holder refreshes it every 10 s; one
+      not refreshed for ``LOCK_STALE_SECONDS`` (its holder died, or stalled) is taken over
+      with ``If-Match``, and a holder that stalled that long writes nothing more under it
+      (``core.fs._storefs.lock_fence``);
+    - ``memory://``: a threading lock of this process (a memory store lives in one process);
+    - other stores: nothing (best effort, see docs/decisions.md).
+    """
+    if fs.is_local:
+        with _flock(fs, path, timeout):
+            yield
+    elif fs.memory:
+        lock = _memory_lock(path)
+        if not lock.acquire(timeout=timeout):
+            raise StoreError(f"{fs.where(path)} stayed locked for {timeout:g} s")
+        try:
+            yield
+        finally:
+            lock.release()
+    elif fs.s3 is not None and _conditional_writes_or_store_error(fs, path):
+        fs.confined(path)
+        end = time.monotonic() + timeout
+        pause = 0.02
+        while True:
+            try:
+                lease = _take_object(fs, path, LOCK_STALE_SECONDS)
+            except OSError as exc:
+                raise StoreError(f"cannot lock {fs.where(path)}: {os_reason(exc)}") from None
+            if lease is not None:
+                break
+            if time.monotonic() > end:
+                raise StoreError(f"{fs.where(path)} stayed locked for {timeout:g} s")
+            time.sleep(pause)
+            pause = min(pause * 1.5, 0.25)
+        try:
+            with lock_fence(lease, f"the lock {fs.where(path)}"):
+                yield
+        finally:
+            lease.release()
+    else:
+        yield
+
+
+@contextlib.contextmanager
+def _flock(fs: StoreFS, path: str, timeout: float) -> Iterator[None]:
+    import fcntl
+
+    try:
+        fd = fs.open_lock(path)
+    except OSError as exc:
+        raise StoreError(f"cannot lock {fs.where(path)}: {os_reason(exc)}") from None
+    try:
+        end = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError:
+                if time.monotonic() > end:
+                    raise StoreError(f"{fs.where(path)} stayed locked for {timeout:g} s") from None
+                time.sleep(0.01)
+        yield
+    finally:
+        os.close(fd)
+
+
+def take_lease(
+    fs: StoreFS, base: str, ttl_seconds: float, wait_seconds: float = 0.0
+) -> Lease | None:
+    """``base.lock`` with an flock on a local store; ``base.lease.json`` elsewhere.
+
+    ``wait_seconds``: keep trying that long, so that another process that merely probes
+    the lease (``*_lease_held``, which takes and drops it) is not mistaken for a holder."""
+    end = time.monotonic() + wait_seconds
+    while True:
+        lease = take_lease_once(fs, base, ttl_seconds)
+        if lease is not None or time.monotonic() >= end:
+            return lease
+        time.sleep(0.02)
+
+
+def take_lease_once(fs: StoreFS, base: str, ttl_seconds: float) -> Lease | None:
+    """One try of ``take_lease``: the lease, or None if a live holder has it.
+
+    Raises:
+        StoreError: the lease's file cannot be made, read or written.
+    """
+    try:
+        if fs.is_local:
+            import fcntl
+
+            fd = fs.open_lock(base + ".lock")
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                return None
+            return Lease(fs, base + ".lock", fd=fd, ttl=ttl_seconds)
+        if fs.conditional_writes():
+            return _take_object(fs, fs.confined(base + ".lease.json"), ttl_seconds)
+    except OSError as exc:
+        raise StoreError(f"cannot take the lease {fs.where(base)}: {os_reason(exc)}") from None
+    path = base + ".lease.json"
+    # Read, then write: exact within one process on memory:// (one lock around both), a
+    # race between processes on other stores (best effort).
+    with _MEMORY_GUARD if fs.memory else contextlib.nullcontext():
+        try:
+            raw = fs.read_bytes(path)
+            current = json.loads(raw) if raw is not None else {}
+            if float(current.get("expires_at", 0)) > time.time():
+                return None
+        except (NotARecordError, ValueError, TypeError, AttributeError, OverflowError):
+            pass
+        lease = Lease(fs, path, ttl=ttl_seconds)
+        fs.write_json(path, lease._content())
+    _KEEPER.add(lease)
+    return lease
+
+
+def _conditional_writes_or_store_error(fs: StoreFS, path: str) -> bool:
+    try:
+        return fs.conditional_writes()
+    except OSError as exc:
+        raise StoreError(f"cannot lock {fs.where(path)}: {os_reason(exc)}") from None
+
+
+def _take_object(fs: StoreFS, path: str, ttl: float) -> Lease | None:
+    """Take the lease object ``path`` on S3: create it with ``If-None-Match: *``; if it is
+    there and expired (its age by the server's clock is more than its ttl), rewrite it with
+    ``If-Match`` of the ETag read. Returns None if a live holder has it or another taker
+    won. OSError is the caller's.
+
+    The server tells the age in whole seconds (``Date`` less ``LastModified``, each to the
+    second), up to 1 s more than it is: a lease counts as expired only once that age is over
+    its ttl rounded up, so that it is never taken while its holder still counts on it
+    (``Lease.expired``: its whole ttl since it wrote it)."""
+    assert fs.s3 is not None
+    lease = Lease(fs, path, ttl=ttl)
+    etag = fs.s3.create(path, lease._content_bytes())
+    if etag is None:
+        current = fs.s3.get(path)
+        if current is None:  # released in between: one more try
+            etag = fs.s3.create(path, lease._content_bytes())
+        else:
+            data, held_etag, age = current
+            if age <= math.ceil(_held_ttl(data)):
+                return None
+            etag = fs.s3.replace(path, lease._content_bytes(), held_etag)
+        if etag is None:
+            return None
+    lease._etag = etag
+    _KEEPER.add(lease)
+    return lease
+
+
+class Lease:
+    """A held lease (of a run, a task or a session, or a run's or job's lock on S3);
+    ``release()`` when done.
+
+    On a local store it is an exclusive ``flock``, which the kernel drops when its owner dies.
+    Elsewhere it is a file with a ttl: on S3 with conditional writes, an object rewritten only
+    with ``If-Match`` of the ETag this lease wrote last; on other stores, a JSON file read then
+    written. There a daemon thread of this process (``_KEEPER``) renews every held lease every
+    third of its ttl, so a lease expires only when its process died (or stalled for its whole
+    ttl). ``lost`` says that a renewal found another holder in its place.
+    """
+
+    def __init__(self, fs: StoreFS, path: str, *, ttl: float, fd: int | None = None) -> None:
+        self._fs = fs
+        self._path = path
+        self._fd = fd
+        self._ttl = ttl
+        self._etag: str | None = None
+        """The ETag this lease last wrote (S3 with conditional writes)."""
+        self._token = uuid.uuid4().hex
+        self._renewals = 0
+        self._mutex = threading.Lock()
+        self._released = False
+        self._due = time.monotonic() + ttl / 3
+        self._renewed = time.monotonic()
+        self.owner = this_process()
+        self.lost = False
+        """A renewal found that the lease had expired and another process had taken it."""
+        self.versions: dict[str, str | None] = {}
+        """The files this holder writes with the lease as their fence (``WriteFence``): path ->
+        the ETag it last wrote or read there, on S3 with conditional writes."""
+
+    @property
+    def expired(self) -> bool:
+        """True when this holder may no longer count on the lease: it was lost, or it has not
+        been renewed for its whole ttl (the store could not be written), so another process
+        may take it now. Never on a local store (an flock lasts while its process does)."""
+        if self._fd is not None or self._released:
+            return False
+        return self.lost or time.monotonic() - self._renewed > self._ttl
+
+    def _content(self) -> dict[str, Any]:
+        return {
+            "owner": self.owner.model_dump(mode="json"),
+            "token": self._token,
+            "ttl": self._ttl,
+            "expires_at": time.time() + self._ttl,
+            "renewals": self._renewals,
+        }
+
+    def _content_bytes(self) -> bytes:
+        return (json.dumps(self._content(), sort_keys=True) + "\n").encode("utf-8")
+
+    def renew(self) -> None:
+        """Extend the lease by its ttl (a no-op on a local store; the holder's process does it
+        on its own elsewhere, so calling it is never needed).
+
+        Raises:
+            LeaseLostError: (a ``StoreError``) the lease was lost: it expired and another
+                process took it (``lost`` is then True).
+            StoreError: it could not be written.
+        """
+        if self._fd is not None:
+            return
+        fs = self._fs
+        with self._mutex:
+            if self._released:
+                return
+            if self.lost:
+                raise LeaseLostError(self._lost_message())
+            self._renewals += 1
+            # Counted from before the request: a process stalled between sending it and
+            # reading the answer (a SIGSTOP, say) may have been taken over meanwhile, so the
+            # renewal vouches only for the time since it was sent.
+            sent = time.monotonic()
+            try:
+                if self._etag is not None:
+                    assert fs.s3 is not None
+                    etag = fs.s3.replace(self._path, self._content_bytes(), self._etag)
+                    if etag is None:
+                        self.lost = True
+                    else:
+                        self._etag = etag
+                else:
+                    raw = fs.read_bytes(self._path)
+                    if raw is not None and _lease_token(raw) not in (self._token, None):
+                        self.lost = True
+                    else:
+                        fs.write_json(self._path, self._content())
+            except (OSError, NotARecordError) as exc:
+                raise StoreError(f"cannot renew the lease {fs.where(self._path)}: {exc}") from None
+            if self.lost:
+                raise LeaseLostError(self._lost_message())
+            self._due = sent + self._ttl / 3
+            self._renewed = sent
+
+    def confirm(self) -> None:
+        """Make sure the lease may still be counted on before a write it fences (``WriteFence``):
+        nothing to do while it is fresh (no I/O) or on a local store (an flock lasts as long as
+        its process); when its ttl ran out since the last renewal (this process was stalled,
+        or the store could not be written), it is renewed now, which tells whether another
+        process took it meanwhile.
+
+        Raises:
+            LeaseLostError: the lease was lost, or cannot be renewed although its ttl ran out.
+        """
+        if self._fd is not None:
+            return
+        if self.lost:
+            raise LeaseLostError(self._lost_message())
+        if self._released:
+            raise LeaseLostError(
+                f"the lease {self._fs.where(self._path)} was released", taken=False
+            )
+        if time.monotonic() - self._renewed > self._ttl:
+            self.confirm_held()
+
+    def confirm_held(self) -> None:
+        """Renew the lease now, which on S3 is a write conditional on this holder's own last
+        write of it: it succeeds only if no other process took it (``WriteFence``).
+
+        Raises:
+            LeaseLostError: another process holds it, or it cannot be renewed now.
+        """
+        if self._fd is not None:
+            return
+        try:
+            self.renew()
+        except LeaseLostError:
+            raise
+        except StoreError as exc:
+            if self.lost:
+                raise LeaseLostError(self._lost_message()) from None
+            raise LeaseLostError(
+                f"the lease {self._fs.where(self._path)} could not be renewed for its whole "
+                f"ttl ({exc}); another process may take it over, so this one writes nothing "
+                "more with it",
+                taken=False,
+            ) from None
+
+    def _lost_message(self) -> str:
+        holder = ""
+        try:
+            held = read_holder(self._fs, self._path.removesuffix(".lease.json"))
+            if held is not None and held.owner is not None:
+                holder = f" ({held.describe()})"
+        except (StoreError, OSError):
+            pass
+        return (
+            f"the lease {self._fs.where(self._path)} was lost: it expired (not renewed "
+            f"within {self._ttl:g} s) and another process{holder} took it"
+        )
+
+    def _keep(self) -> None:
+        """Renew, for the keeper thread: on an error try again in a second, until lost."""
+        try:
+            self.renew()
+        except StoreError:
+            if self.lost:
+                _KEEPER.discard(self)
+                return
+            self._due = time.monotonic() + min(1.0, self._ttl / 10)
+
+    def release(self) -> None:
+        """Let the lease go (once; later calls do nothing). Elsewhere than on a local store,
+        the lease's file is deleted only if it is still this lease's (best effort)."""
+        with self._mutex:
+            if self._released:
+                return
+            self._released = True
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor drops the flock
+            self._fd = None
+            return
+        _KEEPER.discard(self)
+        if self.lost:
+            return
+        fs = self._fs
+        try:
+            if self._etag is not None:
+                assert fs.s3 is not None
+                fs.s3.delete(self._path, self._etag)
+            else:
+                with _MEMORY_GUARD if fs.memory else contextlib.nullcontext():
+                    raw = fs.read_bytes(self._path)
+                    if raw is not None and _lease_token(raw) in (self._token, None):
+                        fs.remove_file(self._path)
+        except (OSError, StoreError, NotARecordError):
+            pass
+
+
+def this_process(pgid: int | None = None) -> ProcessInfo:
+    import psutil
+
+    pid = os.getpid()
+    try:
+        started = psutil.Process(pid).create_time()
+    except psutil.Error:  # pragma: no cover
+        started = time.time()
+    return ProcessInfo(
+        pid=pid,
+        pgid=pgid if pgid is not None else os.getpgid(pid),
+        start_time=started,
+        host=host_id(),
+    )
+
+
+class HeldLease:
+    """Who holds a lease object (``owner``, None if it does not say) and its ttl in seconds."""
+
+    __slots__ = ("owner", "ttl")
+
+    def __init__(self, owner: ProcessInfo | None, ttl: float) -> None:
+        self.owner = owner
+        self.ttl = ttl
+
+    def describe(self) -> str:
+        """``process PID on host HOST``, or ``another process`` if the lease does not say."""
+        if self.owner is None:
+            return "another process"
+        return f"process {self.owner.pid} on host {self.owner.host}"
+
+
+def read_holder(fs: StoreFS, base: str) -> HeldLease | None:
+    """The holder of ``base.lease.json`` on a store whose leases have a ttl (not a local folder,
+    not ``memory://``, whose holders are known to be alive); None there, or if the lease object
+    is gone or unreadable (then it is not held).
+
+    Raises:
+        StoreError: the object cannot be read.
+    """
+    if fs.is_local or fs.memory:
+        return None
+    try:
+        raw = fs.read_bytes(base + ".lease.json")
+    except NotARecordError:
+        return None
+    if raw is None:
+        return None
+    owner: ProcessInfo | None
+    try:
+        owner = ProcessInfo.model_validate(json.loads(raw).get("owner"))
+    except (ValueError, TypeError, AttributeError):
+        owner = None
+    return HeldLease(owner, _held_ttl(raw))
+
+
+def _lease_token(raw: bytes) -> str | None:
+    """The token of a lease file's content, None if it has none (or is not JSON)."""
+    try:
+        token = json.loads(raw).get("token")
+    except (ValueError, AttributeError):
+        return None
+    return token if isinstance(token, str) else None
+
+
+def _held_ttl(raw: bytes) -> float:
+    """A lease object's ttl in seconds (what its holder renews it within); 60 if it says none."""
+    try:
+        ttl = float(json.loads(raw).get("ttl", DEFAULT_LEASE_SECONDS))
+    except (ValueError, TypeError, AttributeError, OverflowError):  # OverflowError: a huge int
+        return DEFAULT_LEASE_SECONDS
+    return ttl if 0 <= ttl <= _MAX_LEASE_SECONDS else DEFAULT_LEASE_SECONDS
+
+
+# --- memory:// (one process) ---------------------------------------------------------------------
+_MEMORY_GUARD = threading.Lock()
+"""Makes a lease's read-then-write on ``memory://`` one step: a memory store lives in one process,
+so a threading lock is all it takes."""
+_MEMORY_LOCKS: dict[str, threading.Lock] = {}
+
+
+def _memory_lock(path: str) -> threading.Lock:
+    """The process-wide threading lock standing for the lock file ``path`` on ``memory://``."""
+    with _MEMORY_GUARD:
+        return _MEMORY_LOCKS.setdefault(path, threading.Lock())
+
+
+# --- renewing leases -----------------------------------------------------------------------------
+class _Keeper:
+    """One daemon thread per process that renews every held lease (but local ones) when due."""
+
+    def __init__(self) -> None:
+        self._leases: weakref.WeakSet[Lease] = weakref.WeakSet()
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+        """Started with the first lease; after a fork, again in the child."""
+
+    def add(self, lease: Lease) -> None:
+        with self._wake:
+            self._leases.add(lease)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._loop, name="openjd-lease-keeper", daemon=True
+                )
+                self._thread.start()
+            self._wake.notify()
+
+    def discard(self, lease: Lease) -> None:
+        with self._wake:
+            self._leases.discard(lease)
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                now = time.monotonic()
+                due = [lease for lease in self._leases if lease._due <= now]
+                if not due:
+                    soonest = min((lease._due for lease in self._leases), default=now + 5.0)
+                    self._wake.wait(min(max(soonest - now, 0.01), 5.0))
+                    continue
+            for lease in due:
+                lease._keep()
+            del due
+
+    def reset(self) -> None:
+        """In a forked child: the parent's leases are not this process's to renew."""
+        self._leases = weakref.WeakSet()
+        self._wake = threading.Condition()
+        self._thread = None
+
+
+_KEEPER = _Keeper()
+
+
+def _after_fork_in_child() -> None:
+    global _MEMORY_GUARD
+    _KEEPER.reset()
+    _MEMORY_GUARD = threading.Lock()
+    _MEMORY_LOCKS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

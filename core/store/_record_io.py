@@ -1,0 +1,139 @@
+"""Records on the store's file system: JSON documents read whole, checked against their schema
+and their place, written whole and atomically (``StoreFS.write_json``).
+
+A record that cannot be read (not JSON, not of the schema, not a regular file, too large, a run
+or task record naming folders other than its own) is moved aside to
+``<name>.unreadable-<time>`` and reported (``SetAsideError``); it is never overwritten. On a
+``read_only`` store (the CLI's reading commands) it is reported and left in place.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import ValidationError
+
+from core._errors import StoreError
+from core._records import SCHEMA_VERSION, RunRecord, TaskRecord
+from core.fs import NotARecordError, StoreFS, WriteFence
+from core.store._layout import task_id_for
+
+__all__ = ("RecordFiles", "RunSetAside", "SetAsideError", "TaskRebuilt")
+
+
+class SetAsideError(StoreError):
+    """A record was unreadable and has been moved aside (kept): its place is free again."""
+
+
+class RunSetAside(str):
+    """A warning of ``list_runs``: a run's record (``run.json``) was unreadable and has been
+    set aside (kept). The run is not resumed: only that record holds the template hash and the
+    job parameter values a resume must match, so its task records and checkpoint generations
+    (kept in the run's folder) cannot be verified (docs/decisions.md, "A damaged run
+    record")."""
+
+
+class TaskRebuilt(str):
+    """A warning of ``read_tasks``/``read_task``: a task's record was unreadable (kept aside)
+    and the record was rebuilt from its newest readable checkpoint generation, which the task
+    resumes from (where a plain warning's task runs from the top)."""
+
+
+class RecordFiles:
+    """The records kept on ``fs``: read with their checks, written atomically.
+
+    Args:
+        fs: the store's confined file system.
+        read_only: report an unreadable record and leave it in place (never set it aside).
+    """
+
+    def __init__(self, fs: StoreFS, *, read_only: bool = False) -> None:
+        self.fs = fs
+        self.read_only = read_only
+
+    def write(
+        self,
+        path: str,
+        data: dict[str, Any],
+        *,
+        durable: bool = True,
+        fence: WriteFence | None = None,
+        new: bool = False,
+    ) -> None:
+        """Write the record ``data`` to ``path`` (``StoreFS.write_json``; ``fence``: the lease
+        the write is made under, ``new``: no record is expected there: see
+        ``StoreFS.replace_file``)."""
+        self.fs.write_json(path, data, durable=durable, fence=fence, new=new)
+
+    def read(self, path: str, model: type[Any]) -> Any:
+        """The record of type ``model`` at ``path``, None if there is none. A run or task record
+        must name the folders it is in.
+
+        Raises:
+            SetAsideError: it is unreadable and has been moved aside (kept).
+            StoreError: it is unreadable on a ``read_only`` store (left in place), or the
+                store cannot be read.
+        """
+        try:
+            raw = self.fs.read_bytes(path)
+            if raw is None:
+                return None
+            obj = json.loads(raw.decode("utf-8"))
+            if (
+                isinstance(obj, dict)
+                and obj.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION
+            ):
+                raise StoreError(
+                    f"{self.fs.where(path)} has schema version {obj.get('schema_version')!r}, "
+                    f"this openjd-checkpoint reads version {SCHEMA_VERSION}"
+                )
+            rec = model.model_validate(obj)
+            parts = path.split("/")
+            folders: tuple[int, int] | None = None
+            if model is RunRecord:
+                folders = (-2, -4)
+            elif model is TaskRecord:
+                folders = (-3, -5)
+            if folders is not None:
+                for attr, index in zip(("run_id", "job_key"), folders, strict=True):
+                    if getattr(rec, attr) != parts[index]:
+                        raise ValueError(
+                            f"{attr} {getattr(rec, attr)!r} does not match its folder "
+                            f"{parts[index]!r}"
+                        )
+            return rec
+        except (NotARecordError, ValueError, RecursionError, ValidationError) as exc:
+            # ValueError covers UnicodeDecodeError, JSONDecodeError and over-long integers
+            if self.read_only:
+                raise StoreError(
+                    f"{self.fs.where(path)} is unreadable ({_short(exc)}); left as it is (the "
+                    "next run or resume sets it aside)"
+                ) from None
+            aside = self.fs.move_aside(path)
+            raise SetAsideError(
+                f"{self.fs.where(path)} is unreadable ({_short(exc)}); kept as {aside}"
+            ) from None
+
+    def read_own_task(self, path: str, tid: str) -> TaskRecord | None:
+        """The task record at ``path``, which must be task ``tid``'s own: one that names another
+        task (an edited ``step`` or ``task_key``, a file copied over another) is set aside like
+        an unreadable one (``SetAsideError``; on a read-only store a ``StoreError``), so that
+        no task is planned twice or under a name it does not have."""
+        rec: TaskRecord | None = self.read(path, TaskRecord)
+        if rec is not None and task_id_for(rec.step, rec.task_key) != tid:
+            if self.read_only:
+                raise StoreError(f"{self.fs.where(path)} names another task")
+            aside = self.fs.move_aside(path)
+            raise SetAsideError(f"{self.fs.where(path)} names another task; kept as {aside}")
+        return rec
+
+
+def _short(exc: BaseException) -> str:
+    if isinstance(exc, ValidationError):
+        return "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}"
+            for e in exc.errors()[:3]
+        )
+    text = str(exc).splitlines()
+    return text[0] if text else type(exc).__name__

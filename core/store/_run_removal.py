@@ -1,0 +1,281 @@
+"""Removing a run's files so that every reader finds the run whole or gone, never half deleted
+(``checkpoints delete``, ``gc``; docs/decisions.md, "Deleting a run").
+
+A delete first *marks* the run as being deleted, in one step that every reader sees at once,
+and only then removes its files:
+
+- on a local store the run's folder is renamed to ``runs/.deleting-<run_id>-<ns>`` (beside it:
+  one rename), a name no reader lists; its files then go one at a time;
+- on any other store (S3, whose folders cannot be renamed) ``run.json`` is rewritten with
+  ``RunRecord.deleting`` (the deleting process) under the run's lock, and every reader takes a
+  run so marked as gone (``CheckpointStore.read_run``); its other objects then go, the run's
+  lease is let go, and ``run.json`` goes last.
+
+So a delete killed midway leaves a run that is whole (not marked yet) or marked; ``gc``
+(``core.run._delete``) finishes a marked one whose leases no live process holds. Who may mark a
+run (the job's lock, the run's lease, no task running) is ``core.run._delete``'s.
+
+Kill points (``core._killpoints``): ``delete.removing``, after each file removed (a batch of up
+to 50 objects on a store other than a local folder).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import posixpath
+import time
+from collections.abc import Callable
+
+from core._errors import StoreError
+from core._killpoints import kill_point
+from core._records import ProcessInfo, RunRecord
+from core.fs import NotARecordError, StoreFS, list_files, os_reason
+from core.store._layout import Layout, is_run_id
+from core.store._lease import Lease, hold_lock, take_lease_once
+from core.store._record_io import RecordFiles
+
+__all__ = ("RunBeingDeleted", "RunRemoval", "being_deleted_words", "deleting_run_id")
+
+DELETING_PREFIX = ".deleting-"
+"""A run folder being deleted on a local store: ``.deleting-<run_id>-<ns>`` beside the runs."""
+_BATCH = 50
+"""Objects removed per request on a store other than a local folder."""
+
+
+def deleting_run_id(name: str) -> str | None:
+    """The run id of a local run folder being deleted (``.deleting-<run_id>-<ns>``), None if
+    ``name`` is not one."""
+    if not name.startswith(DELETING_PREFIX):
+        return None
+    run_id, _, stamp = name[len(DELETING_PREFIX) :].rpartition("-")
+    return run_id if is_run_id(run_id) and stamp.isdigit() else None
+
+
+class RunBeingDeleted(str):
+    """A note of ``list_runs``: a run of the store is being deleted (or its delete was
+    interrupted): no reader lists it any more (``being_deleted_words``)."""
+
+
+def being_deleted_words(run_id: str) -> str:
+    """What a person is told of a run marked as being deleted."""
+    return (
+        f"run {run_id} is being deleted ('checkpoints delete' or 'gc'; if that was "
+        "interrupted, 'gc' removes what is left)"
+    )
+
+
+class RunRemoval:
+    """Marking a run as being deleted, removing its files, and finding runs whose delete was
+    interrupted, on one store (``CheckpointStore.removal``).
+
+    Raises (every method):
+        StoreError: the store cannot be read or written, or a path is not the store's.
+    """
+
+    def __init__(self, fs: StoreFS, layout: Layout, records: RecordFiles) -> None:
+        self.fs = fs
+        self.layout = layout
+        self.records = records
+
+    # --- marking ---------------------------------------------------------------------------------
+    def mark(self, job_key: str, run_id: str, by: ProcessInfo) -> str | None:
+        """Mark the run as being deleted by ``by``: from now on no reader finds it. Returns the
+        folder its files are in now (``remove`` them; ``unmark`` to undo), None if the run has
+        no folder. On a store other than a local folder a run with no ``run.json`` is left as
+        it is (no reader finds it anyway)."""
+        run_dir = self.layout.run_dir(job_key, run_id)
+        if self.fs.is_local:
+            self.fs.confined(run_dir, whole=True)
+            name = f"{DELETING_PREFIX}{run_id}-{time.time_ns()}"
+            target = self.fs.confined(posixpath.join(self.layout.runs_dir(job_key), name))
+            try:
+                os.rename(run_dir, target)
+            except FileNotFoundError:
+                return None
+            except OSError as exc:
+                raise StoreError(
+                    f"cannot delete {self.fs.where(run_dir)}: {os_reason(exc)}"
+                ) from None
+            return target
+        self._set_mark(job_key, run_id, by)
+        return run_dir
+
+    def unmark(self, job_key: str, run_id: str, where: str) -> None:
+        """Undo ``mark`` (the run was found busy after all): the run is whole again."""
+        run_dir = self.layout.run_dir(job_key, run_id)
+        if not self.fs.is_local:
+            self._set_mark(job_key, run_id, None)
+            return
+        try:
+            if os.path.lexists(run_dir):
+                # Made meanwhile by a claim of one of its tasks, which found no run and let go
+                # (``core.run._claim``): lock files only.
+                self._remove_local(run_dir)
+            os.rename(where, run_dir)
+        except OSError as exc:
+            raise StoreError(
+                f"cannot put back {self.fs.where(where)} as {run_dir}: {os_reason(exc)}"
+            ) from None
+
+    def _set_mark(self, job_key: str, run_id: str, by: ProcessInfo | None) -> None:
+        path = self.layout.run_path(job_key, run_id)
+        with hold_lock(self.fs, self.layout.run_lock(job_key, run_id), 30.0):
+            record: RunRecord | None = self.records.read(path, RunRecord)
+            if record is None:
+                return
+            record.deleting = by
+            record.updated_at = time.time()
+            self.records.write(path, record.model_dump(mode="json"))
+
+    # --- removing --------------------------------------------------------------------------------
+    def remove(self, where: str, lease: Lease | None) -> None:
+        """Remove the files of a marked run (``mark``: ``where``), then let ``lease`` (the run's,
+        held by the caller) go; on a store other than a local folder ``run.json``, which holds
+        the mark, goes last, so that a delete killed midway leaves a marked run for ``gc``."""
+        record = posixpath.join(where, "run.json")
+        try:
+            if self.fs.is_local:
+                self._remove_local(where)
+            else:
+                own = posixpath.join(where, "lease.lease.json") if lease is not None else None
+                prefix = where[len(self.fs.root) :].strip("/")
+                files = [p for p, _ in list_files(self.fs, prefix) if p not in (record, own)]
+                for start in range(0, len(files), _BATCH):
+                    self.fs.backend.rm([self.fs.confined(p) for p in files[start : start + _BATCH]])
+                    kill_point("delete.removing")
+        except OSError as exc:
+            raise StoreError(f"cannot delete {self.fs.where(where)}: {os_reason(exc)}") from None
+        finally:  # the run stays marked: once its lease is free, gc finishes the delete
+            if lease is not None:
+                lease.release()
+        if not self.fs.is_local:
+            try:
+                self.fs.remove_file(record)
+            except OSError as exc:
+                raise StoreError(
+                    f"cannot delete {self.fs.where(record)}: {os_reason(exc)}"
+                ) from None
+
+    def _remove_local(self, where: str) -> None:
+        """Remove the folder ``where`` one file at a time (a link inside is removed, never
+        followed); what another remover took meanwhile is no error. OSError is the caller's."""
+        self.fs.confined(where, whole=True)
+
+        def raise_it(exc: OSError) -> None:
+            if not isinstance(exc, FileNotFoundError):
+                raise exc
+
+        for current, folders, names in os.walk(where, topdown=False, onerror=raise_it):
+            for name in names:
+                _gone_ok(os.unlink, os.path.join(current, name))
+                kill_point("delete.removing")
+            for name in folders:
+                path = os.path.join(current, name)
+                _gone_ok(os.unlink if os.path.islink(path) else os.rmdir, path)
+        _gone_ok(os.rmdir, where)
+
+    # --- leases under a run's folder -----------------------------------------------------------
+    def held_leases(self, where: str, ttl: float, *, but: str | None = None) -> list[str]:
+        """The leases under the run folder ``where`` (the run's, its tasks' and its sessions')
+        that a live process holds, as their paths without suffix; probed without keeping them.
+        ``but``: a lease not to probe (the caller's own). ``ttl``: of a lease this probe takes
+        for a moment, on a store whose leases have one."""
+        held: list[str] = []
+        suffix = ".lock" if self.fs.is_local else ".lease.json"
+        for folder in (where, posixpath.join(where, "tasks"), posixpath.join(where, "sessions")):
+            for name in self.fs.list_names(folder):
+                if not name.endswith(suffix) or name == "run.lock" or name.startswith("."):
+                    continue
+                base = posixpath.join(folder, name[: -len(suffix)])
+                if base != but and self._held(base, ttl):
+                    held.append(base)
+        return held
+
+    def _held(self, base: str, ttl: float) -> bool:
+        if not self.fs.is_local:
+            lease = take_lease_once(self.fs, base, ttl)
+            if lease is None:
+                return True
+            lease.release()
+            return False
+        import fcntl
+
+        path = self.fs.confined(base + ".lock")
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ELOOP):
+                return False  # gone, or a link: no lease of ours
+            raise StoreError(f"cannot probe {self.fs.where(path)}: {os_reason(exc)}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        finally:
+            os.close(fd)
+        return False
+
+    # --- finding runs being deleted ------------------------------------------------------------
+    def gone(self, job_key: str, run_id: str) -> bool:
+        """True if the run has no record or is marked as being deleted (an unreadable record
+        is not gone: its readers say so). Reads ``run.json`` without its checks: a task's
+        claim asks this, and must set nothing aside."""
+        path = self.layout.run_path(job_key, run_id)
+        if self.fs.is_local:
+            return not os.path.lexists(self.fs.confined(path))
+        return self._marked(path) is not False
+
+    def _marked(self, path: str) -> bool | None:
+        """None: no record at ``path``; True: marked as being deleted; False otherwise."""
+        try:
+            raw = self.fs.read_bytes(path)
+        except NotARecordError:
+            return False
+        if raw is None:
+            return None
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            return False
+        return isinstance(data, dict) and bool(data.get("deleting"))
+
+    def being_deleted(self, job_key: str, run_id: str) -> bool:
+        """True if the run is marked as being deleted (its delete may have been interrupted)."""
+        if not self.fs.is_local:
+            return self._marked(self.layout.run_path(job_key, run_id)) is True
+        names = self.fs.list_names(self.layout.runs_dir(job_key))
+        return any(deleting_run_id(n) == run_id for n in names)
+
+    def marked(self, job_key: str) -> list[tuple[str, str]]:
+        """(run id, folder) of every run of the job marked as being deleted."""
+        runs_dir = self.layout.runs_dir(job_key)
+        out: list[tuple[str, str]] = []
+        for name in self.fs.list_names(runs_dir):
+            run_id = deleting_run_id(name) if self.fs.is_local else None
+            if run_id is not None:
+                out.append((run_id, posixpath.join(runs_dir, name)))
+            elif not self.fs.is_local and is_run_id(name):
+                if self._marked(self.layout.run_path(job_key, name)):
+                    out.append((name, self.layout.run_dir(job_key, name)))
+        return out
+
+    def without_record(self, job_key: str) -> list[str]:
+        """The ids of the job's run folders with no ``run.json`` and no record set aside
+        (``run.json.unreadable-*``, kept for a person): left by a delete of an earlier
+        version killed midway, or by a task that wrote into a run being deleted."""
+        names = self.fs.list_names(self.layout.runs_dir(job_key))
+        return [n for n in names if is_run_id(n) and not self.has_record(job_key, n)]
+
+    def has_record(self, job_key: str, run_id: str) -> bool:
+        """True if the run's folder holds a ``run.json`` (or one set aside as unreadable)."""
+        names = self.fs.list_names(self.layout.run_dir(job_key, run_id))
+        return any(n == "run.json" or n.startswith("run.json.") for n in names)
+
+
+def _gone_ok(remove: Callable[[str], None], path: str) -> None:
+    try:
+        remove(path)
+    except FileNotFoundError:
+        pass
