@@ -13,9 +13,10 @@ Two parts (``plugin.py`` serves them):
   authentication): its status in the CLI's words and condition, what happened to its
   checkpoints once it ended (and how to resume a suspended one), buttons for the termination
   modes that can still act, and per OpenJD task its state, finished frames, a timeline
-  (``core.task_timeline``: attempts as ``.attempt`` bars, checkpoints as ``.checkpoint`` marks)
+  (``core.report.task_timeline``: attempts as ``.attempt`` bars, checkpoints as ``.checkpoint``
+  marks)
   and its checkpoint history. A succeeded run's records are gone: what it kept until its end
-  comes from its run record (``RunRecord.kept``, ``core.kept_timeline``).
+  comes from its run record (``RunRecord.kept``, ``core.report.kept_timeline``).
 
 Every value from a record is HTML-escaped; checkpoint states are never shown, only their size.
 """
@@ -239,8 +240,8 @@ def _e(value: object) -> str:
 
 def _time(moment: float) -> str:
     """A moment (seconds since the epoch) as ``<time>``, in UTC until the script makes it
-    local; a stored value that is not a time (``core.utc_moment``) as itself, said so."""
-    at = core.utc_moment(moment)
+    local; a stored value that is not a time (``core.report.utc_moment``) as itself, said so."""
+    at = core.report.utc_moment(moment)
     if at is None:
         return f'<span class="bad-time">{_e(moment)} (not a time)</span>'
     return f'<time datetime="{at.isoformat()}">{at.strftime("%Y-%m-%d %H:%M:%S")} UTC</time>'
@@ -276,7 +277,7 @@ def problem_fragment(detail: str, *, again: bool) -> str:
 
 
 # --- a task's timeline ---------------------------------------------------------------------------
-def _attempt_words(bar: core.AttemptBar, *, last: bool, live: bool) -> tuple[str, str]:
+def _attempt_words(bar: core.report.AttemptBar, *, last: bool, live: bool) -> tuple[str, str]:
     """(CSS class, what happened) of one attempt."""
     if not bar.ended:
         if last and live:
@@ -286,7 +287,7 @@ def _attempt_words(bar: core.AttemptBar, *, last: bool, live: bool) -> tuple[str
     return outcome, outcome
 
 
-def _timeline(timeline: core.TaskTimeline, *, live: bool) -> str:
+def _timeline(timeline: core.report.TaskTimeline, *, live: bool) -> str:
     bars, lines = [], []
     for i, bar in enumerate(timeline.attempts):
         klass, what = _attempt_words(bar, last=i == len(timeline.attempts) - 1, live=live)
@@ -298,14 +299,14 @@ def _timeline(timeline: core.TaskTimeline, *, live: bool) -> str:
             else "from the top"
         )
         where = f" on {bar.host}" if bar.host else ""
-        took = core.duration_words(max(0.0, bar.end - bar.start))
+        took = core.report.duration_words(max(0.0, bar.end - bar.start))
         bars.append(
             f'<div class="attempt {_e(klass)}" data-attempt="{bar.attempt}" '
             f'style="left:{left:.2f}%;width:{width:.2f}%" '
             f'title="#{bar.attempt}: {_e(how)}; {_e(what)}{_e(where)} ({took})"></div>'
         )
         saved = (
-            f', <span class="saved">saved {core.duration_words(bar.saved_seconds)}</span>'
+            f', <span class="saved">saved {core.report.duration_words(bar.saved_seconds)}</span>'
             if bar.resumed_from is not None
             else ""
         )
@@ -322,7 +323,7 @@ def _timeline(timeline: core.TaskTimeline, *, live: bool) -> str:
         )
     total = timeline.saved_seconds
     summary = (
-        f" Resumes saved {core.duration_words(total)} of work."
+        f" Resumes saved {core.report.duration_words(total)} of work."
         if total > 0
         else (" No resume yet." if len(timeline.attempts) <= 1 else "")
     )
@@ -339,7 +340,7 @@ def _timeline(timeline: core.TaskTimeline, *, live: bool) -> str:
     )
 
 
-def _resumes(timeline: core.TaskTimeline, resume_status: str | None) -> dict[int, str]:
+def _resumes(timeline: core.report.TaskTimeline, resume_status: str | None) -> dict[int, str]:
     """Generation -> which attempts resumed from it (the latest with the task's resume
     status)."""
     out: dict[int, list[str]] = {}
@@ -427,18 +428,18 @@ def _task(
     keep: int | None,
     note: str | None = None,
 ) -> str:
-    """One task's article; ``note``: what continued it (``core.continuations``), if any."""
-    task = core.summarize_task(rec)
-    words = core.task_status_words(task.status)
+    """One task's article; ``note``: what continued it (``core.report.continuations``), if any."""
+    task = core.report.summarize_task(rec)
+    words = core.report.task_status_words(task.status)
     shown = generations[-MAX_HISTORY_ROWS:]  # the timeline marks what the table lists
-    timeline = core.task_timeline(rec, shown, now=time.time() if live else None)
+    timeline = core.report.task_timeline(rec, shown, now=time.time() if live else None)
     frames = (
         f"frames done {frame_ranges(task.frames_done)} ({len(task.frames_done)})"
         if task.frames_done
         else None
     )
     facts = _facts(task.attempts, frames, task.resume_status, task.host, task.message, note)
-    summaries = [core.summarize_checkpoint(g) for g in generations]
+    summaries = [core.report.summarize_checkpoint(g) for g in generations]
     if task.checkpoint is not None and all(
         s.generation != task.checkpoint.generation for s in summaries
     ):
@@ -457,8 +458,8 @@ def _task(
     )
 
 
-def _kept_task(task: core.KeptTask, keep: int | None) -> str:
-    timeline = core.kept_timeline(task)
+def _kept_task(task: core.report.KeptTask, keep: int | None) -> str:
+    timeline = core.report.kept_timeline(task)
     frames = f"{_n(task.frames_done, 'frame')} done" if task.frames_done else None
     facts = _facts(task.attempts, frames, task.resume_status, task.host)
     rows = [
@@ -505,7 +506,7 @@ def _ended_note(run: core.RunRecord, words: str) -> str:
         return (
             '<div class="note success" id="ended-note">Every task succeeded, and the run '
             f"deleted its checkpoints at its end ({_time(kept.at)}), as a run that succeeds "
-            f"does. Until then it {_e(core.kept_sentence(kept))}.{left}</div>"
+            f"does. Until then it {_e(core.report.kept_sentence(kept))}.{left}</div>"
         )
     if status == "interrupted":
         return (
@@ -559,7 +560,7 @@ def fragment(
     ``data-live="1"`` on the ``.run`` section while the run has not ended: the shell polls
     again."""
     live = run.status.value == "running" and run.phase != "ended"
-    words = core.run_status_words(run.status.value)
+    words = core.report.run_status_words(run.status.value)
     stopping = run.condition.reason == "Stopping"
     condition = run.condition.reason + (
         f": {run.condition.message}" if run.condition.message else ""
@@ -581,7 +582,7 @@ def fragment(
     if not live:
         parts.append(_ended_note(run, words))
     parts.append(_buttons(run, choices))
-    continued = core.continuations(rec for rec, _ in tasks)
+    continued = core.report.continuations(rec for rec, _ in tasks)
     for rec, generations in tasks:
         note = continued.get((rec.step, rec.task_key))
         parts.append(_task(rec, generations, live=live, keep=keep_generations, note=note))

@@ -51,7 +51,8 @@ _STOPPED = frozenset(
         core.TaskOutcome.INTERRUPTED_WITH_CHECKPOINT,
     }
 )
-"""Outcomes of a task that a stop of the run ended (``core.result_words`` says what it kept)."""
+"""Outcomes of a task that a stop of the run ended (``core.report.result_words`` says what it
+kept)."""
 
 
 def _attempt(context: Any, begin_task_id: str = BEGIN_TASK_ID) -> core.Attempt:
@@ -366,7 +367,7 @@ def checkpoint_summary(
     values."""
     tasks = []
     for rec, label in zip(records, labels, strict=False):
-        task = core.summarize_task(rec, files_mode)
+        task = core.report.summarize_task(rec, files_mode)
         ckpt = task.checkpoint
         tasks.append(
             {
@@ -686,7 +687,7 @@ class OpenJDTaskOperator(BaseOperator):
         if outcomes & _STOPPED:
             raise AirflowFailException(
                 "stopped by the run's termination request: "
-                + "; ".join(core.result_words(r) for r in results if r.outcome in _STOPPED)
+                + "; ".join(core.report.result_words(r) for r in results if r.outcome in _STOPPED)
             )
         if results and outcomes == {core.TaskOutcome.SKIPPED}:
             raise AirflowSkipException(results[0].message)
@@ -721,7 +722,7 @@ class OpenJDTaskOperator(BaseOperator):
             store.file_flow.value,
         )
         again = attempt.attempt > 1 or self._try_number() > 1
-        for line in core.describe_plan(originals, specs, again=again):
+        for line in core.report.describe_plan(originals, specs, again=again):
             self.log.info("%s", line)
 
     def _try_number(self) -> int:
@@ -781,7 +782,7 @@ class OpenJDTaskOperator(BaseOperator):
             self.log.info(
                 "%s: %s%s%s",
                 label_of.get(rec.task_key, f"{rec.step} {rec.task_key}"),
-                core.result_words(r),
+                core.report.result_words(r),
                 f" (exit code {r.exit_code})" if r.exit_code is not None else "",
                 f"; checkpoint generation {ck.generation}" if ck and not stopped else "",
             )

@@ -170,8 +170,8 @@ def checkpoints(dag_id: str, dag_run_id: str, session: SessionDep) -> dict[str, 
     store, run, records, warnings = _read(session, dag_id, dag_run_id)
     tasks = []
     for rec, stored in records:
-        generations = [core.summarize_checkpoint(g) for g in stored]
-        task = core.summarize_task(rec)
+        generations = [core.report.summarize_checkpoint(g) for g in stored]
+        task = core.report.summarize_task(rec)
         tasks.append(
             {
                 "step": task.step,

@@ -12,7 +12,7 @@ Airflow nor Prefect.
 - A run's life, from any process: ``begin_attempt``, ``run_tasks`` (the one executor),
   ``request_termination``, ``start_finally``, ``finish_attempt``, ``declare_done``.
 - ``CheckpointStore``: atomic, versioned records and checkpoint generations (fsspec).
-- What is shown of tasks and runs: summaries, timelines and their words.
+- ``report``: what is shown of tasks and runs (summaries, timelines, words), one namespace.
 
 Packages below this face, top to bottom (docs/core-api.md): ``run``, ``task``, ``job`` |
 ``store`` | ``files``, ``fs`` | ``process``, then the leaf modules.
@@ -21,46 +21,24 @@ Packages below this face, top to bottom (docs/core-api.md): ``run``, ``task``, `
 from core import _interrupts
 
 with _interrupts.held():  # a Ctrl-C during these imports is delivered after them
+    from core import report
     from core._errors import RunError, StoreError, TemplateError
     from core._host import host_id
-    from core._records import CheckpointData, KeptTask, RunRecord, RunStatus, TaskRecord
-    from core._words import (
-        OUTCOME_WORDS,
-        kept_words,
-        outcome_key,
-        outcome_sentence,
-        result_words,
-        run_status_words,
-        task_status_words,
-    )
+    from core._records import CheckpointData, RunRecord, RunStatus, TaskRecord
     from core.job import (
         JOB_STATUS_PARAMETER,
-        AttemptBar,
         CheckpointJobTemplate,
         PreparedJob,
         TaskSpec,
-        TaskSummary,
-        TaskTimeline,
-        checkpoint_mark_text,
-        continuations,
-        describe_plan,
-        duration_words,
         framework_parameter_values,
         group_label,
         group_result_key,
         group_tasks,
-        kept_sentence,
-        kept_timeline,
         load_template,
         original_tasks,
         plain_value,
         plan_tasks,
         prepare_job,
-        summarize_checkpoint,
-        summarize_task,
-        task_timeline,
-        timeline_text,
-        utc_moment,
     )
     from core.run import (
         NOTICE_POLL_ENV,
@@ -100,18 +78,14 @@ with _interrupts.held():  # a Ctrl-C during these imports is delivered after the
     )
 
 __all__ = (
+    "report",
     "Attempt",
-    "AttemptBar",
     "begin_attempt",
-    "checkpoint_mark_text",
     "CheckpointData",
     "CheckpointJobTemplate",
     "CheckpointStore",
-    "continuations",
     "declare_done",
     "default_store_location",
-    "describe_plan",
-    "duration_words",
     "finish_attempt",
     "framework_parameter_values",
     "group_label",
@@ -119,19 +93,12 @@ __all__ = (
     "group_tasks",
     "host_id",
     "JOB_STATUS_PARAMETER",
-    "kept_sentence",
-    "kept_timeline",
-    "kept_words",
-    "KeptTask",
     "load_template",
     "Notice",
     "NOTICE_POLL_ENV",
     "NOTICES_ENV",
     "NoticeSource",
     "original_tasks",
-    "outcome_key",
-    "outcome_sentence",
-    "OUTCOME_WORDS",
     "parse_notice_sources",
     "parse_poll_seconds",
     "plain_value",
@@ -144,11 +111,9 @@ __all__ = (
     "RefusalCode",
     "RELEASE_WAIT_SECONDS",
     "request_termination",
-    "result_words",
     "ResumeHow",
     "ResumeRefusedError",
     "run_file_flow",
-    "run_status_words",
     "run_tasks",
     "RunError",
     "RunOutcome",
@@ -159,22 +124,14 @@ __all__ = (
     "StopEscalation",
     "StopIntent",
     "StoreError",
-    "summarize_checkpoint",
-    "summarize_task",
-    "task_status_words",
-    "task_timeline",
     "TaskEvent",
     "TaskExecution",
     "TaskOutcome",
     "TaskRecord",
     "TaskResult",
     "TaskSpec",
-    "TaskSummary",
-    "TaskTimeline",
     "TemplateError",
     "Termination",
     "termination_choices",
     "TerminationMode",
-    "timeline_text",
-    "utc_moment",
 )

@@ -4,8 +4,10 @@
   ``openjd_progress`` messages (``core.TaskEvent`` ``progress``), sent at most every
   ``PROGRESS_EVERY_SECONDS`` and once at the end; over a group of tasks, the group's share done.
 - ``RunView``: the flow run's table artifact rows (a task each: status, checkpoint history,
-  resume status) and its markdown artifact (each task's timeline, ``core.timeline_text``), both
-  from core's one summary of a task (``core.summarize_task``, ``core.task_timeline``). Read
+  resume status) and its markdown artifact (each task's timeline, ``core.report.timeline_text``),
+  both
+  from core's one summary of a task (``core.report.summarize_task``,
+  ``core.report.task_timeline``). Read
   before ``core.finish_attempt``, which deletes a succeeded run's records.
 """
 
@@ -238,18 +240,18 @@ class RunView:
     generations (oldest first) and timelines, in step order."""
 
     records: tuple[TaskRecord, ...]
-    timelines: tuple[core.TaskTimeline, ...]
-    summaries: tuple[core.TaskSummary, ...]
+    timelines: tuple[core.report.TaskTimeline, ...]
+    summaries: tuple[core.report.TaskSummary, ...]
 
     def rows(self) -> list[dict[str, Any]]:
         """The table artifact's rows: one a task, its status in the CLI's words
-        (``core.task_status_words``: ``succeeded``, ``suspended``...), its checkpoint history
-        (every kept generation, as ``core.checkpoint_mark_text`` says it: number, UTC time,
+        (``core.report.task_status_words``: ``succeeded``, ``suspended``...), its checkpoint history
+        (every kept generation, as ``core.report.checkpoint_mark_text`` says it: number, UTC time,
         the task's and the run's attempt that saved it, state bytes, files; the bytes of its
         files that a managed store keeps), resume status and what continued it
-        (``core.continuations``); never a state's contents."""
+        (``core.report.continuations``); never a state's contents."""
         rows = []
-        continued = core.continuations(self.records)
+        continued = core.report.continuations(self.records)
         for rec, task, line in zip(self.records, self.summaries, self.timelines, strict=True):
             ckpt = task.checkpoint
             note = continued.get((rec.step, rec.task_key))
@@ -257,7 +259,8 @@ class RunView:
             rows.append(
                 {
                     "task": task.label,
-                    "status": core.task_status_words(task.status) + (f", {note}" if note else ""),
+                    "status": core.report.task_status_words(task.status)
+                    + (f", {note}" if note else ""),
                     "attempts": task.attempts,
                     "frames done": len(task.frames_done),
                     "checkpoint generation": ckpt.generation if ckpt else "",
@@ -267,7 +270,7 @@ class RunView:
                         ckpt.file_bytes if ckpt and ckpt.file_bytes is not None else ""
                     ),
                     "checkpoint history": "; ".join(
-                        core.checkpoint_mark_text(m) for m in line.checkpoints
+                        core.report.checkpoint_mark_text(m) for m in line.checkpoints
                     ),
                     "resume status": task.resume_status or "",
                     "resumed from": ", ".join(str(g) for g in resumed),
@@ -279,7 +282,7 @@ class RunView:
 
     def markdown(self, heading: str) -> str:
         """The markdown artifact: under ``heading``, each task's timeline as
-        ``core.timeline_text`` draws it, in a code block."""
+        ``core.report.timeline_text`` draws it, in a code block."""
         parts = [f"### {heading}", ""]
         if not self.records:
             parts.append("No task records: nothing ran, or they could not be read.")
@@ -288,14 +291,14 @@ class RunView:
                 f"; resumes saved {line.saved_seconds:.0f} s of work" if line.saved_seconds else ""
             )
             parts.append(
-                f"**{_md(task.label)}**: {core.task_status_words(task.status)}, "
+                f"**{_md(task.label)}**: {core.report.task_status_words(task.status)}, "
                 f"{task.attempts} attempt(s), "
                 f"{len(line.checkpoints)} checkpoint generation(s) kept{saved}"
             )
             parts.append("")
             parts.extend(f"- {problem}" for problem in line.problems)
-            block = core.timeline_text(line) or ["(never started)"]
-            block += [f"  ▲ {core.checkpoint_mark_text(mark)}" for mark in line.checkpoints]
+            block = core.report.timeline_text(line) or ["(never started)"]
+            block += [f"  ▲ {core.report.checkpoint_mark_text(mark)}" for mark in line.checkpoints]
             longest = max((len(r) for r in re.findall("`+", "\n".join(block))), default=0)
             fence = "`" * max(3, longest + 1)  # a host named with ``` does not end the block
             parts.extend([fence, *block, fence, ""])
@@ -324,9 +327,11 @@ def read_run_view(
         records, key=lambda r: (order.index(r.step) if r.step in order else len(order), r.task_key)
     )
     now = time.time() if now is None else now
-    timelines = tuple(core.task_timeline(r, store.list_generations(r), now=now) for r in records)
+    timelines = tuple(
+        core.report.task_timeline(r, store.list_generations(r), now=now) for r in records
+    )
     return RunView(
         records=tuple(records),
         timelines=timelines,
-        summaries=tuple(core.summarize_task(r) for r in records),
+        summaries=tuple(core.report.summarize_task(r) for r in records),
     )

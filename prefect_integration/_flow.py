@@ -303,7 +303,7 @@ def _run_inline(
                 on_note=logger.info,
             )
             for spec, res in zip(specs, results, strict=True):
-                logger.info("%s: %s", spec.label, core.result_words(res))
+                logger.info("%s: %s", spec.label, core.report.result_words(res))
 
     errors: list[BaseException] = []
 
@@ -447,7 +447,7 @@ def _flow_body(
     final = _final_state(outcome, run_id)
     records = view.records if view is not None else ()
     ran = sum(1 for r in records if r.run_attempt == attempt.attempt)
-    sentence = core.outcome_sentence(outcome.status.value, records, ran, next_step=hint)
+    sentence = core.report.outcome_sentence(outcome.status.value, records, ran, next_step=hint)
     logger.info("%s", sentence)
     if stopping.signal_at is not None and outcome.mode is None:
         if runner_kills:

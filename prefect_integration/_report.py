@@ -91,7 +91,7 @@ def resume_hint(
 
 def kept_line(label: str, result: core.TaskResult, hint: str) -> str | None:
     """The INFO line of a task that was stopped with something kept to resume from, in the
-    core's words (``core.result_words``) and the files the checkpoint names: ``Train:
+    core's words (``core.report.result_words``) and the files the checkpoint names: ``Train:
     suspended; checkpoint generation 7 kept (2 file(s), kept by the store); resume with ...``.
     None for a task that succeeded or failed."""
     if result.outcome in (
@@ -102,12 +102,15 @@ def kept_line(label: str, result: core.TaskResult, hint: str) -> str | None:
         return None
     if result.outcome == core.TaskOutcome.SKIPPED:
         return f"{label}: not started, the run is stopping; {hint}"
-    words = core.result_words(result)
-    ckpt = core.summarize_task(result.record).checkpoint
+    words = core.report.result_words(result)
+    ckpt = core.report.summarize_task(result.record).checkpoint
     if ckpt is not None:
         where = ", kept by the store" if ckpt.files_mode == "managed" else ""
         words += f" ({ckpt.named} file(s){where})"
-    elif core.kept_words(result.record) is None and result.outcome == core.TaskOutcome.CANCELED:
+    elif (
+        core.report.kept_words(result.record) is None
+        and result.outcome == core.TaskOutcome.CANCELED
+    ):
         words += "; nothing kept, it runs from the top when resumed"
     return f"{label}: {words}; {hint}"
 

@@ -146,7 +146,7 @@ def run_group(
     if not specs:
         logger.info("%s: every task of this group has finished already", step)
         return {"step": step, "ran": []}
-    for line in core.describe_plan(originals_specs, specs):
+    for line in core.report.describe_plan(originals_specs, specs):
         logger.info("%s", line)
 
     def on_output(execution: core.TaskExecution, lines: list[str]) -> None:
@@ -209,7 +209,7 @@ def run_group(
             "reported is stored: a retry of this task run (or of the flow run) resumes from it"
         )
     stopped = [
-        f"{spec.label}: {core.result_words(res)}"
+        f"{spec.label}: {core.report.result_words(res)}"
         for spec, res in zip(specs, results, strict=True)
         if res.outcome != TaskOutcome.SUCCEEDED
     ]
@@ -229,7 +229,7 @@ def _ending(results: Sequence[core.TaskResult]) -> str:
     with a checkpoint``."""
     counts: dict[str, int] = {}
     for res in results:
-        words = core.OUTCOME_WORDS.get(core.outcome_key(res), res.outcome.value)
+        words = core.report.OUTCOME_WORDS.get(core.report.outcome_key(res), res.outcome.value)
         counts[words] = counts.get(words, 0) + 1
     return ", ".join(f"{n} {words}" for words, n in counts.items())
 

@@ -1,6 +1,6 @@
 """What a page shows of a run once it has ended, from core (the Airflow plugin's page reads
 these): the run record of a succeeded run keeps a summary of its checkpoints when they are
-deleted (``RunRecord.kept``, ``core.kept_timeline``), the termination modes a request could
+deleted (``RunRecord.kept``, ``core.report.kept_timeline``), the termination modes a request could
 still act in (``core.termination_choices``), and a task's status in the CLI's words."""
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def test_a_succeeded_run_keeps_a_summary_of_the_checkpoints_it_deleted(tmp_path:
     assert kept.generations == gens[-1] and kept.state_bytes == task.checkpoints[-1].state_bytes
     assert all(c.state_bytes > 0 for c in task.checkpoints)
 
-    timeline = core.kept_timeline(task)
+    timeline = core.report.kept_timeline(task)
     first, second = timeline.attempts
     assert first.outcome == "interrupted" and second.outcome == "succeeded"
     assert second.resumed_from == before.checkpoint.generation
@@ -71,11 +71,11 @@ def test_a_succeeded_run_keeps_a_summary_of_the_checkpoints_it_deleted(tmp_path:
         cli_cmd("checkpoints", "show", run.run_id, "--store", str(store)),
         capture_output=True, text=True, timeout=60, check=True,
     ).stdout  # fmt: skip
-    assert f"until then it {core.kept_sentence(kept)}" in shown, shown
+    assert f"until then it {core.report.kept_sentence(kept)}" in shown, shown
     assert "1 interruption, 1 resume, saving" in shown and "no task records kept" not in shown
     lines = shown.splitlines()
     i = lines.index("  Count:")
-    assert lines[i + 1 : i + 3] == [f"    {t}" for t in core.timeline_text(timeline)], shown
+    assert lines[i + 1 : i + 3] == [f"    {t}" for t in core.report.timeline_text(timeline)], shown
     assert "resumed from" in lines[i + 2]
     # a record written before the field reads (no summary), and one with it round-trips
     assert core.RunRecord.model_validate(run.model_dump(exclude={"kept"})).kept is None
@@ -127,6 +127,6 @@ def test_termination_choices_are_the_modes_a_request_could_still_act_in(tmp_path
 
 
 def test_task_status_in_the_clis_words() -> None:
-    assert core.task_status_words("interrupted") == "suspended"
+    assert core.report.task_status_words("interrupted") == "suspended"
     for status in ("pending", "running", "succeeded", "failed", "canceled"):
-        assert core.task_status_words(status) == status
+        assert core.report.task_status_words(status) == status

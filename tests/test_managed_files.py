@@ -21,14 +21,7 @@ from typing import Any
 import blake3
 import pytest
 
-from core import (
-    CheckpointStore,
-    StopIntent,
-    TaskExecution,
-    TaskOutcome,
-    prepare_job,
-    summarize_checkpoint,
-)
+from core import CheckpointStore, StopIntent, TaskExecution, TaskOutcome, prepare_job, report
 from core.files._blobs import manifest_key
 from core.job import TaskSpec, plan_tasks
 from core.job._template import parse_template
@@ -911,7 +904,7 @@ def test_every_generation_is_consistent_when_uploads_lag(managed_store, tmp_path
         # the generation records the bytes of the files the store keeps for it
         paths = {str(Path(f).resolve()) for f in [*restored.files, restored.file]}
         assert gen.file_bytes == sum(Path(f).stat().st_size for f in paths) > 0, gen
-        assert summarize_checkpoint(gen).file_bytes == gen.file_bytes
+        assert report.summarize_checkpoint(gen).file_bytes == gen.file_bytes
 
 
 DECLARE_THEN_FAIL = """

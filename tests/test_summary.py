@@ -1,9 +1,9 @@
-"""What every runner shows of a task and its checkpoints (``core.summarize_task``): the CLI's
+"""What every runner shows of a task and its checkpoints (``core.report.summarize_task``): the CLI's
 ``checkpoints`` commands, the Airflow page and the Prefect table all read it."""
 
 from __future__ import annotations
 
-from core import CheckpointData, TaskRecord, summarize_checkpoint, summarize_task
+from core import CheckpointData, TaskRecord, report
 from core.job import new_task_record, plan_tasks
 from core.job._planning import task_label
 
@@ -27,11 +27,11 @@ def test_a_task_with_a_checkpoint_shows_its_sizes_and_files_never_its_state() ->
         manifest="ab" * 32,
     )
     rec = _record(parameters=FRAME, status="interrupted", attempt=2, checkpoint=ckpt)
-    task = summarize_task(rec)
+    task = report.summarize_task(rec)
     assert task.label == "Render[Frame=1-4]" == task_label(rec)
     assert (task.status, task.attempts, task.resumable) == ("interrupted", 2, True)
     c = task.checkpoint
-    assert c is not None and c == summarize_checkpoint(ckpt)
+    assert c is not None and c == report.summarize_checkpoint(ckpt)
     assert (c.generation, c.saved_at, c.attempt) == (3, 100.0, 2)
     assert c.state_bytes == 20  # UTF-8 bytes, not characters
     assert c.files == ("/w/a.txt", "/w/b.txt", "/w/model.txt") and c.dirs == ("/w/out",)
@@ -40,12 +40,12 @@ def test_a_task_with_a_checkpoint_shows_its_sizes_and_files_never_its_state() ->
 
 
 def test_finished_frames_make_an_unfinished_task_resumable_but_not_a_succeeded_one() -> None:
-    assert summarize_task(_record(status="failed", completed_frames=[1, 2])).resumable
-    done = summarize_task(_record(status="succeeded", completed_frames=[1, 2]))
+    assert report.summarize_task(_record(status="failed", completed_frames=[1, 2])).resumable
+    done = report.summarize_task(_record(status="succeeded", completed_frames=[1, 2]))
     assert not done.resumable and done.frames_done == (1, 2) and done.checkpoint is None
-    bare = summarize_task(_record())
+    bare = report.summarize_task(_record())
     assert bare.label == "Render" and not bare.resumable
-    shared = summarize_checkpoint(CheckpointData(generation=1, saved_at=1.0, attempt=1))
+    shared = report.summarize_checkpoint(CheckpointData(generation=1, saved_at=1.0, attempt=1))
     assert shared.files_mode == "shared" and shared.state_bytes == 0 and shared.named == 0
 
 
@@ -55,10 +55,10 @@ def test_describe_plan_says_what_each_original_task_does_in_this_try(tmp_path) -
     from core import (
         CheckpointStore,
         begin_attempt,
-        describe_plan,
         group_result_key,
         plan_group,
         prepare_job,
+        report,
     )
 
     out = tmp_path / "out"
@@ -67,8 +67,8 @@ def test_describe_plan_says_what_each_original_task_does_in_this_try(tmp_path) -
     job = prepare_job(DATA / "three_steps.yaml", {"Out": str(out), "FrameSeconds": 0.01})
     attempt = begin_attempt(st, job, external_key="plan-lines")
     originals = plan_tasks(job, "Render")
-    assert describe_plan(originals, originals) == []  # a first try: nothing to say
-    assert describe_plan(originals, originals[:1], again=True) == [
+    assert report.describe_plan(originals, originals) == []  # a first try: nothing to say
+    assert report.describe_plan(originals, originals[:1], again=True) == [
         "Render[Frame=3-4]: finished in an earlier try; not run again",
         "Render[Frame=5-6]: finished in an earlier try; not run again",
         "Render[Frame=1-2]: no checkpoint stored; running from the top",
@@ -79,7 +79,7 @@ def test_describe_plan_says_what_each_original_task_does_in_this_try(tmp_path) -
     rec.completed_frames = [1]
     st.write_task(rec)
     [resumed] = plan_group(st, job, attempt.run_id, originals[:1])
-    [line] = describe_plan(originals[:1], [resumed])
+    [line] = report.describe_plan(originals[:1], [resumed])
     assert line == (
         "Render[Frame=2]: resuming from checkpoint generation 2 (3 bytes of state, 1 file(s), "
         "saved by attempt 1); 1 frame(s) skipped"
@@ -98,26 +98,26 @@ def test_describe_plan_says_what_each_original_task_does_in_this_try(tmp_path) -
 def test_the_outcome_sentence_says_how_to_continue_in_the_runner_s_words() -> None:
     """``outcome_sentence`` counts what a run kept; the next step is the CLI's unless a runner
     gives its own (a Prefect flow run's retry), and is left out when nothing was kept."""
-    from core import outcome_sentence
+    from core import report
 
     ckpt = CheckpointData(generation=2, state="1", saved_at=100.0, attempt=1)
     kept = [_record(status="interrupted", checkpoint=ckpt), _record(status="succeeded")]
-    assert outcome_sentence("interrupted", kept, 2) == (
+    assert report.outcome_sentence("interrupted", kept, 2) == (
         "suspended: 1 task done, 1 task checkpointed; run again to continue"
     )
-    assert outcome_sentence("interrupted", kept, 2, next_step="resume with `X`") == (
+    assert report.outcome_sentence("interrupted", kept, 2, next_step="resume with `X`") == (
         "suspended: 1 task done, 1 task checkpointed; resume with `X`"
     )
     nothing = [_record(status="interrupted")]
-    assert outcome_sentence("interrupted", nothing, 1, next_step="resume with `X`") == (
+    assert report.outcome_sentence("interrupted", nothing, 1, next_step="resume with `X`") == (
         "suspended: no task finished"
     )
 
 
 def test_a_chunk_continued_by_the_record_of_its_rest_says_so() -> None:
     """The rest of an interrupted chunk runs as a task record of its own (key ``<key>#...``);
-    the chunk's record keeps its status. ``core.continuations`` names what continued each."""
-    from core import continuations
+    the chunk's record keeps its status. ``core.report.continuations`` names what continued each."""
+    from core import report
 
     def frames(value: str) -> dict:
         return {"Frame": {"type": "CHUNK[INT]", "value": value}}
@@ -131,25 +131,26 @@ def test_a_chunk_continued_by_the_record_of_its_rest_says_so() -> None:
     done = _record(task_key="k3", parameters=frames("21-30"), status="succeeded", updated_at=1)
     done_rest = _record(task_key="k3#25-30", parameters=frames("25-30"), status="pending")
     # any order in; the later record of a chunk continues the earlier one
-    got = continuations([last, other, chunk, done_rest, rest, done])
+    got = report.continuations([last, other, chunk, done_rest, rest, done])
     assert got == {
         ("Render", "k1"): "continued as Render[Frame=7-10]",
         ("Render", "k1#7-10"): "continued as Render[Frame=9,10]",
     }
-    assert continuations([]) == {} and continuations([other]) == {}
+    assert report.continuations([]) == {} and report.continuations([other]) == {}
     # a rest in another step is not this chunk's
     twin = _record(step="Encode", task_key="k2#15-20", parameters=frames("15-20"), updated_at=5)
-    assert continuations([other, twin]) == {}
+    assert report.continuations([other, twin]) == {}
 
 
 def test_how_a_task_ended_is_said_in_plain_words_never_an_outcome_name() -> None:
-    """``core.result_words``: what a Prefect ``Stopped`` state and an Airflow log line say of a
+    """``core.report.result_words``: what a Prefect ``Stopped`` state and an Airflow log line say
+    of a
     task execution; a chunk that kept only finished frames is ``suspended; 4 finished frames
     kept`` (its outcome is ``interrupted_with_checkpoint``, an internal name)."""
-    from core import TaskOutcome, TaskResult, result_words
+    from core import TaskOutcome, TaskResult, report
 
     def said(outcome: TaskOutcome, message: str = "", **fields: object) -> str:
-        return result_words(TaskResult(outcome, None, message, _record(**fields)))
+        return report.result_words(TaskResult(outcome, None, message, _record(**fields)))
 
     with_frames = said(TaskOutcome.INTERRUPTED_WITH_CHECKPOINT, completed_frames=[1, 2, 3, 4])
     assert with_frames == "suspended; 4 finished frames kept"
@@ -173,10 +174,10 @@ def test_how_a_task_ended_is_said_in_plain_words_never_an_outcome_name() -> None
 def test_a_task_without_a_checkpoint_shows_its_run_s_files_mode() -> None:
     """A task that saved nothing shows the run's mode (``files_mode`` given), not ``shared``;
     a checkpoint's own mode wins (it is resumed the way it was made)."""
-    assert summarize_task(_record(), "managed").files_mode == "managed"
-    assert summarize_task(_record()).files_mode is None  # the run's mode not given
+    assert report.summarize_task(_record(), "managed").files_mode == "managed"
+    assert report.summarize_task(_record()).files_mode is None  # the run's mode not given
     shared = CheckpointData(generation=1, saved_at=1.0, attempt=1)
-    assert summarize_task(_record(checkpoint=shared), "managed").files_mode == "shared"
+    assert report.summarize_task(_record(checkpoint=shared), "managed").files_mode == "shared"
 
 
 def test_a_checkpoint_mark_names_the_task_attempt_that_saved_it() -> None:
@@ -184,7 +185,7 @@ def test_a_checkpoint_mark_names_the_task_attempt_that_saved_it() -> None:
     the generation the second saved says ``task attempt #2, run attempt 1``, the first's
     ``#1``; one saved where no attempt of the history ran says only the run's attempt. What a
     succeeded run keeps (``KeptCollector``) reads the same."""
-    from core import checkpoint_mark_text, kept_timeline, task_timeline
+    from core import report
     from core._records import AttemptSpan
     from core.job import KeptCollector
 
@@ -198,9 +199,9 @@ def test_a_checkpoint_mark_names_the_task_attempt_that_saved_it() -> None:
         CheckpointData(generation=3, saved_at=50.0, attempt=1),  # before any attempt
     ]
     rec = _record(attempt=2, run_attempt=1, history=history, checkpoint=gens[1])
-    marks = task_timeline(rec, gens).checkpoints
+    marks = report.task_timeline(rec, gens).checkpoints
     assert [m.task_attempt for m in marks] == [1, 2, None]
-    texts = [checkpoint_mark_text(m) for m in marks]
+    texts = [report.checkpoint_mark_text(m) for m in marks]
     assert texts[1] == (
         "generation 2 at 1970-01-01 00:02:00Z (task attempt #2, run attempt 1, 0 B of state, "
         "1 file(s))"
@@ -209,10 +210,10 @@ def test_a_checkpoint_mark_names_the_task_attempt_that_saved_it() -> None:
     assert "(run attempt 1, " in texts[2] and "task attempt" not in texts[2]
     # a span of another run attempt does not claim a generation of this one
     other = _record(history=[history[0].model_copy(update={"run_attempt": 2})])
-    assert task_timeline(other, gens[:1]).checkpoints[0].task_attempt is None
+    assert report.task_timeline(other, gens[:1]).checkpoints[0].task_attempt is None
     collector = KeptCollector()
     collector.add(rec)
     [kept] = collector.result({(rec.step, rec.task_key): gens}, at=200.0).tasks
-    assert [checkpoint_mark_text(m) for m in kept_timeline(kept).checkpoints] == sorted(
-        texts, key=lambda t: int(t.split()[1])
-    )
+    assert [
+        report.checkpoint_mark_text(m) for m in report.kept_timeline(kept).checkpoints
+    ] == sorted(texts, key=lambda t: int(t.split()[1]))

@@ -1,4 +1,5 @@
-"""A task's attempt history and timeline (``core.task._history``, ``core.task_timeline``): a task
+"""A task's attempt history and timeline (``core.task._history``, ``core.report.task_timeline``): a
+task
 suspended twice and resumed has one span per attempt, each resume saves the work up to its
 checkpoint, and the text timeline (the Prefect artifact's, a log's) shows it."""
 
@@ -12,6 +13,7 @@ from conftest import DATA, CliProcess, checkpoint_at_least
 
 import core
 from core import CheckpointStore
+from core._records import AttemptSpan, TaskStatus
 from core.task._history import MAX_SPANS
 
 
@@ -34,7 +36,7 @@ def test_a_task_suspended_twice_has_a_span_per_attempt_and_a_timeline(tmp_path: 
     assert first.ended_at is not None and first.ended_at <= second.started_at
     assert first.host == second.host == core.host_id()
 
-    timeline = core.task_timeline(rec, st.list_generations(rec))
+    timeline = core.report.task_timeline(rec, st.list_generations(rec))
     bar1, bar2 = timeline.attempts
     assert bar1.saved_seconds == 0 and bar1.ended
     # the work kept: the first attempt's run up to the checkpoint the second resumed from
@@ -46,7 +48,7 @@ def test_a_task_suspended_twice_has_a_span_per_attempt_and_a_timeline(tmp_path: 
     )
     assert len(timeline.checkpoints) == 3  # the generations the store keeps
     assert timeline.fraction(timeline.start) == 0.0 and timeline.fraction(timeline.end) == 1.0
-    lines = core.timeline_text(timeline, width=30)
+    lines = core.report.timeline_text(timeline, width=30)
     assert len(lines) == 2
     assert lines[0].startswith("#1 █") and "from the top; interrupted" in lines[0]
     assert f"resumed from {second.resumed_from}, saved" in lines[1] and "▲" in lines[1]
@@ -60,15 +62,15 @@ def test_the_history_is_bounded_and_an_open_span_is_cut_off() -> None:
         rec.attempt = n + 1
         open_span(rec, None)
         if n != MAX_SPANS + 3:  # this attempt's process "died": never closed
-            rec.status = core.TaskStatus.FAILED
+            rec.status = TaskStatus.FAILED
             close_span(rec)
     assert len(rec.history) == MAX_SPANS and rec.history[0].attempt == 6
     rec.updated_at = time.time() + 5
-    timeline = core.task_timeline(rec)
+    timeline = core.report.task_timeline(rec)
     cut = timeline.attempts[-2]
     assert not cut.ended and cut.outcome is None
     assert cut.end == timeline.attempts[-1].start  # cut off where the next attempt starts
-    assert "running or cut off" in core.timeline_text(timeline)[-2]
+    assert "running or cut off" in core.report.timeline_text(timeline)[-2]
 
 
 def test_a_record_with_times_that_are_not_times_draws_what_it_can_and_says_what_not(
@@ -111,7 +113,7 @@ def test_a_record_with_times_that_are_not_times_draws_what_it_can_and_says_what_
     before = {p.name: p.read_bytes() for p in tdir.iterdir()}
 
     [back] = st.read_tasks(jk, "r1")[0]
-    timeline = core.task_timeline(back, st.list_generations(back))
+    timeline = core.report.task_timeline(back, st.list_generations(back))
     assert [b.attempt for b in timeline.attempts] == [5, 6]
     problems = "\n".join(timeline.problems)
     for what in (
@@ -129,11 +131,11 @@ def test_a_record_with_times_that_are_not_times_draws_what_it_can_and_says_what_
         assert 0.0 <= timeline.fraction(bar.start) <= timeline.fraction(bar.end) <= 1.0
     assert timeline.attempts[0].end == timeline.attempts[0].start
     assert timeline.attempts[1].saved_seconds >= 0  # resumed_saved_at NaN: the mark's time used
-    lines = core.timeline_text(timeline, width=20)
+    lines = core.report.timeline_text(timeline, width=20)
     assert len(lines) == 2 and all(re.match(r"#\d [ ·█▲|?]{20}  \w", line) for line in lines)
     assert "nan" not in " ".join(lines).lower() and "None" not in " ".join(lines)
-    assert core.utc_moment(float("nan")) is None and core.utc_moment(-1.0) is None
-    assert core.utc_moment(now + 1e12) is None and core.utc_moment(0.0) is not None
+    assert core.report.utc_moment(float("nan")) is None and core.report.utc_moment(-1.0) is None
+    assert core.report.utc_moment(now + 1e12) is None and core.report.utc_moment(0.0) is not None
     collector = KeptCollector()  # a succeeded run's summary: no NaN in it either
     collector.add(back)
     assert math.isfinite(collector.result({}, at=now).saved_seconds)
@@ -142,13 +144,12 @@ def test_a_record_with_times_that_are_not_times_draws_what_it_can_and_says_what_
     # thousands of attempts and generations: the latest drawn, the rest said
     many = core.TaskRecord(job_key=jk, run_id="r1", step="S", task_key="{}", parameters={})
     many.history = [
-        core.AttemptSpan(attempt=n, started_at=now + n, ended_at=now + n + 0.5)
-        for n in range(1, 1001)
+        AttemptSpan(attempt=n, started_at=now + n, ended_at=now + n + 0.5) for n in range(1, 1001)
     ]
     gens = [
         core.CheckpointData(generation=n, saved_at=now + n / 10, attempt=1) for n in range(1, 10001)
     ]
-    timeline = core.task_timeline(many, gens)
+    timeline = core.report.task_timeline(many, gens)
     assert len(timeline.attempts) == MAX_TIMELINE_ATTEMPTS and timeline.attempts[-1].attempt == 1000
     assert len(timeline.checkpoints) == MAX_TIMELINE_CHECKPOINTS
     assert timeline.checkpoints[-1].generation == 10000

@@ -20,7 +20,6 @@ from typing import Any
 from core import (
     NOTICE_POLL_ENV,
     NOTICES_ENV,
-    OUTCOME_WORDS,
     CheckpointStore,
     NoticeSource,
     RefusalCode,
@@ -34,13 +33,11 @@ from core import (
     TemplateError,
     TerminationMode,
     default_store_location,
-    outcome_key,
-    outcome_sentence,
     parse_notice_sources,
     parse_poll_seconds,
     prepare_job,
+    report,
     request_termination,
-    run_status_words,
 )
 from core.cli._completion import add_completion_parser, complete
 from core.cli._early import EARLY_SIGNALS
@@ -263,10 +260,10 @@ def _report(args: argparse.Namespace, result: RunResult, store: CheckpointStore)
         _write(sys.stderr, text)
 
     counts: dict[str, int] = (
-        {OUTCOME_WORDS["succeeded"]: result.succeeded} if result.succeeded else {}
+        {report.OUTCOME_WORDS["succeeded"]: result.succeeded} if result.succeeded else {}
     )
     for _spec, res in result.results:  # those that did not succeed
-        word = OUTCOME_WORDS.get(outcome_key(res), res.outcome.value)
+        word = report.OUTCOME_WORDS.get(report.outcome_key(res), res.outcome.value)
         counts[word] = counts.get(word, 0) + 1
     summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "no task ran"
     cond = result.condition
@@ -278,7 +275,7 @@ def _report(args: argparse.Namespace, result: RunResult, store: CheckpointStore)
         return
     # "run ID STATUS (N outcome, ...)": the tasks this attempt ran, in plain words; then why, in
     # the run's own words, and the outcome counted over every attempt.
-    status = run_status_words(result.status.value)
+    status = report.run_status_words(result.status.value)
     say(f"openjd-checkpoint: run {result.run_id} {status} ({summary})\n")
     if result.store_failed is not None:
         say(
@@ -310,7 +307,7 @@ def _outcome(store: CheckpointStore, result: RunResult) -> str:
     """The run's outcome in plain words, counted over all its attempts (``_words``)."""
     run = store.find_run(result.run_id)
     tasks = store.iter_tasks(run.job_key, run.run_id) if run is not None else iter(())
-    return outcome_sentence(result.status.value, tasks, result.ran)
+    return report.outcome_sentence(result.status.value, tasks, result.ran)
 
 
 def _resumable(store: CheckpointStore, run_id: str) -> bool:

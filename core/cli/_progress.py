@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Any
 
-from core import OUTCOME_WORDS, TaskEvent, TaskExecution, outcome_key, plan_tasks
+from core import TaskEvent, TaskExecution, plan_tasks, report
 
 __all__ = ("Progress", "make_progress", "write")
 
@@ -61,7 +61,7 @@ class _Step:
         return self.outcomes.get("succeeded", 0) + self.outcomes.get("failed", 0)
 
     def counts(self) -> str:
-        return ", ".join(f"{n} {OUTCOME_WORDS.get(k, k)}" for k, n in self.outcomes.items())
+        return ", ".join(f"{n} {report.OUTCOME_WORDS.get(k, k)}" for k, n in self.outcomes.items())
 
 
 class Progress:
@@ -237,9 +237,9 @@ class Progress:
                 st.running.pop(key, None)
                 res = event.value
                 outcome = res.outcome.value
-                key_ = outcome_key(res)
+                key_ = report.outcome_key(res)
                 st.outcomes[key_] = st.outcomes.get(key_, 0) + 1
-                words = OUTCOME_WORDS.get(key_, outcome)
+                words = report.OUTCOME_WORDS.get(key_, outcome)
                 detail = f": {res.message}" if res.message and outcome != "succeeded" else ""
                 text = f"{name} {words}{detail}"
                 if outcome == "failed":

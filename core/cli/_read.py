@@ -15,23 +15,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
-from core import (
-    CheckpointStore,
-    RunRecord,
-    TaskRecord,
-    TaskSummary,
-    TaskTimeline,
-    TemplateError,
-    checkpoint_mark_text,
-    continuations,
-    kept_sentence,
-    kept_timeline,
-    run_status_words,
-    summarize_task,
-    task_status_words,
-    task_timeline,
-    timeline_text,
-)
+from core import CheckpointStore, RunRecord, TaskRecord, TemplateError, report
 from core.local import run_files_mode, runner_lost
 
 __all__ = (
@@ -119,7 +103,7 @@ def _warn(warnings: list[str], text: str, as_json: bool) -> None:
 
 def _run_status(store: CheckpointStore, run: RunRecord) -> str:
     alive = not runner_lost(store, run)
-    return run_status_words(run.status.value, runner_alive=alive)
+    return report.run_status_words(run.status.value, runner_alive=alive)
 
 
 def run_summary(store: CheckpointStore, run: RunRecord, tasks: list[TaskRecord]) -> dict[str, Any]:
@@ -139,7 +123,7 @@ def run_summary(store: CheckpointStore, run: RunRecord, tasks: list[TaskRecord])
         "duration_seconds": round(max(0.0, run.updated_at - run.created_at), 3),
         "tasks": len(tasks),
         "tasks_with_checkpoints": sum(1 for t in tasks if t.checkpoint is not None),
-        "tasks_resumable": sum(1 for t in tasks if summarize_task(t).resumable),
+        "tasks_resumable": sum(1 for t in tasks if report.summarize_task(t).resumable),
         "template": run.template_path,
     }
 
@@ -190,7 +174,7 @@ def cmd_runs(args: argparse.Namespace, store: CheckpointStore) -> int:
 def checkpoint_row(store: CheckpointStore, run: RunRecord, rec: TaskRecord) -> dict[str, Any]:
     """One task that holds a checkpoint (or finished frames), as ``checkpoints list --json``
     gives it (see the README for each field)."""
-    task = summarize_task(rec, run_files_mode(store, run))
+    task = report.summarize_task(rec, run_files_mode(store, run))
     ck = task.checkpoint
     return {
         "run_id": run.run_id,
@@ -216,7 +200,7 @@ def cmd_checkpoints_list(args: argparse.Namespace, store: CheckpointStore) -> in
     rows = []
     for r, tasks in runs:
         for t in tasks:
-            if summarize_task(t).resumable:
+            if report.summarize_task(t).resumable:
                 rows.append(checkpoint_row(store, r, t))
     if as_json:
         _dump({"schema": JSON_SCHEMA_VERSION, "store": store.location, "checkpoints": rows,
@@ -241,7 +225,7 @@ def cmd_checkpoints_list(args: argparse.Namespace, store: CheckpointStore) -> in
 
 def show_document(
     store: CheckpointStore, run: RunRecord
-) -> tuple[dict[str, Any], list[TaskSummary], list[TaskTimeline]]:
+) -> tuple[dict[str, Any], list[report.TaskSummary], list[report.TaskTimeline]]:
     """``checkpoints show RUN --json``: the run's raw records (the run, each task with its
     stored generations, the run's outputs, warnings), and each task's summary and timeline
     (its stored generations as marks), in the same order, for the table."""
@@ -251,12 +235,12 @@ def show_document(
     data["status_words"] = _run_status(store, run)
     data["tasks"] = []
     files_mode = run_files_mode(store, run)
-    summaries = [summarize_task(t, files_mode) for t in tasks]
+    summaries = [report.summarize_task(t, files_mode) for t in tasks]
     timelines = []
-    continued = continuations(tasks)
+    continued = report.continuations(tasks)
     for t, summary in zip(tasks, summaries, strict=True):
         generations = store.list_generations(t)
-        timelines.append(task_timeline(t, generations))
+        timelines.append(report.task_timeline(t, generations))
         td = t.model_dump(mode="json")
         td["label"] = summary.label
         td["generations"] = [g.generation for g in generations]
@@ -296,14 +280,14 @@ def cmd_show(args: argparse.Namespace, store: CheckpointStore) -> int:
             print("  no task records kept (a finished run deletes them)")
             return 0
         print(f"  checkpoints deleted at its end ({_local(run.kept.at)}), as a run that succeeds")
-        print(f"  does; until then it {kept_sentence(run.kept)}")
+        print(f"  does; until then it {report.kept_sentence(run.kept)}")
         for kept_task in run.kept.tasks:
             print(f"  {kept_task.label}:")
-            timeline = kept_timeline(kept_task)
-            for line in timeline_text(timeline):
+            timeline = report.kept_timeline(kept_task)
+            for line in report.timeline_text(timeline):
                 print(f"    {line}")
             for mark in timeline.checkpoints:
-                print(f"    ▲ {checkpoint_mark_text(mark)}")
+                print(f"    ▲ {report.checkpoint_mark_text(mark)}")
         if run.kept.left_out:
             print(f"  ({run.kept.left_out} more task(s) without checkpoints or resumes)")
         return 0
@@ -312,13 +296,13 @@ def cmd_show(args: argparse.Namespace, store: CheckpointStore) -> int:
         message = "; ".join(m for m in (task.message, td["continued"]) if m)
         ck = task.checkpoint
         ckt = f"gen {ck.generation}, {ck.state_bytes}B" if ck else "-"
-        status = task_status_words(task.status)
+        status = report.task_status_words(task.status)
         print(f"  {task.label:<28} {status:<12} {ckt:<22} {len(task.frames_done):>6}  {message}")
         if ck:
             kept = f", {ck.file_bytes:,} bytes kept" if ck.file_bytes is not None else ""
             print(f"  {'':<28} checkpoint files: {ck.files_mode}, {ck.named} named{kept}")
         for mark in timeline.checkpoints:  # the Prefect table's checkpoint history, in order
-            print(f"  {'':<28} ▲ {checkpoint_mark_text(mark)}")
+            print(f"  {'':<28} ▲ {report.checkpoint_mark_text(mark)}")
     for out in data["outputs"]:  # the files a task declared so far, in the store
         files = out.get("files") if isinstance(out.get("files"), dict) else {}
         who = f"{out.get('step', '?')} {out.get('task_key', '')}".strip()

@@ -26,6 +26,7 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterId
 from prefect.client.schemas.objects import Artifact, StateType
 
 from core import CheckpointStore
+from core._records import AttemptSpan
 from prefect_integration._artifacts import GroupProgress
 
 REPO = Path(__file__).resolve().parents[2]
@@ -289,16 +290,16 @@ def test_the_table_and_timeline_of_a_record_with_times_that_are_not_times() -> N
         parameters={},
         checkpoint=core.CheckpointData(generation=3, saved_at=now, attempt=1),
         history=[
-            core.AttemptSpan(attempt=1, started_at=float("nan")),
-            core.AttemptSpan(
-                attempt=2, started_at=now - 9, ended_at=now, outcome="x", host="h```\n# b"
-            ),
+            AttemptSpan(attempt=1, started_at=float("nan")),
+            AttemptSpan(attempt=2, started_at=now - 9, ended_at=now, outcome="x", host="h```\n# b"),
         ],
     )  # as read from a record whose JSON holds NaN (Python's json reads it)
     rec.step = "S](javascript:x) **<b>"
     gens = [core.CheckpointData(generation=2, saved_at=float("inf"), attempt=1), rec.checkpoint]
-    timeline = core.task_timeline(rec, [g for g in gens if g is not None])
-    view = RunView(records=(rec,), timelines=(timeline,), summaries=(core.summarize_task(rec),))
+    timeline = core.report.task_timeline(rec, [g for g in gens if g is not None])
+    view = RunView(
+        records=(rec,), timelines=(timeline,), summaries=(core.report.summarize_task(rec),)
+    )
     [row] = view.rows()
     assert row["checkpoint history"].startswith("generation 3 at ")
     text = view.markdown("heading")
