@@ -23,7 +23,14 @@ from core import _interrupts
 with _interrupts.held():  # a Ctrl-C during these imports is delivered after them
     from core._errors import RunError, StoreError, TemplateError
     from core._host import host_id
-    from core._records import CheckpointData, KeptTask, RunRecord, RunStatus, TaskRecord
+    from core._records import (
+        CheckpointData,
+        KeptTask,
+        RunPhase,
+        RunRecord,
+        RunStatus,
+        TaskRecord,
+    )
     from core._words import (
         OUTCOME_WORDS,
         kept_words,
@@ -71,6 +78,7 @@ with _interrupts.held():  # a Ctrl-C during these imports is delivered after the
         NoticeSource,
         RunOutcome,
         SignalSource,
+        StepWalk,
         StopEscalation,
         begin_attempt,
         declare_done,
@@ -90,6 +98,7 @@ with _interrupts.held():  # a Ctrl-C during these imports is delivered after the
         ResumeRefusedError,
         StopIntent,
         TaskEvent,
+        TaskEventKind,
         TaskExecution,
         TaskOutcome,
         TaskResult,
@@ -152,10 +161,12 @@ __all__ = (
     "run_tasks",
     "RunError",
     "RunOutcome",
+    "RunPhase",
     "RunRecord",
     "RunStatus",
     "SignalSource",
     "start_finally",
+    "StepWalk",
     "StopEscalation",
     "StopIntent",
     "StoreError",
@@ -164,6 +175,7 @@ __all__ = (
     "task_status_words",
     "task_timeline",
     "TaskEvent",
+    "TaskEventKind",
     "TaskExecution",
     "TaskOutcome",
     "TaskRecord",

@@ -46,7 +46,10 @@ from core import (
     PreparedJob,
     ResumeHow,
     RunOutcome,
+    RunPhase,
     RunStatus,
+    StepWalk,
+    TaskOutcome,
     TerminationMode,
     load_template,
     plan_tasks,
@@ -251,17 +254,21 @@ def _run_steps(
     job: PreparedJob,
     run_id: str,
     store: CheckpointStore,
-    steps: Sequence[str],
+    phase: RunPhase,
     stopping: Stopping,
     attempt: int,
     hint: str,
 ) -> list[PrefectFuture[Any]]:
+    """Submit the task runs of the steps of ``phase`` (``core.StepWalk``), each step's after
+    those of its dependencies (``wait_for``: Prefect runs none of a step whose dependency did
+    not complete), then wait for them all."""
     by_step: dict[str, list[PrefectFuture[Any]]] = {}
     all_futures: list[PrefectFuture[Any]] = []
-    for step in [s for s in job.step_order() if s in steps]:
-        wait_for = [f for dep in job.dependencies(step) for f in by_step.get(dep, [])]
-        by_step[step] = _submit_step(config, job, run_id, store, step, wait_for, attempt, hint)
-        all_futures.extend(by_step[step])
+    for turn in StepWalk(job, phase):
+        wait_for = [f for dep in turn.dependencies for f in by_step.get(dep, [])]
+        futures = _submit_step(config, job, run_id, store, turn.step, wait_for, attempt, hint)
+        by_step[turn.step] = futures
+        all_futures.extend(futures)
     wait_all(all_futures, stopping)
     return all_futures
 
@@ -279,18 +286,24 @@ def _run_inline(
     job: PreparedJob,
     run_id: str,
     store: CheckpointStore,
-    steps: Sequence[str],
+    phase: RunPhase,
     stopping: Stopping,
     logger: Any,
 ) -> None:
-    """Run steps in the flow run process, without task runs (finally steps of a flow run that
-    Prefect is cancelling): one session per step, in dependency order, on a worker thread
-    while this thread keeps acting on signals (``stopping.tick``)."""
+    """Run the steps of ``phase`` in the flow run process, without task runs (finally steps of
+    a flow run that Prefect is cancelling): one session per step, in dependency order
+    (``core.StepWalk``: a step whose dependency did not succeed does not start), on a worker
+    thread while this thread keeps acting on signals (``stopping.tick``)."""
 
     def work() -> None:
-        for step in [s for s in job.step_order() if s in steps]:
-            specs = core.plan_step(store, job, run_id, step)
+        walk = StepWalk(job, phase)
+        for turn in walk:
+            if turn.blocked is not None:
+                logger.info("%s: not started: %s", turn.step, turn.blocked)
+                continue
+            specs = core.plan_step(store, job, run_id, turn.step)
             if not specs:
+                walk.ended(turn.step, True)
                 continue
             results = core.run_tasks(
                 store,
@@ -304,6 +317,7 @@ def _run_inline(
             )
             for spec, res in zip(specs, results, strict=True):
                 logger.info("%s: %s", spec.label, core.result_words(res))
+            walk.ended(turn.step, all(r.outcome == TaskOutcome.SUCCEEDED for r in results))
 
     errors: list[BaseException] = []
 
@@ -416,17 +430,16 @@ def _flow_body(
             if early is not None:
                 watcher.request(early)
             stopping.tick()  # a signal while the run began: no task starts
-            regular, n = job.template.regular_steps, attempt.attempt
-            _run_steps(config, job, run_id, store, regular, stopping, n, hint)
+            n = attempt.attempt
+            _run_steps(config, job, run_id, store, RunPhase.REGULAR, stopping, n, hint)
             decision = core.start_finally(store, job, run_id)
             if decision.run_finally:
                 logger.info("running finally steps (Job.Status=%s)", decision.job_status)
-                finally_steps = job.template.finally_steps
                 if _flow_run_running(flow_run_id):
-                    _run_steps(config, job, run_id, store, finally_steps, stopping, n, hint)
+                    _run_steps(config, job, run_id, store, RunPhase.FINALLY, stopping, n, hint)
                 else:  # Prefect starts no task run in a Cancelling flow run
                     logger.info("the flow run is being cancelled: finally steps run in the flow")
-                    _run_inline(job, run_id, store, finally_steps, stopping, logger)
+                    _run_inline(job, run_id, store, RunPhase.FINALLY, stopping, logger)
             stopping.tick()
             flush_progress()  # the task runs' last progress updates, sent by their threads
             try:  # before finish_attempt, which deletes a succeeded run's records

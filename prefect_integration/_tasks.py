@@ -20,7 +20,7 @@ from prefect.states import Cancelled
 from prefect.transactions import get_transaction
 
 import core
-from core import CheckpointStore, PreparedJob, TaskOutcome, TaskSpec
+from core import CheckpointStore, PreparedJob, TaskEventKind, TaskOutcome, TaskSpec
 
 from ._artifacts import GroupProgress, flushed_here
 from ._report import flow_entrypoint, kept_line, quiet_finished_line, resume_hint
@@ -162,9 +162,9 @@ def run_group(
 
     def on_event(execution: core.TaskExecution, event: core.TaskEvent) -> None:
         progress.on_event(execution, event)
-        if event.kind == "checkpoint_saved":
+        if event.kind == TaskEventKind.CHECKPOINT_SAVED:
             logger.info("%s: checkpoint generation %s stored", execution.spec.label, event.value)
-        elif event.kind == "warning":
+        elif event.kind == TaskEventKind.WARNING:
             logger.warning("%s: %s", execution.spec.label, event.value)
 
     notices: list[core.Notice] = []

@@ -1,8 +1,9 @@
 """A run's tasks, driven from any process: the one executor (``_executor``: claims, the session
 pool, termination requests, interruption notices, expired leases, phase budgets), a run's
 attempts (``_attempt``), its phases and outcome (``_phases``), how signals stop it
-(``_escalation``), deleting runs and collecting managed files (``_delete``, ``_gc``), and the
-interruption notice sources (``_notices``). Above ``task``; the top floor of core.
+(``_escalation``), the step loop every runner walks (``_steps``), deleting runs and collecting
+managed files (``_delete``, ``_gc``), and the interruption notice sources and settings
+(``_notices``). Above ``task``; the top floor of core.
 """
 
 from core.run._attempt import (
@@ -36,6 +37,7 @@ from core.run._phases import (
     mark_timed_out,
     start_finally,
 )
+from core.run._steps import StepTurn, StepWalk
 
 __all__ = (
     "Attempt",
@@ -66,6 +68,8 @@ __all__ = (
     "SignalSource",
     "start_finally",
     "StepRun",
+    "StepTurn",
+    "StepWalk",
     "StopEscalation",
     "TaskExecutor",
 )

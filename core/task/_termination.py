@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from core._errors import RunError, StoreError
-from core._records import RunCondition, RunRecord, RunStatus, StopRequest
+from core._records import RunCondition, RunPhase, RunRecord, RunStatus, StopRequest
 from core.store import CheckpointStore, Lease, this_process
 from core.task._action import StopIntent
 
@@ -88,7 +88,7 @@ def fold_request(
     current: Termination,
     mode: TerminationMode | str,
     *,
-    phase: str,
+    phase: RunPhase,
     force: bool = False,
     deadline: float | None = None,
 ) -> tuple[Termination, str | None]:
@@ -103,7 +103,7 @@ def fold_request(
         ValueError: ``mode`` is not a termination mode.
     """
     mode = TerminationMode(mode)
-    if phase == "finally" and mode in (
+    if phase == RunPhase.FINALLY and mode in (
         TerminationMode.CANCELLED_RUN_FINALLY,
         TerminationMode.STOPPED_RUN_FINALLY,
     ):
@@ -154,14 +154,14 @@ def task_stop_for(
     return None
 
 
-def force_reaches(term: Termination, phase: str) -> bool:
+def force_reaches(term: Termination, phase: RunPhase) -> bool:
     """True if ``term``'s force reaches what runs in ``phase`` (``regular`` or ``finally``):
     always in the regular phase; in the finally phase only when its mode stops finally tasks
     (``Cancelled``, ``Suspended``). A forced ``CancelledRunFinally`` or ``StoppedRunFinally``
     kills what the regular phase still runs, and the finally steps then run as the mode says."""
     if not term.force:
         return False
-    return phase != "finally" or task_stop_for(term.mode, is_finally=True) is not None
+    return phase != RunPhase.FINALLY or task_stop_for(term.mode, is_finally=True) is not None
 
 
 def starts_no_tasks(mode: TerminationMode | None, *, is_finally: bool) -> bool:
@@ -177,7 +177,7 @@ def run_is_live(store: CheckpointStore, run: RunRecord) -> bool:
     """True while a run accepts termination requests: it has not ended, and, for a run driven
     by one process (the CLI, which records itself as ``runner``), that process still holds the
     run's lease. A run with no driving process (Airflow, Prefect) is live until it ends."""
-    if run.status != RunStatus.RUNNING or run.phase == "ended":
+    if run.status != RunStatus.RUNNING or run.phase == RunPhase.ENDED:
         return False
     return not runner_lost(store, run)
 
@@ -260,7 +260,7 @@ def request_termination(
         if run is None:
             raise RunError(f"no run {run_id!r} in {store.location}")
         if not run_is_live(store, run):
-            if run.status == RunStatus.RUNNING and run.phase != "ended":
+            if run.status == RunStatus.RUNNING and run.phase != RunPhase.ENDED:
                 raise RunError(
                     f"run {run_id} has no live runner (its process died); it cannot be "
                     f"stopped, only resumed ('resume {run_id}') or deleted "
@@ -304,7 +304,7 @@ def request_or_fold(
     current: Termination,
     mode: TerminationMode,
     *,
-    phase: str,
+    phase: RunPhase,
     force: bool = False,
     deadline: float | None = None,
 ) -> tuple[Termination, str | None, str | None]:
