@@ -11,7 +11,10 @@ Airflow nor Prefect.
   ``original_tasks`` (from given records), groups of a large step.
 - A run's life, from any process: ``begin_attempt``, ``run_tasks`` (the one executor),
   ``request_termination``, ``start_finally``, ``finish_attempt``, ``declare_done``.
-- ``CheckpointStore``: atomic, versioned records and checkpoint generations (fsspec).
+- ``CheckpointStore``: atomic, versioned records and checkpoint generations (fsspec); the
+  settings every runner reads the same way: ``FileSettings`` (file data flow and roots),
+  ``NoticeSettings`` (interruption notices).
+- ``StepWalk``: the steps of a phase in dependency order, and which are blocked.
 - What is shown of tasks and runs: summaries, timelines and their words.
 
 Packages below this face, top to bottom (docs/core-api.md): ``run``, ``task``, ``job`` |
@@ -22,7 +25,7 @@ from core import _interrupts
 
 with _interrupts.held():  # a Ctrl-C during these imports is delivered after them
     from core._errors import RunError, StoreError, TemplateError
-    from core._host import host_id
+    from core._host import FileDataFlow, FileSettings, host_id
     from core._records import (
         CheckpointData,
         KeptTask,
@@ -70,21 +73,17 @@ with _interrupts.held():  # a Ctrl-C during these imports is delivered after the
         utc_moment,
     )
     from core.run import (
-        NOTICE_POLL_ENV,
-        NOTICES_ENV,
         RELEASE_WAIT_SECONDS,
         Attempt,
         Notice,
+        NoticeSettings,
         NoticeSource,
         RunOutcome,
-        SignalSource,
         StepWalk,
         StopEscalation,
         begin_attempt,
         declare_done,
         finish_attempt,
-        parse_notice_sources,
-        parse_poll_seconds,
         plan_group,
         plan_step,
         prepare_run_job,
@@ -121,6 +120,8 @@ __all__ = (
     "default_store_location",
     "describe_plan",
     "duration_words",
+    "FileDataFlow",
+    "FileSettings",
     "finish_attempt",
     "framework_parameter_values",
     "group_label",
@@ -134,15 +135,12 @@ __all__ = (
     "KeptTask",
     "load_template",
     "Notice",
-    "NOTICE_POLL_ENV",
-    "NOTICES_ENV",
+    "NoticeSettings",
     "NoticeSource",
     "original_tasks",
     "outcome_key",
     "outcome_sentence",
     "OUTCOME_WORDS",
-    "parse_notice_sources",
-    "parse_poll_seconds",
     "plain_value",
     "plan_group",
     "plan_step",
@@ -164,7 +162,6 @@ __all__ = (
     "RunPhase",
     "RunRecord",
     "RunStatus",
-    "SignalSource",
     "start_finally",
     "StepWalk",
     "StopEscalation",

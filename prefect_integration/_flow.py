@@ -97,9 +97,6 @@ DEFAULT_MAX_WORKERS = 4
 """Task runs of a flow run that run at once on the default task runner (the
 ``ThreadPoolTaskRunner``'s ``max_workers``)."""
 
-FILE_MODES = ("shared", "managed")
-"""The file data flows of a store (``core.files._blobs``)."""
-
 
 @dataclass(frozen=True)
 class _Config:
@@ -145,27 +142,22 @@ def _file_settings(
     files: str | None,
     file_roots: Sequence[str] | None,
 ) -> tuple[str | None, tuple[str, ...]]:
-    """The file data flow and roots of a flow: the arguments, else the block's or the
-    ``CheckpointStore``'s own, else None and none (the environment where the flow runs).
+    """The file data flow and roots of a flow (``core.FileSettings``): the arguments, else the
+    block's or the ``CheckpointStore``'s own, else None and none (the environment where the
+    flow runs).
 
     Raises:
         ValueError: ``files`` is not ``shared`` or ``managed``, or a root is not absolute.
     """
+    own: dict[str, Any] = {}
     if isinstance(store, CheckpointStoreBlock):
-        files = files if files is not None else store.files
-        file_roots = file_roots if file_roots is not None else store.file_roots
+        own = {"files": store.files, "file_roots": store.file_roots}
     elif isinstance(store, CheckpointStore):
-        files = files if files is not None else store.file_flow.value
-        file_roots = file_roots if file_roots is not None else store.file_roots
-    if files is not None:
-        files = files.strip().lower()
-        if files not in FILE_MODES:
-            raise ValueError(f"files={files!r} is not one of {', '.join(FILE_MODES)}")
-    roots = tuple(str(r) for r in (file_roots or ()))
-    for root in roots:
-        if not os.path.isabs(root):
-            raise ValueError(f"file_roots: {root!r} is not an absolute path")
-    return files, roots
+        own = {"files": store.file_flow.value, "file_roots": store.file_roots}
+    settings = core.FileSettings.resolve(
+        files, file_roots, configured=lambda key: (own.get(key), key)
+    )
+    return settings.mode, settings.roots
 
 
 def _slug(text: str) -> str:
@@ -572,12 +564,10 @@ def _build(
             interruption_notices = store.interruption_notices
         if notice_poll_seconds is None:
             notice_poll_seconds = store.notice_poll_seconds
-    if interruption_notices is not None:  # checked now: a bad setting fails here, not later
-        core.parse_notice_sources(interruption_notices, where="interruption_notices=")
+    # checked now: a bad setting fails here, not when the task runs start
+    checked = core.NoticeSettings.given(interruption_notices, notice_poll_seconds)
     if notice_poll_seconds is not None:
-        notice_poll_seconds = core.parse_poll_seconds(
-            notice_poll_seconds, where="notice_poll_seconds="
-        )
+        notice_poll_seconds = checked.poll_seconds
     if isinstance(store, CheckpointStoreBlock):
         location: Any = store.store_location()
     elif isinstance(store, CheckpointStore):

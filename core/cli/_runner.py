@@ -125,10 +125,10 @@ class JobRunner:
         on_note: lines a person should see (resume decisions, warnings, mode changes).
         working_root: parent directory of session working directories.
         poll_seconds: how often the store is read for stop requests from other processes.
-        notices: interruption notice sources (``parse_notice_sources``). A notice suspends
+        notices: interruption notice sources (``NoticeSettings.sources``). A notice suspends
             the run (``Suspended`` with the notice's deadline). A ``signal:`` source must
-            have been installed (``SignalSource.install``) from the main thread when ``run``
-            is called from another thread.
+            have been installed (``NoticeSettings.install_signals``) from the main thread when
+            ``run`` is called from another thread.
         notice_poll_seconds: at most one request per notice source this often (default 5 s).
     """
 

@@ -2,8 +2,8 @@
 pool, termination requests, interruption notices, expired leases, phase budgets), a run's
 attempts (``_attempt``), its phases and outcome (``_phases``), how signals stop it
 (``_escalation``), the step loop every runner walks (``_steps``), deleting runs and collecting
-managed files (``_delete``, ``_gc``), and the interruption notice sources and settings
-(``_notices``). Above ``task``; the top floor of core.
+managed files (``_delete``, ``_gc``), and the interruption notice sources (``_notices``) and
+settings (``_notice_settings``). Above ``task``; the top floor of core.
 """
 
 from core.run._attempt import (
@@ -18,6 +18,7 @@ from core.run._delete import delete_run, finish_interrupted_deletes
 from core.run._escalation import Escalation, StopEscalation
 from core.run._executor import StepRun, TaskExecutor, run_tasks
 from core.run._gc import DEFAULT_GC_GRACE_SECONDS, collect_file_garbage
+from core.run._notice_settings import NoticeSettings
 from core.run._notices import (
     NOTICE_POLL_ENV,
     NOTICES_ENV,
@@ -56,6 +57,7 @@ __all__ = (
     "Notice",
     "NOTICE_POLL_ENV",
     "NOTICES_ENV",
+    "NoticeSettings",
     "NoticeSource",
     "parse_notice_sources",
     "parse_poll_seconds",
