@@ -4,7 +4,7 @@ names shared by its modules."""
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import core
 
@@ -58,7 +58,7 @@ def files_mode(explicit: str | None = None) -> str | None:
     Raises:
         ValueError: the value is not ``shared`` or ``managed`` (naming where it came from).
     """
-    return core.FileSettings.resolve(explicit, configured=_configured).mode
+    return core.FileSettings.resolve(explicit, configured=_configured_only("files")).mode
 
 
 def check_files_mode(value: str, origin: str) -> str:
@@ -81,7 +81,10 @@ def file_roots(explicit: Sequence[str] | str | None = None) -> list[str]:
     Raises:
         ValueError: a root is not an absolute path (naming where it came from).
     """
-    return list(core.FileSettings.resolve(file_roots=explicit, configured=_configured).roots)
+    settings = core.FileSettings.resolve(
+        file_roots=explicit, configured=_configured_only("file_roots")
+    )
+    return list(settings.roots)
 
 
 def check_file_roots(roots: Sequence[str] | str, origin: str) -> list[str]:
@@ -119,6 +122,11 @@ def _configured(key: str) -> tuple[str, str] | None:
     if value is None or not str(value).strip():
         return None
     return str(value), f"[{CONFIG_SECTION}] {key}"
+
+
+def _configured_only(key: str) -> Callable[[str], tuple[str, str] | None]:
+    """``_configured`` for ``key`` alone (the others read as not set)."""
+    return lambda asked: _configured(asked) if asked == key else None
 
 
 def open_store(
