@@ -3,13 +3,10 @@ names shared by its modules."""
 
 from __future__ import annotations
 
-import os
 import re
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
-if TYPE_CHECKING:
-    import core
+import core
 
 CONFIG_SECTION = "openjd_checkpoint"
 """The Airflow configuration section::
@@ -23,9 +20,9 @@ CONFIG_SECTION = "openjd_checkpoint"
     notice_poll_seconds = 5             # AIRFLOW__OPENJD_CHECKPOINT__NOTICE_POLL_SECONDS
 """
 
-FILE_MODES = ("shared", "managed")
-"""The file data flows of a store (``core.files._blobs``): ``shared`` keeps paths only, ``managed``
-keeps the checkpoint files themselves and restores them on resume, on any worker."""
+FILE_MODES = tuple(flow.value for flow in core.FileDataFlow)
+"""The file data flows of a store (``core.FileDataFlow``): ``shared`` keeps paths only,
+``managed`` keeps the checkpoint files themselves and restores them on resume, on any worker."""
 
 BEGIN_TASK_ID = "openjd_begin"
 FINISH_TASK_ID = "openjd_finish"
@@ -50,8 +47,6 @@ def store_location(explicit: str | None = None) -> str:
     configured = conf.get(CONFIG_SECTION, "store", fallback=None)
     if configured:
         return str(configured)
-    import core
-
     return str(core.default_store_location())
 
 
@@ -63,14 +58,7 @@ def files_mode(explicit: str | None = None) -> str | None:
     Raises:
         ValueError: the value is not ``shared`` or ``managed`` (naming where it came from).
     """
-    if explicit is not None:
-        return check_files_mode(explicit, "files=")
-    from airflow.sdk import conf
-
-    configured = conf.get(CONFIG_SECTION, "files", fallback=None)
-    if configured is None or not str(configured).strip():
-        return None
-    return check_files_mode(str(configured), f"[{CONFIG_SECTION}] files = ")
+    return core.FileSettings.resolve(explicit, configured=_configured_only("files")).mode
 
 
 def check_files_mode(value: str, origin: str) -> str:
@@ -79,9 +67,8 @@ def check_files_mode(value: str, origin: str) -> str:
     Raises:
         ValueError: anything else; the message starts with ``origin`` (``files=``).
     """
-    mode = value.strip().lower()
-    if mode not in FILE_MODES:
-        raise ValueError(f"{origin}{value!r} is not one of {', '.join(FILE_MODES)}")
+    mode = core.FileSettings.resolve(value, where=origin).mode
+    assert mode is not None
     return mode
 
 
@@ -94,14 +81,10 @@ def file_roots(explicit: Sequence[str] | str | None = None) -> list[str]:
     Raises:
         ValueError: a root is not an absolute path (naming where it came from).
     """
-    if explicit is not None:
-        return check_file_roots(explicit, "file_roots")
-    from airflow.sdk import conf
-
-    configured = conf.get(CONFIG_SECTION, "file_roots", fallback=None)
-    if not configured:
-        return []
-    return check_file_roots(str(configured), f"[{CONFIG_SECTION}] file_roots")
+    settings = core.FileSettings.resolve(
+        file_roots=explicit, configured=_configured_only("file_roots")
+    )
+    return list(settings.roots)
 
 
 def check_file_roots(roots: Sequence[str] | str, origin: str) -> list[str]:
@@ -110,12 +93,7 @@ def check_file_roots(roots: Sequence[str] | str, origin: str) -> list[str]:
     Raises:
         ValueError: a root that is not an absolute path; the message names ``origin``.
     """
-    items = roots.split(os.pathsep) if isinstance(roots, str) else list(roots)
-    found = [str(r).strip() for r in items if str(r).strip()]
-    for root in found:
-        if not os.path.isabs(root):
-            raise ValueError(f"{origin}: {root!r} is not an absolute path")
-    return found
+    return list(core.FileSettings.resolve(file_roots=roots, roots_where=origin).roots)
 
 
 def notice_settings(
@@ -131,33 +109,24 @@ def notice_settings(
     Raises:
         ValueError: a bad setting, naming where it came from.
     """
+    settings = core.NoticeSettings.from_env(explicit, explicit_poll, configured=_configured)
+    return list(settings.sources), settings.poll_seconds
+
+
+def _configured(key: str) -> tuple[str, str] | None:
+    """``[openjd_checkpoint] key`` from the Airflow configuration of the process that asks, and
+    where it came from; None when it is not set (or blank)."""
     from airflow.sdk import conf
 
-    import core
-    from core import NOTICE_POLL_ENV, NOTICES_ENV
+    value = conf.get(CONFIG_SECTION, key, fallback=None)
+    if value is None or not str(value).strip():
+        return None
+    return str(value), f"[{CONFIG_SECTION}] {key}"
 
-    if explicit is not None:
-        text, where = explicit, "interruption_notices="
-    else:
-        configured = conf.get(CONFIG_SECTION, "interruption_notices", fallback=None)
-        if configured is not None and str(configured).strip():
-            text, where = str(configured), f"[{CONFIG_SECTION}] interruption_notices"
-        else:
-            text, where = os.environ.get(NOTICES_ENV, ""), f"${NOTICES_ENV}"
-    sources = core.parse_notice_sources(text, where=where)
-    if explicit_poll is not None:
-        poll = core.parse_poll_seconds(explicit_poll, where="notice_poll_seconds=")
-    else:
-        configured = conf.get(CONFIG_SECTION, "notice_poll_seconds", fallback=None)
-        if configured is not None and str(configured).strip():
-            poll = core.parse_poll_seconds(
-                str(configured), where=f"[{CONFIG_SECTION}] notice_poll_seconds"
-            )
-        else:
-            poll = core.parse_poll_seconds(
-                os.environ.get(NOTICE_POLL_ENV), where=f"${NOTICE_POLL_ENV}"
-            )
-    return sources, poll
+
+def _configured_only(key: str) -> Callable[[str], tuple[str, str] | None]:
+    """``_configured`` for ``key`` alone (the others read as not set)."""
+    return lambda asked: _configured(asked) if asked == key else None
 
 
 def open_store(
@@ -172,8 +141,6 @@ def open_store(
         ValueError: a bad ``files`` or ``file_roots`` setting.
         core.StoreError: the store cannot be used.
     """
-    import core
-
     return core.CheckpointStore(
         store_location(store), files=files_mode(files), file_roots=file_roots(roots)
     )

@@ -559,7 +559,7 @@ def fragment(
     task's generations the store keeps, ``CheckpointStore.keep_generations``).
     ``data-live="1"`` on the ``.run`` section while the run has not ended: the shell polls
     again."""
-    live = run.status.value == "running" and run.phase != "ended"
+    live = run.status == core.RunStatus.RUNNING and run.phase != core.RunPhase.ENDED
     words = core.report.run_status_words(run.status.value)
     stopping = run.condition.reason == "Stopping"
     condition = run.condition.reason + (

@@ -229,10 +229,7 @@ def dag_from_template(
             is not an absolute path, or ``interruption_notices`` or ``notice_poll_seconds`` is
             bad (naming it).
     """
-    if interruption_notices is not None:
-        core.parse_notice_sources(interruption_notices, where="interruption_notices=")
-    if notice_poll_seconds is not None:
-        core.parse_poll_seconds(notice_poll_seconds, where="notice_poll_seconds=")
+    core.NoticeSettings.given(interruption_notices, notice_poll_seconds)  # checked now
     notice_args = {
         "interruption_notices": interruption_notices,
         "notice_poll_seconds": notice_poll_seconds,

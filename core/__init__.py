@@ -11,7 +11,10 @@ Airflow nor Prefect.
   ``original_tasks`` (from given records), groups of a large step.
 - A run's life, from any process: ``begin_attempt``, ``run_tasks`` (the one executor),
   ``request_termination``, ``start_finally``, ``finish_attempt``, ``declare_done``.
-- ``CheckpointStore``: atomic, versioned records and checkpoint generations (fsspec).
+- ``CheckpointStore``: atomic, versioned records and checkpoint generations (fsspec); the
+  settings every runner reads the same way: ``FileSettings`` (file data flow and roots),
+  ``NoticeSettings`` (interruption notices).
+- ``StepWalk``: the steps of a phase in dependency order, and which are blocked.
 - ``report``: what is shown of tasks and runs (summaries, timelines, words), one namespace.
 
 Packages below this face, top to bottom (docs/core-api.md): ``run``, ``task``, ``job`` |
@@ -23,8 +26,8 @@ from core import _interrupts
 with _interrupts.held():  # a Ctrl-C during these imports is delivered after them
     from core import report
     from core._errors import RunError, StoreError, TemplateError
-    from core._host import host_id
-    from core._records import CheckpointData, RunRecord, RunStatus, TaskRecord
+    from core._host import FileDataFlow, FileSettings, host_id
+    from core._records import CheckpointData, RunPhase, RunRecord, RunStatus, TaskRecord
     from core.job import (
         JOB_STATUS_PARAMETER,
         CheckpointJobTemplate,
@@ -41,20 +44,17 @@ with _interrupts.held():  # a Ctrl-C during these imports is delivered after the
         prepare_job,
     )
     from core.run import (
-        NOTICE_POLL_ENV,
-        NOTICES_ENV,
         RELEASE_WAIT_SECONDS,
         Attempt,
         Notice,
+        NoticeSettings,
         NoticeSource,
         RunOutcome,
-        SignalSource,
+        StepWalk,
         StopEscalation,
         begin_attempt,
         declare_done,
         finish_attempt,
-        parse_notice_sources,
-        parse_poll_seconds,
         plan_group,
         plan_step,
         prepare_run_job,
@@ -68,6 +68,7 @@ with _interrupts.held():  # a Ctrl-C during these imports is delivered after the
         ResumeRefusedError,
         StopIntent,
         TaskEvent,
+        TaskEventKind,
         TaskExecution,
         TaskOutcome,
         TaskResult,
@@ -86,6 +87,8 @@ __all__ = (
     "CheckpointStore",
     "declare_done",
     "default_store_location",
+    "FileDataFlow",
+    "FileSettings",
     "finish_attempt",
     "framework_parameter_values",
     "group_label",
@@ -95,12 +98,9 @@ __all__ = (
     "JOB_STATUS_PARAMETER",
     "load_template",
     "Notice",
-    "NOTICE_POLL_ENV",
-    "NOTICES_ENV",
+    "NoticeSettings",
     "NoticeSource",
     "original_tasks",
-    "parse_notice_sources",
-    "parse_poll_seconds",
     "plain_value",
     "plan_group",
     "plan_step",
@@ -117,14 +117,16 @@ __all__ = (
     "run_tasks",
     "RunError",
     "RunOutcome",
+    "RunPhase",
     "RunRecord",
     "RunStatus",
-    "SignalSource",
     "start_finally",
+    "StepWalk",
     "StopEscalation",
     "StopIntent",
     "StoreError",
     "TaskEvent",
+    "TaskEventKind",
     "TaskExecution",
     "TaskOutcome",
     "TaskRecord",

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 from core._errors import StoreError
 
@@ -19,9 +21,12 @@ __all__ = (
     "FILE_ROOTS_VARIABLE",
     "FILES_MODE_VARIABLE",
     "HOST_ID_VARIABLE",
+    "Configured",
     "FileDataFlow",
+    "FileSettings",
     "file_flow_from_env",
     "file_roots_from_env",
+    "first_setting",
     "host_id",
 )
 
@@ -54,6 +59,98 @@ class FileDataFlow(str, Enum):
     """Paths only: the files live on a file system every host sees."""
     MANAGED = "managed"
     """The store keeps the files and restores them on resume."""
+
+
+Configured = Callable[[str], tuple[Any, str] | None]
+"""A framework's configuration of a runner (Airflow's ``[openjd_checkpoint]`` section, a
+Prefect block): a setting's key (``files``, ``file_roots``, ``interruption_notices``,
+``notice_poll_seconds``) -> its value and where it came from, for messages
+(``[openjd_checkpoint] files``); None when the configuration does not set it."""
+
+
+def first_setting(
+    given: Any,
+    where: str,
+    configured: Configured | None,
+    key: str,
+    environ: Mapping[str, str] | None = None,
+    variable: str | None = None,
+) -> tuple[Any, str]:
+    """A runner's setting, with where it came from: the argument ``given`` (named ``where``),
+    else ``configured(key)`` (a value that is None or blank is not set), else ``variable`` of
+    ``environ`` (named ``$VARIABLE``; None when unset), else ``(None, where)``."""
+    if given is not None:
+        return given, where
+    found = configured(key) if configured is not None else None
+    if found is not None and found[0] is not None and str(found[0]).strip():
+        return found
+    if environ is not None and variable is not None:
+        return environ.get(variable), f"${variable}"
+    return None, where
+
+
+@dataclass(frozen=True)
+class FileSettings:
+    """A store's file data flow and file roots as a runner (a DAG, a flow, an operator) was
+    given them, checked where they are given: what every runner passes to ``CheckpointStore``
+    (``files=settings.mode, file_roots=settings.roots``).
+
+    Attributes:
+        files: the file data flow, or None: the process that opens the store decides
+            (``$OPENJD_CHECKPOINT_FILES``, else ``shared``: ``file_flow_from_env``).
+        roots: absolute folders, besides the session working directory, whose files a managed
+            store may capture and restore (``$OPENJD_CHECKPOINT_FILE_ROOTS`` of the process
+            that opens the store is added to them: ``file_roots_from_env``).
+    """
+
+    files: FileDataFlow | None = None
+    roots: tuple[str, ...] = ()
+
+    @property
+    def mode(self) -> str | None:
+        """``files`` as its value (``shared``, ``managed``), or None."""
+        return self.files.value if self.files is not None else None
+
+    @classmethod
+    def resolve(
+        cls,
+        files: str | None = None,
+        file_roots: Sequence[str] | str | None = None,
+        *,
+        where: str = "files=",
+        roots_where: str = "file_roots",
+        configured: Configured | None = None,
+    ) -> FileSettings:
+        """The settings of a runner: for each, the argument, else ``configured`` (``files``,
+        ``file_roots``: see ``Configured``), else none. ``file_roots`` is a list of folders or
+        one string of them separated by ``os.pathsep``; blanks are dropped. ``files`` may be
+        given in any case (``Managed``).
+
+        Raises:
+            ValueError: ``files`` is not ``shared`` or ``managed``, or a root is not an
+                absolute path; the message names where it came from (``where``,
+                ``roots_where``, the configuration's name).
+        """
+        text, text_where = first_setting(files, where, configured, "files")
+        flow = None
+        if text is not None:
+            try:
+                flow = FileDataFlow(str(text).strip().lower())
+            except ValueError:
+                named = (
+                    f"{text_where}{text!r}"
+                    if text_where.endswith("=")
+                    else (f"{text_where} = {text!r}")
+                )
+                modes = ", ".join(m.value for m in FileDataFlow)
+                raise ValueError(f"{named} is not one of {modes}") from None
+        given, roots_from = first_setting(file_roots, roots_where, configured, "file_roots")
+        items = given.split(os.pathsep) if isinstance(given, str) else list(given or ())
+        roots = tuple(str(r).strip() for r in items if str(r).strip())
+        for root in roots:
+            if not os.path.isabs(root):
+                raise ValueError(f"{roots_from}: {root!r} is not an absolute path")
+        return cls(flow, roots)
 
 
 def file_flow_from_env(value: str | None = None) -> FileDataFlow:

@@ -24,6 +24,7 @@ __all__ = (
     "KeptTask",
     "ProcessInfo",
     "RunCondition",
+    "RunPhase",
     "RunRecord",
     "RunStatus",
     "SessionRecord",
@@ -48,6 +49,18 @@ class RunStatus(str, Enum):
     """Ended by Cancelled or CancelledRunFinally."""
     STOPPED = "stopped"
     """Ended by StoppedRunFinally."""
+
+
+class RunPhase(str, Enum):
+    """Where a run's attempt is (``RunRecord.phase``, and ``StopRequest.phase``: where it was
+    when a request was accepted). The stored values are the enum's values."""
+
+    REGULAR = "regular"
+    """Its regular steps run."""
+    FINALLY = "finally"
+    """Its finally steps run (FINALLY extension, TEP-0058)."""
+    ENDED = "ended"
+    """The attempt has ended (``finish_attempt``)."""
 
 
 class TaskStatus(str, Enum):
@@ -272,7 +285,7 @@ class StopRequest(_Model):
     requested_by: ProcessInfo | None = None
     attempt: int = 0
     """The run attempt it was accepted for; requests of earlier attempts are history."""
-    phase: str = "regular"
+    phase: RunPhase = RunPhase.REGULAR
     """The run's phase when it was accepted (``regular`` or ``finally``)."""
     force: bool = False
     """Kill running tasks without notifying them."""
@@ -316,7 +329,7 @@ class RunRecord(_Model):
     """The attempt in which the run last succeeded, when a scheduler's re-run of part of it
     continued it afterwards: its task records were deleted with its checkpoints, so every
     regular task with no record counts as having succeeded in that attempt."""
-    phase: str = "regular"
+    phase: RunPhase = RunPhase.REGULAR
     """``regular`` (regular steps), ``finally`` (finally steps) or ``ended``."""
     job_status: str | None = None
     """The ``{{Job.Status}}`` the finally steps of this attempt get, once decided."""

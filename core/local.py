@@ -22,6 +22,8 @@ from core.process import action_containment, become_child_subreaper
 from core.run import (
     DEFAULT_GC_GRACE_SECONDS,
     EXIT_CODES,
+    NOTICE_POLL_ENV,
+    NOTICES_ENV,
     Escalation,
     StepRun,
     TaskExecutor,
@@ -57,6 +59,8 @@ __all__ = (
     "mark_timed_out",
     "MAX_RECORD_BYTES",
     "no_run_words",
+    "NOTICE_POLL_ENV",
+    "NOTICES_ENV",
     "OpenJDCheckpointError",
     "PlanHistory",
     "read_input_file",

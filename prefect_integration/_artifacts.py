@@ -24,7 +24,7 @@ from typing import Any
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 import core
-from core import CheckpointStore, PreparedJob, TaskOutcome, TaskRecord
+from core import CheckpointStore, PreparedJob, TaskEventKind, TaskOutcome, TaskRecord
 
 __all__ = (
     "PROGRESS_EVERY_SECONDS",
@@ -116,9 +116,9 @@ class GroupProgress:
         """A core task event (``on_event`` of ``core.run_tasks``): ``progress`` sets the task's
         share, ``ended`` with a success makes it 100."""
         key = execution.spec.task_key
-        if event.kind == "progress" and isinstance(event.value, (int, float)):
+        if event.kind == TaskEventKind.PROGRESS and isinstance(event.value, (int, float)):
             self.set(key, float(event.value))
-        elif event.kind == "ended" and getattr(event.value, "outcome", None) == (
+        elif event.kind == TaskEventKind.ENDED and getattr(event.value, "outcome", None) == (
             TaskOutcome.SUCCEEDED
         ):
             self._share(key, 100.0)

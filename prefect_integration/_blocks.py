@@ -7,7 +7,6 @@ so the UI can create one).
 
 from __future__ import annotations
 
-import os
 from typing import Any, Literal
 
 from prefect.blocks.core import Block
@@ -87,7 +86,7 @@ class CheckpointStoreBlock(Block):
         if value is not None:
             import core
 
-            core.parse_notice_sources(value, where="interruption_notices")
+            core.NoticeSettings.given(value, where="interruption_notices")
         return value
 
     @field_validator("notice_poll_seconds")
@@ -96,15 +95,15 @@ class CheckpointStoreBlock(Block):
         if value is not None:
             import core
 
-            core.parse_poll_seconds(value, where="notice_poll_seconds")
+            core.NoticeSettings.given(poll_seconds=value, poll_where="notice_poll_seconds")
         return value
 
     @field_validator("file_roots")
     @classmethod
     def _absolute(cls, roots: list[str]) -> list[str]:
-        for root in roots:
-            if not os.path.isabs(root):
-                raise ValueError(f"file root {root!r} is not an absolute path")
+        import core
+
+        core.FileSettings.resolve(file_roots=roots)  # ValueError: a root that is not absolute
         return roots
 
     def store_location(self) -> str:

@@ -46,7 +46,10 @@ from core import (
     PreparedJob,
     ResumeHow,
     RunOutcome,
+    RunPhase,
     RunStatus,
+    StepWalk,
+    TaskOutcome,
     TerminationMode,
     load_template,
     plan_tasks,
@@ -94,9 +97,6 @@ DEFAULT_MAX_WORKERS = 4
 """Task runs of a flow run that run at once on the default task runner (the
 ``ThreadPoolTaskRunner``'s ``max_workers``)."""
 
-FILE_MODES = ("shared", "managed")
-"""The file data flows of a store (``core.files._blobs``)."""
-
 
 @dataclass(frozen=True)
 class _Config:
@@ -142,27 +142,22 @@ def _file_settings(
     files: str | None,
     file_roots: Sequence[str] | None,
 ) -> tuple[str | None, tuple[str, ...]]:
-    """The file data flow and roots of a flow: the arguments, else the block's or the
-    ``CheckpointStore``'s own, else None and none (the environment where the flow runs).
+    """The file data flow and roots of a flow (``core.FileSettings``): the arguments, else the
+    block's or the ``CheckpointStore``'s own, else None and none (the environment where the
+    flow runs).
 
     Raises:
         ValueError: ``files`` is not ``shared`` or ``managed``, or a root is not absolute.
     """
+    own: dict[str, Any] = {}
     if isinstance(store, CheckpointStoreBlock):
-        files = files if files is not None else store.files
-        file_roots = file_roots if file_roots is not None else store.file_roots
+        own = {"files": store.files, "file_roots": store.file_roots}
     elif isinstance(store, CheckpointStore):
-        files = files if files is not None else store.file_flow.value
-        file_roots = file_roots if file_roots is not None else store.file_roots
-    if files is not None:
-        files = files.strip().lower()
-        if files not in FILE_MODES:
-            raise ValueError(f"files={files!r} is not one of {', '.join(FILE_MODES)}")
-    roots = tuple(str(r) for r in (file_roots or ()))
-    for root in roots:
-        if not os.path.isabs(root):
-            raise ValueError(f"file_roots: {root!r} is not an absolute path")
-    return files, roots
+        own = {"files": store.file_flow.value, "file_roots": store.file_roots}
+    settings = core.FileSettings.resolve(
+        files, file_roots, configured=lambda key: (own.get(key), key)
+    )
+    return settings.mode, settings.roots
 
 
 def _slug(text: str) -> str:
@@ -251,17 +246,21 @@ def _run_steps(
     job: PreparedJob,
     run_id: str,
     store: CheckpointStore,
-    steps: Sequence[str],
+    phase: RunPhase,
     stopping: Stopping,
     attempt: int,
     hint: str,
 ) -> list[PrefectFuture[Any]]:
+    """Submit the task runs of the steps of ``phase`` (``core.StepWalk``), each step's after
+    those of its dependencies (``wait_for``: Prefect runs none of a step whose dependency did
+    not complete), then wait for them all."""
     by_step: dict[str, list[PrefectFuture[Any]]] = {}
     all_futures: list[PrefectFuture[Any]] = []
-    for step in [s for s in job.step_order() if s in steps]:
-        wait_for = [f for dep in job.dependencies(step) for f in by_step.get(dep, [])]
-        by_step[step] = _submit_step(config, job, run_id, store, step, wait_for, attempt, hint)
-        all_futures.extend(by_step[step])
+    for turn in StepWalk(job, phase):
+        wait_for = [f for dep in turn.dependencies for f in by_step.get(dep, [])]
+        futures = _submit_step(config, job, run_id, store, turn.step, wait_for, attempt, hint)
+        by_step[turn.step] = futures
+        all_futures.extend(futures)
     wait_all(all_futures, stopping)
     return all_futures
 
@@ -279,18 +278,24 @@ def _run_inline(
     job: PreparedJob,
     run_id: str,
     store: CheckpointStore,
-    steps: Sequence[str],
+    phase: RunPhase,
     stopping: Stopping,
     logger: Any,
 ) -> None:
-    """Run steps in the flow run process, without task runs (finally steps of a flow run that
-    Prefect is cancelling): one session per step, in dependency order, on a worker thread
-    while this thread keeps acting on signals (``stopping.tick``)."""
+    """Run the steps of ``phase`` in the flow run process, without task runs (finally steps of
+    a flow run that Prefect is cancelling): one session per step, in dependency order
+    (``core.StepWalk``: a step whose dependency did not succeed does not start), on a worker
+    thread while this thread keeps acting on signals (``stopping.tick``)."""
 
     def work() -> None:
-        for step in [s for s in job.step_order() if s in steps]:
-            specs = core.plan_step(store, job, run_id, step)
+        walk = StepWalk(job, phase)
+        for turn in walk:
+            if turn.blocked is not None:
+                logger.info("%s: not started: %s", turn.step, turn.blocked)
+                continue
+            specs = core.plan_step(store, job, run_id, turn.step)
             if not specs:
+                walk.ended(turn.step, True)
                 continue
             results = core.run_tasks(
                 store,
@@ -304,6 +309,7 @@ def _run_inline(
             )
             for spec, res in zip(specs, results, strict=True):
                 logger.info("%s: %s", spec.label, core.report.result_words(res))
+            walk.ended(turn.step, all(r.outcome == TaskOutcome.SUCCEEDED for r in results))
 
     errors: list[BaseException] = []
 
@@ -416,17 +422,16 @@ def _flow_body(
             if early is not None:
                 watcher.request(early)
             stopping.tick()  # a signal while the run began: no task starts
-            regular, n = job.template.regular_steps, attempt.attempt
-            _run_steps(config, job, run_id, store, regular, stopping, n, hint)
+            n = attempt.attempt
+            _run_steps(config, job, run_id, store, RunPhase.REGULAR, stopping, n, hint)
             decision = core.start_finally(store, job, run_id)
             if decision.run_finally:
                 logger.info("running finally steps (Job.Status=%s)", decision.job_status)
-                finally_steps = job.template.finally_steps
                 if _flow_run_running(flow_run_id):
-                    _run_steps(config, job, run_id, store, finally_steps, stopping, n, hint)
+                    _run_steps(config, job, run_id, store, RunPhase.FINALLY, stopping, n, hint)
                 else:  # Prefect starts no task run in a Cancelling flow run
                     logger.info("the flow run is being cancelled: finally steps run in the flow")
-                    _run_inline(job, run_id, store, finally_steps, stopping, logger)
+                    _run_inline(job, run_id, store, RunPhase.FINALLY, stopping, logger)
             stopping.tick()
             flush_progress()  # the task runs' last progress updates, sent by their threads
             try:  # before finish_attempt, which deletes a succeeded run's records
@@ -559,12 +564,10 @@ def _build(
             interruption_notices = store.interruption_notices
         if notice_poll_seconds is None:
             notice_poll_seconds = store.notice_poll_seconds
-    if interruption_notices is not None:  # checked now: a bad setting fails here, not later
-        core.parse_notice_sources(interruption_notices, where="interruption_notices=")
+    # checked now: a bad setting fails here, not when the task runs start
+    checked = core.NoticeSettings.given(interruption_notices, notice_poll_seconds)
     if notice_poll_seconds is not None:
-        notice_poll_seconds = core.parse_poll_seconds(
-            notice_poll_seconds, where="notice_poll_seconds="
-        )
+        notice_poll_seconds = checked.poll_seconds
     if isinstance(store, CheckpointStoreBlock):
         location: Any = store.store_location()
     elif isinstance(store, CheckpointStore):

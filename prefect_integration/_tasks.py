@@ -9,7 +9,6 @@ interrupted chunks keep their unfinished frames) and runs it in one OpenJD sessi
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -20,12 +19,18 @@ from prefect.states import Cancelled
 from prefect.transactions import get_transaction
 
 import core
-from core import CheckpointStore, PreparedJob, TaskOutcome, TaskSpec
+from core import CheckpointStore, PreparedJob, TaskEventKind, TaskOutcome, TaskSpec
 
 from ._artifacts import GroupProgress, flushed_here
 from ._report import flow_entrypoint, kept_line, quiet_finished_line, resume_hint
 
 __all__ = ("job_for", "remember_job", "run_group")
+
+SIGNALS_REFUSED = (
+    "Prefect task runs (they run in worker threads, where no signal handler can be "
+    "installed); use file:PATH, or the CLI"
+)
+"""Why a task run takes no ``signal:`` notice source (``core.NoticeSettings``)."""
 
 _JOBS: dict[tuple[str, str], PreparedJob] = {}
 _JOBS_LOCK = threading.Lock()
@@ -63,35 +68,6 @@ def cache_key(
 
 def _cache_key_fn(context: Any, parameters: dict[str, Any]) -> str:
     return str(parameters["result_key"])
-
-
-def _notice_settings(
-    explicit: str | None, explicit_poll: float | None
-) -> tuple[list[core.NoticeSource], float]:
-    """The notice sources and poll interval of a task run: the flow's, else this process's
-    environment.
-
-    Raises:
-        ValueError: a bad setting (naming it), or a ``signal:`` source.
-    """
-    from core import NOTICE_POLL_ENV, NOTICES_ENV, SignalSource
-
-    if explicit is not None:
-        sources = core.parse_notice_sources(explicit, where="interruption_notices=")
-    else:
-        sources = core.parse_notice_sources(os.environ.get(NOTICES_ENV), where=f"${NOTICES_ENV}")
-    for source in sources:
-        if isinstance(source, SignalSource):
-            raise ValueError(
-                f"{source.where}: signal:{source.signal.name}: not available to Prefect task "
-                "runs (they run in worker threads, where no signal handler can be installed); "
-                "use file:PATH, or the CLI"
-            )
-    if explicit_poll is not None:
-        poll = core.parse_poll_seconds(explicit_poll, where="notice_poll_seconds=")
-    else:
-        poll = core.parse_poll_seconds(os.environ.get(NOTICE_POLL_ENV), where=f"${NOTICE_POLL_ENV}")
-    return sources, poll
 
 
 @task(cache_key_fn=_cache_key_fn, persist_result=True)
@@ -138,7 +114,9 @@ def run_group(
         RunError, ResumeRefusedError, StoreError: from the core operations.
     """
     logger = get_run_logger()
-    sources, poll = _notice_settings(interruption_notices, notice_poll_seconds)
+    notice_settings = core.NoticeSettings.from_env(
+        interruption_notices, notice_poll_seconds, signals_refused=SIGNALS_REFUSED
+    )
     store = CheckpointStore(store_location, files=files, file_roots=file_roots or ())
     job = job_for(store, job_key, run_id)
     originals_specs = [TaskSpec.from_dict(d) for d in originals]
@@ -162,9 +140,9 @@ def run_group(
 
     def on_event(execution: core.TaskExecution, event: core.TaskEvent) -> None:
         progress.on_event(execution, event)
-        if event.kind == "checkpoint_saved":
+        if event.kind == TaskEventKind.CHECKPOINT_SAVED:
             logger.info("%s: checkpoint generation %s stored", execution.spec.label, event.value)
-        elif event.kind == "warning":
+        elif event.kind == TaskEventKind.WARNING:
             logger.warning("%s: %s", execution.spec.label, event.value)
 
     notices: list[core.Notice] = []
@@ -177,8 +155,8 @@ def run_group(
             on_output=on_output,
             on_event=on_event,
             on_note=logger.info,
-            notices=sources,
-            notice_poll_seconds=poll,
+            notices=notice_settings.sources,
+            notice_poll_seconds=notice_settings.poll_seconds,
             on_notice=notices.append,
         )
     except BaseException:

@@ -602,6 +602,50 @@ def test_a_group_of_tasks_runs_in_one_session_and_replans_by_original_task(
     assert [s.label for s in rest] == [f"Work[I={i}]" for i in range(4, 9)]
 
 
+def test_a_stop_asked_in_this_process_reaches_its_running_task_at_once(tmp_path: Path) -> None:
+    """A task run by ``run_tasks`` in this process (a Prefect task run in the flow run's
+    process) whose executor reads the store's requests only once an hour: a
+    ``request_termination`` made in this process, through another ``CheckpointStore`` of the
+    same location (the flow's), reaches it directly, not at that read. It checkpoints and
+    stops long before it would have counted to its end (60 s)."""
+    import threading
+
+    from core import TaskOutcome, run_tasks
+
+    st = CheckpointStore(tmp_path / "store")
+    job = prepare_job(COUNTER, {"N": 300, "StepSeconds": 0.2, "SaveEvery": 0})
+    attempt = begin_attempt(st, job, external_key="here")
+    [spec] = plan_step(st, job, attempt.run_id, "Count")
+    counting = threading.Event()
+    results: list = []
+
+    def work() -> None:
+        results.extend(
+            run_tasks(
+                st,
+                job,
+                attempt.run_id,
+                [spec],
+                poll_seconds=3600,
+                on_output=lambda ex, lines: (
+                    any("COUNTER-STEP" in x for x in lines) and counting.set()
+                ),
+            )
+        )
+
+    worker = threading.Thread(target=work, daemon=True)
+    worker.start()
+    assert counting.wait(60), "the task did not start counting"
+    flows_store = CheckpointStore(tmp_path / "store")
+    term, note = request_termination(flows_store, attempt.job_key, attempt.run_id, "Suspended")
+    assert term.mode is not None and term.mode.value == "Suspended" and note is None
+    worker.join(30)
+    assert not worker.is_alive(), "the stop did not reach the task"
+    [result] = results
+    assert result.outcome == TaskOutcome.INTERRUPTED_WITH_CHECKPOINT, result
+    assert result.record.checkpoint is not None
+
+
 def test_a_chunk_remainder_stays_with_its_original_task(tmp_path: Path) -> None:
     from core import plan_group
 

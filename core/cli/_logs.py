@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from core import CheckpointStore, StoreError
+from core import CheckpointStore, StoreError, TaskEventKind
 from core.local import MAX_RECORD_BYTES
 
 __all__ = ("DEFAULT_MAX_LOG_BYTES", "LogEntry", "LogFile", "LogKeeper", "read_run_logs")
@@ -157,7 +157,7 @@ class LogKeeper:
 
     def wrap_event(self, inner: Callable[[Any, Any], None]) -> Callable[[Any, Any], None]:
         def on_event(ex: Any, event: Any) -> None:
-            if event.kind == "action_ended":
+            if event.kind == TaskEventKind.ACTION_ENDED:
                 with self._lock:
                     w = self._writers.pop(id(ex), None)
                 if w is not None:

@@ -18,23 +18,18 @@ from pathlib import Path
 from typing import Any
 
 from core import (
-    NOTICE_POLL_ENV,
-    NOTICES_ENV,
     CheckpointStore,
-    NoticeSource,
+    NoticeSettings,
     RefusalCode,
     ResumeHow,
     ResumeRefusedError,
     RunError,
     RunStatus,
-    SignalSource,
     StopEscalation,
     StoreError,
     TemplateError,
     TerminationMode,
     default_store_location,
-    parse_notice_sources,
-    parse_poll_seconds,
     prepare_job,
     report,
     request_termination,
@@ -132,26 +127,21 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     )
 
 
-def _notice_sources(args: argparse.Namespace) -> tuple[list[NoticeSource], float]:
-    """The interruption notice sources and poll interval of ``args``, else of the environment.
+def _notice_settings(args: argparse.Namespace) -> NoticeSettings:
+    """The interruption notice settings of ``args``, else of the environment.
 
     Raises:
         TemplateError: a bad value (exit code 2), naming the option or variable.
     """
     try:
-        if args.interruption_notices is not None:
-            sources = parse_notice_sources(
-                args.interruption_notices, where="--interruption-notices"
-            )
-        else:
-            sources = parse_notice_sources(os.environ.get(NOTICES_ENV), where=f"${NOTICES_ENV}")
-        if args.notice_poll_seconds is not None:
-            poll = parse_poll_seconds(args.notice_poll_seconds, where="--notice-poll-seconds")
-        else:
-            poll = parse_poll_seconds(os.environ.get(NOTICE_POLL_ENV), where=f"${NOTICE_POLL_ENV}")
+        return NoticeSettings.from_env(
+            args.interruption_notices,
+            args.notice_poll_seconds,
+            where="--interruption-notices",
+            poll_where="--notice-poll-seconds",
+        )
     except ValueError as exc:
         raise TemplateError([str(exc)]) from None
-    return sources, poll
 
 
 def _execute(args: argparse.Namespace, job: Any, *, how: ResumeHow, **resume: Any) -> int:
@@ -162,7 +152,7 @@ def _execute(args: argparse.Namespace, job: Any, *, how: ResumeHow, **resume: An
         containment = action_containment()
     except ValueError as exc:  # a bad $OPENJD_CHECKPOINT_CGROUPS
         raise TemplateError([str(exc)]) from None
-    notice_sources, notice_poll = _notice_sources(args)
+    notices = _notice_settings(args)
     store = CheckpointStore(
         args.store,
         keep_generations=args.keep_generations,
@@ -183,14 +173,12 @@ def _execute(args: argparse.Namespace, job: Any, *, how: ResumeHow, **resume: An
         on_output=logs.wrap_output(display.output),
         on_event=logs.wrap_event(display.event),
         on_note=display.note,
-        notices=notice_sources,
-        notice_poll_seconds=notice_poll,
+        notices=notices.sources,
+        notice_poll_seconds=notices.poll_seconds,
         **resume,
     )
-    if notice_sources:
-        display.note(
-            "interruption notices from: " + ", ".join(src.describe() for src in notice_sources)
-        )
+    if notices.sources:
+        display.note(f"interruption notices from: {notices.describe()}")
     if args.verbose:
         display.note(containment)
     escalation = StopEscalation()  # Suspended, then Cancelled (core's stop escalation)
@@ -232,9 +220,7 @@ def _execute(args: argparse.Namespace, job: Any, *, how: ResumeHow, **resume: An
     if EARLY_SIGNALS:  # a Ctrl-C during start-up whose exit something swallowed
         _write(sys.stderr, "openjd-checkpoint: interrupted before the run started\n")
         return EXIT_CODES["canceled"]
-    for source in notice_sources:  # a signal handler is installed from the main thread
-        if isinstance(source, SignalSource):
-            source.install()
+    notices.install_signals()  # a signal handler is installed from the main thread
     display.start()
     worker.start()
     while worker.is_alive():

@@ -10,9 +10,16 @@ import os
 from pathlib import Path
 from typing import Any
 
-from core import NOTICE_POLL_ENV, NOTICES_ENV, TemplateError
+from core import FileDataFlow, TemplateError
 from core.cli._runner import DEFAULT_FINALLY_TIMEOUT_SECONDS
-from core.local import decode_json, load_document, load_path_mapping_rules, read_input_file
+from core.local import (
+    NOTICE_POLL_ENV,
+    NOTICES_ENV,
+    decode_json,
+    load_document,
+    load_path_mapping_rules,
+    read_input_file,
+)
 
 ENV_VERSION = "environment-2023-09"
 """The ``specificationVersion`` that makes ``check`` validate an environment template."""
@@ -195,7 +202,7 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--files",
-        choices=("shared", "managed"),
+        choices=[flow.value for flow in FileDataFlow],
         default=None,
         help="checkpoint files: 'shared' keeps their paths (a file system every host sees), "
         "'managed' keeps the files in the store and restores them on resume (default: "

@@ -24,9 +24,12 @@ import threading
 import time
 from typing import Any
 
-from core import TaskEvent, TaskExecution, plan_tasks, report
+from core import TaskEvent, TaskEventKind, TaskExecution, plan_tasks, report
 
 __all__ = ("Progress", "make_progress", "write")
+
+_VERBOSE_KINDS = (TaskEventKind.FAIL, TaskEventKind.ACTION_STARTED, TaskEventKind.ACTION_ENDED)
+"""Events shown only with ``-v``."""
 
 _closed_streams: set[int] = set()
 
@@ -225,7 +228,7 @@ class Progress:
                 self._current = st
                 self._plain(f"step {step} started")
             kind = event.kind
-            if kind == "started":
+            if kind == TaskEventKind.STARTED:
                 st.running[key] = ex
                 if ex.spec.chunk_parameter:
                     st.frames_total += len(ex.spec.chunk_frames) + len(
@@ -233,7 +236,7 @@ class Progress:
                     )
                 how = "" if event.value is None else f" (resuming from checkpoint {event.value})"
                 self._plain(f"{name} started{how}")
-            elif kind == "ended":
+            elif kind == TaskEventKind.ENDED:
                 st.running.pop(key, None)
                 res = event.value
                 outcome = res.outcome.value
@@ -248,11 +251,11 @@ class Progress:
                     self._plain(text)
                 self._task_progress.pop(key, None)
                 self._task_status.pop(key, None)
-            elif kind == "frame_complete":
+            elif kind == TaskEventKind.FRAME_COMPLETE:
                 st.frames_done += 1
                 if self._verbose:
                     self._say(f"openjd-checkpoint: {name}: frame {event.value} finished")
-            elif kind == "progress":
+            elif kind == TaskEventKind.PROGRESS:
                 self._task_progress[key] = float(event.value)
                 now = time.monotonic()
                 if self._verbose:
@@ -260,22 +263,23 @@ class Progress:
                 elif self._mode == "plain" and now - self._last_progress.get(key, 0.0) >= 1.0:
                     self._last_progress[key] = now
                     self._say(f"openjd-checkpoint: {name}: {event.value:.0f}%")
-            elif kind == "status":
+            elif kind == TaskEventKind.STATUS:
                 self._task_status[key] = str(event.value)
                 if self._verbose or (
                     self._mode == "plain" and str(event.value).startswith("resuming")
                 ):
                     self._say(f"openjd-checkpoint: {name}: {event.value}")
-            elif kind == "warning":
+            elif kind == TaskEventKind.WARNING:
                 self.note(f"warning: {name}: {event.value}")
-            elif kind == "checkpoint_saved":
+            elif kind == TaskEventKind.CHECKPOINT_SAVED:
                 st.checkpoints += 1
                 self._checkpoints += 1
                 self._plain(f"{name}: checkpoint generation {event.value} stored")
-            elif kind == "resume_status":
+            elif kind == TaskEventKind.RESUME_STATUS:
                 self._plain(f"{name}: resume status {event.value}")
-            elif self._verbose and kind in ("fail", "action_started", "action_ended"):
-                self._say(f"openjd-checkpoint: {name}: {kind.replace('_', ' ')}: {event.value}")
+            elif self._verbose and kind in _VERBOSE_KINDS:
+                words = kind.value.replace("_", " ")
+                self._say(f"openjd-checkpoint: {name}: {words}: {event.value}")
 
 
 def _clock(seconds: float) -> str:

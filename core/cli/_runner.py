@@ -28,7 +28,9 @@ from core import (
     PreparedJob,
     ResumeHow,
     RunError,
+    RunPhase,
     RunStatus,
+    StepWalk,
     StopIntent,
     StoreError,
     TaskEvent,
@@ -123,10 +125,10 @@ class JobRunner:
         on_note: lines a person should see (resume decisions, warnings, mode changes).
         working_root: parent directory of session working directories.
         poll_seconds: how often the store is read for stop requests from other processes.
-        notices: interruption notice sources (``parse_notice_sources``). A notice suspends
+        notices: interruption notice sources (``NoticeSettings.sources``). A notice suspends
             the run (``Suspended`` with the notice's deadline). A ``signal:`` source must
-            have been installed (``SignalSource.install``) from the main thread when ``run``
-            is called from another thread.
+            have been installed (``NoticeSettings.install_signals``) from the main thread when
+            ``run`` is called from another thread.
         notice_poll_seconds: at most one request per notice source this often (default 5 s).
     """
 
@@ -302,7 +304,7 @@ class JobRunner:
             0,
             resumed=attempt.resumed,
         )
-        self._steps(executor, self.job.template.regular_steps, records, result)
+        self._steps(executor, RunPhase.REGULAR, records, result)
         try:
             if result.store_failed is not None and attempt.lease is not None:
                 # a task not stored because its lease was taken: whether the run was taken too
@@ -340,11 +342,9 @@ class JobRunner:
         decision = enter_finally(self.store, self.job, attempt.run_id, fence=lease)
         if decision.run_finally:
             result.finally_ran = True
-            executor.phase = "finally"
+            executor.phase = RunPhase.FINALLY
             self.note(f"running finally steps (Job.Status={decision.job_status})")
-            self._steps(
-                executor, self.job.template.finally_steps, records, result, decision.job_status
-            )
+            self._steps(executor, RunPhase.FINALLY, records, result, decision.job_status)
         else:
             for step_name in self.job.template.finally_steps:
                 result.skipped.extend(self._describe_plan(step_name, records))
@@ -376,30 +376,26 @@ class JobRunner:
     def _steps(
         self,
         executor: TaskExecutor,
-        names: tuple[str, ...],
+        phase: RunPhase,
         records: PlanHistory,
         result: RunResult,
         job_status: str | None = None,
-    ) -> dict[str, bool]:
-        """Run ``names`` (the regular or the finally steps) in dependency order: a step whose
-        dependencies did not all succeed, or any once the phase is stopping, is skipped; in
-        the regular phase a step that failed skips the rest."""
-        is_finally = job_status is not None
+    ) -> None:
+        """Run the steps of ``phase`` in dependency order; a blocked step (``StepWalk``: the
+        phase is stopping, a dependency did not succeed, a regular step failed) is skipped."""
+        is_finally = phase == RunPhase.FINALLY
         budget: float | None
         if is_finally:
             budget, message = self.finally_timeout_seconds, "finally steps' {:g} s timeout expired"
         else:
             budget, message = self.timeout_seconds, "the run's {:g} s timeout expired"
         deadline = time.monotonic() + budget if budget is not None else None
-        ok: dict[str, bool] = {}
-        failed = False
-        for step_name in [n for n in self.job.step_order() if n in names]:
-            blocked = [d for d in self.job.dependencies(step_name) if not ok.get(d)]
-            if executor.stopping(is_finally) or failed or blocked:
-                ok[step_name] = False
-                result.skipped.extend(self._describe_plan(step_name, records))
+        walk = StepWalk(self.job, phase, stopping=lambda: executor.stopping(is_finally))
+        for turn in walk:
+            if turn.blocked is not None:
+                result.skipped.extend(self._describe_plan(turn.step, records))
                 continue
-            feed, note = step_feed(self.job, step_name, records)
+            feed, note = step_feed(self.job, turn.step, records)
             if note is not None:
                 self.note(note)
             step = executor.run(
@@ -409,13 +405,11 @@ class JobRunner:
                 deadline_message=message.format(budget or 0),
                 stop_on_failure=not is_finally,
                 errors="fail",
-                known={(r.step, r.task_key): r for r in records.records(step_name)},
+                known={(r.step, r.task_key): r for r in records.records(turn.step)},
                 keep_succeeded=False,
             )
             self._collect(step, result)
-            ok[step_name] = step.ok
-            failed = failed or (not is_finally and not step.ok and not executor.stopping(False))
-        return ok
+            walk.ended(turn.step, step.ok)
 
     @staticmethod
     def _collect(step: StepRun, result: RunResult) -> None:

@@ -1,8 +1,9 @@
 """A run's tasks, driven from any process: the one executor (``_executor``: claims, the session
 pool, termination requests, interruption notices, expired leases, phase budgets), a run's
 attempts (``_attempt``), its phases and outcome (``_phases``), how signals stop it
-(``_escalation``), deleting runs and collecting managed files (``_delete``, ``_gc``), and the
-interruption notice sources (``_notices``). Above ``task``; the top floor of core.
+(``_escalation``), the step loop every runner walks (``_steps``), deleting runs and collecting
+managed files (``_delete``, ``_gc``), and the interruption notice sources (``_notices``) and
+settings (``_notice_settings``). Above ``task``; the top floor of core.
 """
 
 from core.run._attempt import (
@@ -17,6 +18,7 @@ from core.run._delete import delete_run, finish_interrupted_deletes
 from core.run._escalation import Escalation, StopEscalation
 from core.run._executor import StepRun, TaskExecutor, run_tasks
 from core.run._gc import DEFAULT_GC_GRACE_SECONDS, collect_file_garbage
+from core.run._notice_settings import NoticeSettings
 from core.run._notices import (
     NOTICE_POLL_ENV,
     NOTICES_ENV,
@@ -36,6 +38,7 @@ from core.run._phases import (
     mark_timed_out,
     start_finally,
 )
+from core.run._steps import StepTurn, StepWalk
 
 __all__ = (
     "Attempt",
@@ -54,6 +57,7 @@ __all__ = (
     "Notice",
     "NOTICE_POLL_ENV",
     "NOTICES_ENV",
+    "NoticeSettings",
     "NoticeSource",
     "parse_notice_sources",
     "parse_poll_seconds",
@@ -66,6 +70,8 @@ __all__ = (
     "SignalSource",
     "start_finally",
     "StepRun",
+    "StepTurn",
+    "StepWalk",
     "StopEscalation",
     "TaskExecutor",
 )

@@ -26,7 +26,15 @@ from typing import Any
 
 from core._errors import RunError, StoreError
 from core._host import FileDataFlow, host_id
-from core._records import RunCondition, RunRecord, RunStatus, StopRequest, TaskRecord, TaskStatus
+from core._records import (
+    RunCondition,
+    RunPhase,
+    RunRecord,
+    RunStatus,
+    StopRequest,
+    TaskRecord,
+    TaskStatus,
+)
 from core.job import (
     PreparedJob,
     TaskSpec,
@@ -192,7 +200,7 @@ def _unfinished_termination(store: CheckpointStore, run: RunRecord) -> Terminati
     """The termination asked for in a run's last attempt, if that attempt never finished (its
     driver died): a scheduler's next attempt of the same run keeps it, since a request accepted
     is never dropped."""
-    if run.phase == "ended":
+    if run.phase == RunPhase.ENDED:
         return Termination()
     return resolve_termination(store.read_stop_requests(run.job_key, run.run_id), run.attempt)
 
@@ -214,7 +222,7 @@ def _refuse_if_scheduled_elsewhere(
         holder is not None
         and holder != external_key
         and run.status == RunStatus.RUNNING
-        and run.phase != "ended"
+        and run.phase != RunPhase.ENDED
     ):
         raise ResumeRefusedError(
             RefusalCode.ALREADY_RESUMED,
@@ -383,7 +391,7 @@ def begin_attempt(
                 rec = current or run
                 rec.attempt += 1
                 rec.status = RunStatus.RUNNING
-                rec.phase = "regular"
+                rec.phase = RunPhase.REGULAR
                 rec.runner = this_process() if hold_lease else None
                 rec.attempt_key = external_key
                 if completed is not None:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from core._errors import RunError, StoreError
-from core._records import RunStatus, TaskRecord
+from core._records import RunPhase, RunStatus, TaskRecord
 from core.job import PreparedJob, TaskFeed, TaskSpec, new_task_record
 from core.run._claim import NotStartedError, claim_task, lease_expired_note, planned_as_stored
 from core.run._notices import (
@@ -145,7 +145,7 @@ class RunningTasks:
         with self.lock:
             return self._by_lease.get(id(lease))
 
-    def apply(self, term: Termination, phase: str = "regular") -> Termination | None:
+    def apply(self, term: Termination, phase: RunPhase = RunPhase.REGULAR) -> Termination | None:
         """Make ``term`` the termination in force, and stop the running tasks as it says (a
         notice of this process suspends them too, with its deadline); forward a forced stop
         (where it reaches in ``phase``: ``force_reaches``) or a deadline to the sessions.
@@ -159,7 +159,7 @@ class RunningTasks:
         if notice is not None and not self._drives_run:
             # this process's tasks are suspended by the notice: the earliest deadline holds
             term = fold_request(
-                term, TerminationMode.SUSPENDED, phase="regular", deadline=notice.deadline
+                term, TerminationMode.SUSPENDED, phase=RunPhase.REGULAR, deadline=notice.deadline
             )[0]
         for execution, is_finally in active:
             intent = task_stop_for(
@@ -267,7 +267,7 @@ class TaskExecutor:
         )
         self.running = RunningTasks(self.sessions, drives_run=run_lease is not None)
         """What runs here now, and what stops it."""
-        self.phase = "regular"
+        self.phase = RunPhase.REGULAR
         self._said_lost = False
         self._watcher = RunWatcher(
             store,
@@ -485,7 +485,7 @@ class TaskExecutor:
                     if spec is None:
                         break
                     is_finally = self.job.template.is_finally(spec.step_name)
-                    self.phase = "finally" if is_finally else "regular"
+                    self.phase = RunPhase.FINALLY if is_finally else RunPhase.REGULAR
                     why = self.running.why_not_start(is_finally)
                     if why is None and stop_on_failure and not out.ok:
                         why = "not started: an earlier task of the step did not succeed"
@@ -509,7 +509,7 @@ class TaskExecutor:
                     break
                 done, _ = wait(list(running), timeout=0.1, return_when=FIRST_COMPLETED)
                 if deadline is not None and time.monotonic() > deadline:
-                    if self.running.expire(self.phase == "finally"):
+                    if self.running.expire(self.phase == RunPhase.FINALLY):
                         self.note(deadline_message + "; canceling running tasks")
                 for future in done:
                     spec, execution, lease, session = running.pop(future)
@@ -680,7 +680,7 @@ def run_tasks(
     run = store.read_run(job.job_key, run_id)
     if run is None:
         raise RunError(f"no run {run_id!r} of job {job.job.name!r} in {store.location}")
-    if run.phase == "ended" or run.status != RunStatus.RUNNING:
+    if run.phase == RunPhase.ENDED or run.status != RunStatus.RUNNING:
         labels = ", ".join(s.label for s in specs)
         raise RunError(f"run {run_id} has ended ({run.status.value}); {labels} not run")
     executor = TaskExecutor(store, job, run_id, attempt=run.attempt, **options)

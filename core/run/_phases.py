@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from core._errors import RunError, StoreError
-from core._records import CheckpointData, RunCondition, RunStatus, TaskRecord, TaskStatus
+from core._records import CheckpointData, RunCondition, RunPhase, RunStatus, TaskRecord, TaskStatus
 from core.job import KeptCollector, PlanHistory, PreparedJob, TaskSpec, iter_plan, new_task_record
 from core.run._attempt import iter_attempt_records, reap_run, require_run
 from core.store import CheckpointStore, Lease
@@ -291,11 +291,11 @@ def enter_finally(
             TerminationMode.CANCELLED,
             TerminationMode.SUSPENDED,
         )
-        if run.phase == "regular":
+        if run.phase == RunPhase.REGULAR:
             # a suspended run has no Job.Status yet: its finally steps run when it ends
             run.job_status = None if term.mode == TerminationMode.SUSPENDED else status
             if run_finally:
-                run.phase = "finally"
+                run.phase = RunPhase.FINALLY
             store.write_run(run, fence=fence)
     return FinallyDecision(run_finally, status, term.mode)
 
@@ -399,7 +399,7 @@ def finish_attempt(
                 ran.add((rec.step, rec.task_key.split("#", 1)[0]))
         failed_steps, incomplete = _incomplete_roots(job, job.template.regular_steps, records)
         finally_failed: list[str] = []
-        if run.phase == "finally":
+        if run.phase == RunPhase.FINALLY:
             if finally_timeout:
                 failed_here.update(_incomplete_roots(job, job.template.finally_steps, records)[1])
             finally_failed = [s for s in job.template.finally_steps if s in failed_here]
@@ -461,7 +461,7 @@ def finish_attempt(
         run.termination = mode.value if mode else None
         run.skipped_tasks = list(skipped)
         run.runner = None
-        run.phase = "ended"
+        run.phase = RunPhase.ENDED
         if status == RunStatus.SUCCEEDED:
             run.kept = kept.result(_generations(store, kept.detailed()), at=time.time())
         store.write_run(run, fence=fence)

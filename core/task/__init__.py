@@ -7,6 +7,7 @@ session's working folder and environments; resume rules (``_resume``), stop mode
 """
 
 from core.task._action import StopIntent
+from core.task._events import TaskEvent, TaskEventKind
 from core.task._resume import (
     RefusalCode,
     ResumeHow,
@@ -18,7 +19,7 @@ from core.task._resume import (
     plan_resume,
 )
 from core.task._session import Session, clean_stale_sessions
-from core.task._task import TaskEvent, TaskExecution, TaskOutcome, TaskResult
+from core.task._task import TaskExecution, TaskOutcome, TaskResult
 from core.task._termination import (
     RunWatcher,
     Termination,
@@ -58,6 +59,7 @@ __all__ = (
     "StopIntent",
     "task_stop_for",
     "TaskEvent",
+    "TaskEventKind",
     "TaskExecution",
     "TaskOutcome",
     "TaskResult",

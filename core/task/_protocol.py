@@ -27,6 +27,7 @@ from core._messages import (
     read_line,
 )
 from core.process import OutputLine
+from core.task._events import TaskEventKind
 from core.task._recorder import TaskRecorder
 
 __all__ = ("TaskOutput",)
@@ -55,7 +56,7 @@ class TaskOutput:
         max_state_bytes: int,
         max_warnings: int,
         warn: Callable[[str], None],
-        emit: Callable[[str, Any], None],
+        emit: Callable[[TaskEventKind, Any], None],
         on_output: Callable[[list[str]], None] | None,
         working_dir: Callable[[], str | None],
     ) -> None:
@@ -125,13 +126,13 @@ class TaskOutput:
         refused: str | None = None
         if isinstance(event, Progress):
             self.progress = event.percent
-            self._emit("progress", event.percent)
+            self._emit(TaskEventKind.PROGRESS, event.percent)
         elif isinstance(event, Status):
             self.status = event.message
-            self._emit("status", event.message)
+            self._emit(TaskEventKind.STATUS, event.message)
         elif isinstance(event, Fail):
             self.fail_message = event.message
-            self._emit("fail", event.message)
+            self._emit(TaskEventKind.FAIL, event.message)
         elif isinstance(event, (EnvSet, EnvUnset)):
             if env_changes is None:
                 refused = (
@@ -143,12 +144,12 @@ class TaskOutput:
             refused = self._recorder.declare_files(event, self._working_dir())
         elif isinstance(event, TaskComplete):
             self._recorder.frame_complete(event.frame)
-            self._emit("frame_complete", event.frame)
+            self._emit(TaskEventKind.FRAME_COMPLETE, event.frame)
         elif isinstance(event, CheckpointSave):
             refused = self._recorder.save(event, self._working_dir(), self.secrets)
         elif isinstance(event, ResumeStatus):
             self._recorder.resume_status(event.status.value)
-            self._emit("resume_status", event.status.value)
+            self._emit(TaskEventKind.RESUME_STATUS, event.status.value)
         if refused is not None:
             self.warn_line(f"output line {number}: {refused}")
 

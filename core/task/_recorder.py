@@ -28,6 +28,7 @@ from core.files import CaptureStats, FileCapture
 from core.process import ProcessIdentity
 from core.store import CheckpointStore, Lease, run_file_flow
 from core.task._action import StopState
+from core.task._events import TaskEventKind
 from core.task._task_files import TaskFiles
 
 __all__ = ("TaskRecorder", "TaskWrites")
@@ -129,7 +130,7 @@ class TaskRecorder:
         store: CheckpointStore | None,
         attempt: int,
         warn: Callable[[str], None],
-        emit: Callable[[str, Any], None],
+        emit: Callable[[TaskEventKind, Any], None],
         fence: Lease | None = None,
         on_lost: Callable[[str], None] | None = None,
         resumable: bool = True,
@@ -430,7 +431,7 @@ class TaskRecorder:
             else:
                 rec.checkpoint = data
             self._dirty = False
-        self._emit("checkpoint_saved", gen)
+        self._emit(TaskEventKind.CHECKPOINT_SAVED, gen)
 
     def _sync_dataset(self) -> None:
         """Copy the file dataset into the record (under the lock), if it changed since."""

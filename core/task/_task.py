@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
@@ -45,6 +44,7 @@ from core.job import (
 from core.process import MARKER_VARIABLE, ActionProcess, OutputLine, new_marker
 from core.store import CheckpointStore, Lease
 from core.task._action import StopIntent, StopState, supervise
+from core.task._events import TaskEvent, TaskEventKind
 from core.task._history import close_span, open_span
 from core.task._protocol import TaskOutput
 from core.task._recorder import TaskRecorder
@@ -54,6 +54,7 @@ from core.task._wrap import inject_wrapped
 __all__ = (
     "DEFAULT_MAX_OUTPUT_WARNINGS",
     "TaskEvent",
+    "TaskEventKind",
     "TaskExecution",
     "TaskOutcome",
     "TaskResult",
@@ -79,25 +80,6 @@ class TaskOutcome(str, Enum):
     """Its end could not be stored (the store failed, or this process lost the task's lease
     to another): never counted as finished; the next attempt runs it again (or the process
     that took the lease runs it now)."""
-
-
-@dataclass(frozen=True)
-class TaskEvent:
-    """Something a running task reported, for progress displays and adapters.
-
-    Attributes:
-        kind: ``started`` (the attempt began), ``progress``, ``status``, ``fail``,
-            ``checkpoint_saved``, ``frame_complete``, ``resume_status``, ``warning``,
-            ``action_started``, ``action_ended``, ``ended`` (the attempt's outcome is decided).
-        value: the percentage (float), the message (str), the generation (int) or frame (int);
-            for ``started`` the checkpoint generation it resumes from (None: from the top), for
-            ``ended`` the ``TaskResult``.
-        time: seconds since the epoch.
-    """
-
-    kind: str
-    value: Any
-    time: float = field(default_factory=time.time)
 
 
 @dataclass(frozen=True)
@@ -286,7 +268,7 @@ class TaskExecution:
         # Written with the task's process (one durable write instead of two), or before an
         # environment action, whichever comes first; _finish writes it in any case.
         self._recorder.changed()
-        self._emit("started", self.spec.resume.generation if self.spec.resume else None)
+        self._emit(TaskEventKind.STARTED, self.spec.resume.generation if self.spec.resume else None)
         session = self._session
         private = session is None
         if session is None:
@@ -410,8 +392,8 @@ class TaskExecution:
             kill_point("task.ended-recorded")
             result = TaskResult(outcome, exit_code, message, rec.model_copy(deep=True))
         if unknown:  # reported as RESUMED and DISCARDED are, once recorded (outside the lock)
-            self._emit("resume_status", "UNKNOWN")
-        self._emit("ended", result)
+            self._emit(TaskEventKind.RESUME_STATUS, "UNKNOWN")
+        self._emit(TaskEventKind.ENDED, result)
         return result
 
     def _run_task_action(self, session: Session) -> tuple[int, str]:
@@ -440,7 +422,9 @@ class TaskExecution:
             symtab["Task.Checkpoint.File"] = checkpoint_file or ""
             if self.job.uses_expr:  # a path, as Session.WorkingDirectory is (.parent, .name)
                 symtab.expr_types["Task.Checkpoint.File"] = ParameterValueType.PATH.value
-            self._emit("status", f"resuming from checkpoint generation {resume.generation}")
+            self._emit(
+                TaskEventKind.STATUS, f"resuming from checkpoint generation {resume.generation}"
+            )
         else:
             action = step.script.actions.onRun
             path = f"steps[{idx}].script.actions.onRun"
@@ -478,9 +462,9 @@ class TaskExecution:
     # --- one action -------------------------------------------------------------------------------
     def _warn(self, text: str) -> None:
         self.warnings.append(text)
-        self._emit("warning", text)
+        self._emit(TaskEventKind.WARNING, text)
 
-    def _emit(self, kind: str, value: Any) -> None:
+    def _emit(self, kind: TaskEventKind, value: Any) -> None:
         if self._on_event is not None:
             try:
                 self._on_event(self, TaskEvent(kind, value))
@@ -515,7 +499,7 @@ class ActionRunner:
         marker: str,
         max_line_bytes: int,
         warn: Callable[[str], None],
-        emit: Callable[[str, Any], None],
+        emit: Callable[[TaskEventKind, Any], None],
     ) -> None:
         self.job = job
         self._output = output
@@ -577,7 +561,7 @@ class ActionRunner:
             return 1, f"{path}: cannot start {argv[0]!r}: {exc}"
         if not env_action:  # environments' processes are the session's to record
             self._recorder.process_started(ident, marker)
-        self._emit("action_started", path)
+        self._emit(TaskEventKind.ACTION_STARTED, path)
         timed_out = supervise(
             proc,
             path=path,
@@ -597,7 +581,7 @@ class ActionRunner:
             self.action_exit = code
             self._recorder.process_ended(self.stop)
         output.tell_dropped()
-        self._emit("action_ended", code)
+        self._emit(TaskEventKind.ACTION_ENDED, code)
         if env_action and code == 0:
             for name, value in env_changes.items():
                 if value is None:

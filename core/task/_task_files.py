@@ -21,6 +21,7 @@ from core._records import CheckpointData, TaskRecord
 from core.files import CaptureStats, FileCapture, RestoreError, RestoreResult, restore_checkpoint
 from core.store import CheckpointStore
 from core.task._action import STOP_KILL_MARGIN_SECONDS, StopIntent, StopState
+from core.task._events import TaskEventKind
 
 __all__ = ("TaskFiles",)
 
@@ -44,7 +45,7 @@ class TaskFiles:
         session_dir: str,
         *,
         warn: Callable[[str], None],
-        emit: Callable[[str, Any], None],
+        emit: Callable[[TaskEventKind, Any], None],
         on_outputs: Callable[[dict[str, tuple[str, int]]], None],
     ) -> None:
         self.store = store
@@ -95,7 +96,7 @@ class TaskFiles:
                 )
                 continue
             self._emit(
-                "status",
+                TaskEventKind.STATUS,
                 f"restored {len(result.entries)} checkpoint file(s), {result.restored_bytes:,} "
                 f"bytes, of generation {data.generation} in {time.monotonic() - started:.1f} s",
             )

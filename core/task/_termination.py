@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from core._errors import RunError, StoreError
-from core._records import RunCondition, RunRecord, RunStatus, StopRequest
+from core._records import RunCondition, RunPhase, RunRecord, RunStatus, StopRequest
 from core.store import CheckpointStore, Lease, this_process
 from core.task._action import StopIntent
 
@@ -88,7 +88,7 @@ def fold_request(
     current: Termination,
     mode: TerminationMode | str,
     *,
-    phase: str,
+    phase: RunPhase,
     force: bool = False,
     deadline: float | None = None,
 ) -> tuple[Termination, str | None]:
@@ -103,7 +103,7 @@ def fold_request(
         ValueError: ``mode`` is not a termination mode.
     """
     mode = TerminationMode(mode)
-    if phase == "finally" and mode in (
+    if phase == RunPhase.FINALLY and mode in (
         TerminationMode.CANCELLED_RUN_FINALLY,
         TerminationMode.STOPPED_RUN_FINALLY,
     ):
@@ -154,14 +154,14 @@ def task_stop_for(
     return None
 
 
-def force_reaches(term: Termination, phase: str) -> bool:
+def force_reaches(term: Termination, phase: RunPhase) -> bool:
     """True if ``term``'s force reaches what runs in ``phase`` (``regular`` or ``finally``):
     always in the regular phase; in the finally phase only when its mode stops finally tasks
     (``Cancelled``, ``Suspended``). A forced ``CancelledRunFinally`` or ``StoppedRunFinally``
     kills what the regular phase still runs, and the finally steps then run as the mode says."""
     if not term.force:
         return False
-    return phase != "finally" or task_stop_for(term.mode, is_finally=True) is not None
+    return phase != RunPhase.FINALLY or task_stop_for(term.mode, is_finally=True) is not None
 
 
 def starts_no_tasks(mode: TerminationMode | None, *, is_finally: bool) -> bool:
@@ -177,7 +177,7 @@ def run_is_live(store: CheckpointStore, run: RunRecord) -> bool:
     """True while a run accepts termination requests: it has not ended, and, for a run driven
     by one process (the CLI, which records itself as ``runner``), that process still holds the
     run's lease. A run with no driving process (Airflow, Prefect) is live until it ends."""
-    if run.status != RunStatus.RUNNING or run.phase == "ended":
+    if run.status != RunStatus.RUNNING or run.phase == RunPhase.ENDED:
         return False
     return not runner_lost(store, run)
 
@@ -260,7 +260,7 @@ def request_termination(
         if run is None:
             raise RunError(f"no run {run_id!r} in {store.location}")
         if not run_is_live(store, run):
-            if run.status == RunStatus.RUNNING and run.phase != "ended":
+            if run.status == RunStatus.RUNNING and run.phase != RunPhase.ENDED:
                 raise RunError(
                     f"run {run_id} has no live runner (its process died); it cannot be "
                     f"stopped, only resumed ('resume {run_id}') or deleted "
@@ -294,6 +294,9 @@ def request_termination(
             )
             run.termination = new.mode.value if new.mode else None
             store.write_run(run)
+        attempt = run.attempt
+    for watcher in _watchers_here(store, job_key, run_id):  # this process's: at once
+        watcher.take(new, attempt)
     return new, note
 
 
@@ -304,7 +307,7 @@ def request_or_fold(
     current: Termination,
     mode: TerminationMode,
     *,
-    phase: str,
+    phase: RunPhase,
     force: bool = False,
     deadline: float | None = None,
 ) -> tuple[Termination, str | None, str | None]:
@@ -327,9 +330,20 @@ def request_or_fold(
         return term, note, f"warning: {exc}; stopping this runner's tasks all the same"
 
 
+_HERE: dict[tuple[str, str, str], set[RunWatcher]] = {}
+"""The started watchers of this process, by their run: (store location, job key, run id)."""
+_HERE_LOCK = threading.Lock()
+
+
+def _watchers_here(store: CheckpointStore, job_key: str, run_id: str) -> list[RunWatcher]:
+    with _HERE_LOCK:
+        return list(_HERE.get((store.location, job_key, run_id), ()))
+
+
 class RunWatcher:
     """Polls a run's stop requests from a background thread and reports each change of the
-    termination in force; renews leases on stores without locks.
+    termination in force; renews leases on stores without locks. A request made in this
+    process reaches it at once (``take``), not at its next read.
 
     Args:
         store / job_key / run_id / attempt: the run attempt to watch.
@@ -360,6 +374,8 @@ class RunWatcher:
         self._expired: set[int] = set()
         self._expired_lock = threading.Lock()
         self._key = (job_key, run_id)
+        self._here = (store.location, job_key, run_id)
+        self._seen = threading.Lock()
         self._attempt = attempt
         self._on_change = on_change
         self.leases = list(leases)
@@ -371,23 +387,46 @@ class RunWatcher:
         self.errors: list[str] = []
 
     def start(self) -> RunWatcher:
+        """Watch from a background thread; requests made in this process come at once
+        (``take``) until ``close``."""
+        with _HERE_LOCK:
+            _HERE.setdefault(self._here, set()).add(self)
         self._thread.start()
         return self
 
     def check(self) -> Termination:
         """Read the requests now; call ``on_change`` if the termination changed."""
-        try:
-            requests = self._store.read_stop_requests(*self._key)
-        except StoreError as exc:
-            self.errors.append(str(exc))
-            return self.current
-        term = resolve_termination(requests, self._attempt)
-        if term != self.current:
+        with self._seen:  # a read and what it changes, whole: a request taken meanwhile waits
+            try:
+                requests = self._store.read_stop_requests(*self._key)
+            except StoreError as exc:
+                self.errors.append(str(exc))
+                return self.current
+            term = resolve_termination(requests, self._attempt)
+            if term != self.current:
+                self.current = term
+                self._on_change(term)
+            return term
+
+    def take(self, term: Termination, attempt: int) -> None:
+        """A request accepted in this process (``request_termination``) made ``term`` the
+        run's termination in ``attempt``: act on it now, as the next read would (nothing for
+        another attempt's, or a termination already seen)."""
+        if attempt != self._attempt:
+            return
+        with self._seen:
+            if term == self.current:
+                return
             self.current = term
             self._on_change(term)
-        return term
 
     def close(self) -> None:
+        with _HERE_LOCK:
+            mine = _HERE.get(self._here)
+            if mine is not None:
+                mine.discard(self)
+                if not mine:
+                    del _HERE[self._here]
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(5)

@@ -28,6 +28,7 @@ COUNTER = REPO / "tests" / "data" / "counter.yaml"
 TRAINING = REPO / "examples" / "managed-files" / "training.yaml"
 FAILING_EXIT = REPO / "tests" / "data" / "failing_exit.yaml"
 EXPR_SAMPLE = REPO / "tests" / "data" / "expr-test-job.yaml"
+FINALLY_CHAIN = REPO / "tests" / "prefect" / "data" / "finally_chain.yaml"
 
 
 def _frames(out: Path) -> dict[int, str]:
@@ -117,6 +118,39 @@ def test_three_steps_through_the_decorator_with_a_failing_step(tmp_path: Path) -
     assert (out / "cleanup-status").read_text() == "Failed\n"
     assert "Render" in (state.message or "")
     assert 4 not in _frames(out)
+
+
+def test_finally_steps_run_in_a_cancelling_flow_run_skip_a_step_whose_dependency_failed(
+    tmp_path: Path,
+) -> None:
+    """A Prefect cancel named ``CancelledRunFinally`` while the regular step runs: Prefect
+    starts no task run in a Cancelling flow run, so the finally steps run in the flow run
+    process (``_run_inline``), in dependency order as everywhere else (``core.StepWalk``):
+    Collect fails, so Publish, which depends on it, does not start; Notify runs."""
+    store = CheckpointStore(tmp_path / "store")
+    flow = flow_from_template(FINALLY_CHAIN, store=store.location)
+    answers: list[Any] = []
+
+    def cancel_it() -> None:
+        flow_run_id = ph.flow_run_of_store(store)
+        ph.wait_for_logs(flow_run_id, "LONG-START", timeout=60)
+        answers.append(ph.cancel_flow_run_via_api(flow_run_id, name="CancelledRunFinally"))
+
+    helper = threading.Thread(target=cancel_it)
+    helper.start()
+    state = flow(return_state=True)
+    helper.join()
+    assert [a["status"] for a in answers] == ["ACCEPT"], answers
+    assert state.type == StateType.CANCELLED and state.name == "CancelledRunFinally", state
+    logs = [log.message for log in ph.wait_for_logs(state.state_details.flow_run_id, "NOTIFY-RAN")]
+    assert any("finally steps run in the flow" in line for line in logs), logs[-30:]
+    assert any("COLLECT-FAILS" in line for line in logs), logs[-30:]
+    assert not any("PUBLISH-RAN" in line for line in logs), logs[-30:]
+    assert any(
+        "Publish: not started: its dependency Collect did not succeed" in line for line in logs
+    ), logs[-30:]
+    [run] = store.list_runs()[0]
+    assert run.status == RunStatus.CANCELED, run.status
 
 
 def test_no_process_of_an_action_outlives_its_task_run(tmp_path: Path) -> None:
