@@ -15,12 +15,13 @@ import psutil
 import pytest
 from conftest import ROOT, run_cli
 
+import core.fs._objects as objects_module
 import core.fs._s3 as s3_module
 import core.store._lease as lease_module
 from core import CheckpointStore, RunRecord, StoreError, TaskRecord
 from core._records import StopRequest
 from core.fs import redact_location
-from core.fs._s3 import S3Support
+from core.fs._objects import Support
 
 JK = "0123456789abcdef"
 RID = "20260101-000000-abcdef"
@@ -55,7 +56,7 @@ def _abandoned(store: str, ttl: float) -> None:
     lease = take(store, ttl=ttl)
     assert lease is not None
     lease_module._KEEPER.discard(lease)
-    if lease._fd is not None:
+    if not lease._expires:  # an flock
         lease.release()
 
 
@@ -178,7 +179,7 @@ def test_a_renewal_answered_after_a_stall_vouches_only_for_the_time_since_it_was
     stalled = take(store_url, ttl=ttl)
     assert stalled is not None
     lease_module._KEEPER.discard(stalled)
-    s3 = stalled._fs.s3
+    s3 = stalled._fs.backend.objects
     sent_then_stalled = s3.replace
 
     def replace(path, body, etag):
@@ -338,13 +339,13 @@ def test_what_another_process_writes_is_seen_at_once(store_url: str) -> None:
 def test_a_server_without_conditional_writes_gets_best_effort_leases_and_a_warning(
     store_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(s3_module, "S3_SUPPORT", {})
+    monkeypatch.setattr(objects_module, "SUPPORT", {})
     monkeypatch.setattr(
-        s3_module.S3Objects, "probe", lambda self, path: S3Support(writes=False, deletes=False)
+        s3_module.S3Objects, "probe", lambda self, path: Support(writes=False, deletes=False)
     )
     caplog.set_level(logging.WARNING, logger="core.store._store")
     first = take(store_url)
-    assert first is not None and first._etag is None  # the read-then-write lease file
+    assert first is not None and first._claim.version is None  # the read-then-write lease file
     assert take(store_url) is None
     with CheckpointStore(store_url).run_lock(JK, RID):
         with CheckpointStore(store_url).run_lock(JK, RID, timeout=0.1):
