@@ -1,6 +1,7 @@
 """Leases and the run's and job's locks on each kind of store: a local folder (flocks),
-``memory://`` (threading locks) and ``s3://`` (conditional writes, on the session's moto server);
-and the store's credentials, which are never shown."""
+``memory://`` (threading locks), ``s3://`` (conditional writes, on the session's moto server)
+and, where the test says so, ``gs://`` (conditional writes on generations, on the session's
+GCS emulator); and the store's credentials, which are never shown."""
 
 from __future__ import annotations
 
@@ -25,7 +26,9 @@ from core.fs._objects import Support
 
 JK = "0123456789abcdef"
 RID = "20260101-000000-abcdef"
-LOCAL_AND_S3 = pytest.mark.parametrize("store_url", ["local", "s3"], indirect=True)
+LOCAL_AND_OBJECTS = pytest.mark.parametrize("store_url", ["local", "s3", "gcs"], indirect=True)
+OBJECT_STORES = pytest.mark.parametrize("store_url", ["s3", "gcs"], indirect=True)
+"""The stores with conditional writes: S3 (moto) and GCS (fake-gcs-server)."""
 FORK = multiprocessing.get_context("fork")
 
 
@@ -65,7 +68,7 @@ def _race(st: CheckpointStore, start: threading.Barrier, won: list) -> None:
     won.append(st.acquire_task_lease(JK, RID, "S", "{}"))
 
 
-@LOCAL_AND_S3
+@LOCAL_AND_OBJECTS
 def test_racers_for_one_expired_lease_end_with_one_holder(store_url: str) -> None:
     """The holder is gone; eight threads, each with a store of its own, try to take its lease at
     once, three times over: each time exactly one wins (on S3: all read one ETag, and only one
@@ -121,7 +124,7 @@ def test_a_lease_lives_as_long_as_its_process_and_then_its_ttl(store_url: str) -
 
 
 @pytest.mark.parametrize(
-    ("store_url", "ttl"), [("memory", 0.2), ("s3", 1.0)], indirect=["store_url"]
+    ("store_url", "ttl"), [("memory", 0.2), ("s3", 1.0), ("gcs", 1.0)], indirect=["store_url"]
 )
 def test_a_lost_lease_says_so_and_leaves_the_new_holder_alone(store_url: str, ttl: float) -> None:
     stalled = take(store_url, ttl=ttl)
@@ -139,7 +142,7 @@ def test_a_lost_lease_says_so_and_leaves_the_new_holder_alone(store_url: str, tt
     assert take(store_url) is not None
 
 
-@pytest.mark.parametrize("store_url", ["s3"], indirect=True)
+@OBJECT_STORES
 def test_a_lease_is_not_taken_while_its_stalled_holder_still_counts_on_it(store_url: str) -> None:
     """A holder counts on its lease for its whole ttl since it last wrote it (``Lease.expired``;
     ``Lease.confirm`` does no I/O before a fenced write meanwhile), so no other process may take
@@ -166,7 +169,7 @@ def test_a_lease_is_not_taken_while_its_stalled_holder_still_counts_on_it(store_
         stalled.release()
 
 
-@pytest.mark.parametrize("store_url", ["s3"], indirect=True)
+@OBJECT_STORES
 def test_a_renewal_answered_after_a_stall_vouches_only_for_the_time_since_it_was_sent(
     store_url: str,
 ) -> None:
@@ -243,7 +246,7 @@ def _lock_and_die(store: str) -> None:
     os._exit(0)
 
 
-@pytest.mark.parametrize("store_url", ["s3"], indirect=True)
+@OBJECT_STORES
 def test_a_run_lock_left_by_a_dead_process_is_taken_over_when_stale(
     store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -277,7 +280,7 @@ def _stall_inside_the_lock(store: str, wrote: multiprocessing.synchronize.Event)
     os._exit(0)
 
 
-@pytest.mark.parametrize("store_url", ["s3"], indirect=True)
+@OBJECT_STORES
 def test_a_holder_of_a_run_lock_taken_over_when_stale_writes_nothing(
     store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -318,7 +321,7 @@ def _write_from_elsewhere(store: str) -> None:
     os._exit(0)
 
 
-@LOCAL_AND_S3
+@LOCAL_AND_OBJECTS
 def test_what_another_process_writes_is_seen_at_once(store_url: str) -> None:
     """No listing comes from a cache: a stop request and a task record written by another
     process are seen by a store that listed the folders before."""
