@@ -161,8 +161,8 @@ class LocalBackend:
 
     def open_lock(self, path: str) -> int:
         """An open descriptor of the regular lock file ``path`` (made if missing, with its
-        folders). OSError is the caller's; a link or a non-file there is a StoreError."""
-        self.confine(path, whole=False)
+        folders, none of which may be a link: ``makedirs``). OSError is the caller's; a link or
+        a non-file there is a StoreError."""
         self.makedirs(posixpath.dirname(path))
         flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
         try:
