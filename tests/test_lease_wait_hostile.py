@@ -74,8 +74,9 @@ def _one_task(location: str, tmp_path: Path, code: str = "print('TASK-RAN', flus
 def _write_lease_object(st: CheckpointStore, job, run_id: str, spec, body: bytes) -> None:
     base = st._task_lease_base(job.job_key, run_id, spec.step_name, spec.task_key)
     path = st.fs.confined(base + ".lease.json")
-    assert st.fs.s3 is not None
-    assert st.fs.s3.create(path, body) is not None
+    objects = st.fs.conditional()
+    assert objects is not None
+    assert objects.create(path, body) is not None
 
 
 GARBAGE = {

@@ -1,6 +1,7 @@
 """Leases and the run's and job's locks on each kind of store: a local folder (flocks),
-``memory://`` (threading locks) and ``s3://`` (conditional writes, on the session's moto server);
-and the store's credentials, which are never shown."""
+``memory://`` (threading locks), ``s3://`` (conditional writes, on the session's moto server)
+and, where the test says so, ``gs://`` (conditional writes on generations, on the session's
+GCS emulator); and the store's credentials, which are never shown."""
 
 from __future__ import annotations
 
@@ -15,16 +16,19 @@ import psutil
 import pytest
 from conftest import ROOT, run_cli
 
+import core.fs._objects as objects_module
 import core.fs._s3 as s3_module
 import core.store._lease as lease_module
 from core import CheckpointStore, RunRecord, StoreError, TaskRecord
 from core._records import StopRequest
 from core.fs import redact_location
-from core.fs._s3 import S3Support
+from core.fs._objects import Support
 
 JK = "0123456789abcdef"
 RID = "20260101-000000-abcdef"
-LOCAL_AND_S3 = pytest.mark.parametrize("store_url", ["local", "s3"], indirect=True)
+LOCAL_AND_OBJECTS = pytest.mark.parametrize("store_url", ["local", "s3", "gcs"], indirect=True)
+OBJECT_STORES = pytest.mark.parametrize("store_url", ["s3", "gcs"], indirect=True)
+"""The stores with conditional writes: S3 (moto) and GCS (fake-gcs-server)."""
 FORK = multiprocessing.get_context("fork")
 
 
@@ -55,7 +59,7 @@ def _abandoned(store: str, ttl: float) -> None:
     lease = take(store, ttl=ttl)
     assert lease is not None
     lease_module._KEEPER.discard(lease)
-    if lease._fd is not None:
+    if not lease._expires:  # an flock
         lease.release()
 
 
@@ -64,7 +68,7 @@ def _race(st: CheckpointStore, start: threading.Barrier, won: list) -> None:
     won.append(st.acquire_task_lease(JK, RID, "S", "{}"))
 
 
-@LOCAL_AND_S3
+@LOCAL_AND_OBJECTS
 def test_racers_for_one_expired_lease_end_with_one_holder(store_url: str) -> None:
     """The holder is gone; eight threads, each with a store of its own, try to take its lease at
     once, three times over: each time exactly one wins (on S3: all read one ETag, and only one
@@ -120,7 +124,7 @@ def test_a_lease_lives_as_long_as_its_process_and_then_its_ttl(store_url: str) -
 
 
 @pytest.mark.parametrize(
-    ("store_url", "ttl"), [("memory", 0.2), ("s3", 1.0)], indirect=["store_url"]
+    ("store_url", "ttl"), [("memory", 0.2), ("s3", 1.0), ("gcs", 1.0)], indirect=["store_url"]
 )
 def test_a_lost_lease_says_so_and_leaves_the_new_holder_alone(store_url: str, ttl: float) -> None:
     stalled = take(store_url, ttl=ttl)
@@ -138,7 +142,7 @@ def test_a_lost_lease_says_so_and_leaves_the_new_holder_alone(store_url: str, tt
     assert take(store_url) is not None
 
 
-@pytest.mark.parametrize("store_url", ["s3"], indirect=True)
+@OBJECT_STORES
 def test_a_lease_is_not_taken_while_its_stalled_holder_still_counts_on_it(store_url: str) -> None:
     """A holder counts on its lease for its whole ttl since it last wrote it (``Lease.expired``;
     ``Lease.confirm`` does no I/O before a fenced write meanwhile), so no other process may take
@@ -165,7 +169,7 @@ def test_a_lease_is_not_taken_while_its_stalled_holder_still_counts_on_it(store_
         stalled.release()
 
 
-@pytest.mark.parametrize("store_url", ["s3"], indirect=True)
+@OBJECT_STORES
 def test_a_renewal_answered_after_a_stall_vouches_only_for_the_time_since_it_was_sent(
     store_url: str,
 ) -> None:
@@ -178,7 +182,7 @@ def test_a_renewal_answered_after_a_stall_vouches_only_for_the_time_since_it_was
     stalled = take(store_url, ttl=ttl)
     assert stalled is not None
     lease_module._KEEPER.discard(stalled)
-    s3 = stalled._fs.s3
+    s3 = stalled._fs.backend.objects
     sent_then_stalled = s3.replace
 
     def replace(path, body, etag):
@@ -242,7 +246,7 @@ def _lock_and_die(store: str) -> None:
     os._exit(0)
 
 
-@pytest.mark.parametrize("store_url", ["s3"], indirect=True)
+@OBJECT_STORES
 def test_a_run_lock_left_by_a_dead_process_is_taken_over_when_stale(
     store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -276,7 +280,7 @@ def _stall_inside_the_lock(store: str, wrote: multiprocessing.synchronize.Event)
     os._exit(0)
 
 
-@pytest.mark.parametrize("store_url", ["s3"], indirect=True)
+@OBJECT_STORES
 def test_a_holder_of_a_run_lock_taken_over_when_stale_writes_nothing(
     store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -317,7 +321,7 @@ def _write_from_elsewhere(store: str) -> None:
     os._exit(0)
 
 
-@LOCAL_AND_S3
+@LOCAL_AND_OBJECTS
 def test_what_another_process_writes_is_seen_at_once(store_url: str) -> None:
     """No listing comes from a cache: a stop request and a task record written by another
     process are seen by a store that listed the folders before."""
@@ -338,13 +342,13 @@ def test_what_another_process_writes_is_seen_at_once(store_url: str) -> None:
 def test_a_server_without_conditional_writes_gets_best_effort_leases_and_a_warning(
     store_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(s3_module, "S3_SUPPORT", {})
+    monkeypatch.setattr(objects_module, "SUPPORT", {})
     monkeypatch.setattr(
-        s3_module.S3Objects, "probe", lambda self, path: S3Support(writes=False, deletes=False)
+        s3_module.S3Objects, "probe", lambda self, path: Support(writes=False, deletes=False)
     )
     caplog.set_level(logging.WARNING, logger="core.store._store")
     first = take(store_url)
-    assert first is not None and first._etag is None  # the read-then-write lease file
+    assert first is not None and first._claim.version is None  # the read-then-write lease file
     assert take(store_url) is None
     with CheckpointStore(store_url).run_lock(JK, RID):
         with CheckpointStore(store_url).run_lock(JK, RID, timeout=0.1):

@@ -116,13 +116,13 @@ def managed_store(store_url: str):
 
 def get(store, key: str) -> bytes:
     """The bytes of ``key`` below the store's root, whatever the backend."""
-    return bytes(store.fs.backend.cat_file(posixpath.join(store.root, key)))
+    return bytes(store.fs.fsspec.cat_file(posixpath.join(store.root, key)))
 
 
 def put(store, key: str, data: bytes) -> None:
     path = posixpath.join(store.root, key)
-    store.fs.backend.makedirs(posixpath.dirname(path), exist_ok=True)
-    store.fs.backend.pipe_file(path, data)
+    store.fs.fsspec.makedirs(posixpath.dirname(path), exist_ok=True)
+    store.fs.fsspec.pipe_file(path, data)
 
 
 def blob_key(name: str, algo: str = "blake3") -> str:
@@ -140,8 +140,8 @@ def entry_blob(entry: dict) -> str:
 def blob_names(store, folder: str = "blobs/blake3") -> list[str]:
     base = posixpath.join(store.root, folder)
     try:
-        store.fs.backend.invalidate_cache()
-        return sorted(posixpath.basename(p) for p in store.fs.backend.find(base))
+        store.fs.fsspec.invalidate_cache()
+        return sorted(posixpath.basename(p) for p in store.fs.fsspec.find(base))
     except FileNotFoundError:
         return []
 
@@ -425,9 +425,9 @@ def test_a_manifest_edited_to_point_outside_is_refused_whole(
     # Every generation is tampered: nothing can be restored, the task runs from the top.
     for gen in store.list_generations(result.record):
         path = store.layout.gen_path(job.job_key, RUN_ID, *_tid(result.record), gen.generation)
-        data = json.loads(store.fs.backend.cat_file(path))
+        data = json.loads(store.fs.fsspec.cat_file(path))
         data["manifest"] = tampered.manifest
-        store.fs.backend.pipe_file(path, json.dumps(data).encode())
+        store.fs.fsspec.pipe_file(path, json.dumps(data).encode())
     second = Run(job, store, tmp_path / "host-b", record=result.record, resume=tampered)
     assert second.join().outcome == TaskOutcome.SUCCEEDED
     assert any("refused whole" in w for w in second.ex.warnings), second.ex.warnings

@@ -33,17 +33,17 @@ def raw_path(store: CheckpointStore, rel: str) -> str:
 def write_raw(store: CheckpointStore, rel: str, data: str | bytes) -> None:
     """Write a file below the store's root behind the store's back."""
     payload = data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
-    store.fs.backend.pipe_file(raw_path(store, rel), payload)
+    store.fs.fsspec.pipe_file(raw_path(store, rel), payload)
 
 
 def read_json(store: CheckpointStore, rel: str) -> dict:
-    return json.loads(store.fs.backend.cat_file(raw_path(store, rel)))
+    return json.loads(store.fs.fsspec.cat_file(raw_path(store, rel)))
 
 
 def names(store: CheckpointStore, rel: str) -> list[str]:
     return sorted(
         posixpath.basename(p.rstrip("/"))
-        for p in store.fs.backend.ls(raw_path(store, rel), detail=False)
+        for p in store.fs.fsspec.ls(raw_path(store, rel), detail=False)
     )
 
 
@@ -116,7 +116,7 @@ def test_unreadable_record_is_moved_aside_and_rebuilt_from_its_newest_generation
     assert len(aside) == 2  # the record and generation 3, both kept
     record_aside = next(n for n in aside if ".gen-" not in n)
     assert (
-        store.fs.backend.cat_file(raw_path(store, f"{RUN_DIR}/tasks/{record_aside}"))
+        store.fs.fsspec.cat_file(raw_path(store, f"{RUN_DIR}/tasks/{record_aside}"))
         == b"{ not json"
     )
     # the rebuilt record was written: the next read is clean, and read_task agrees
@@ -170,9 +170,7 @@ def test_unreadable_record_with_no_usable_generation_is_moved_aside_not_overwrit
     assert "rebuilt" not in warnings[0]
     aside = [n for n in names(store, f"{RUN_DIR}/tasks") if ".unreadable-" in n]
     assert len(aside) == 1
-    assert (
-        store.fs.backend.cat_file(raw_path(store, f"{RUN_DIR}/tasks/{aside[0]}")) == b"{ not json"
-    )
+    assert store.fs.fsspec.cat_file(raw_path(store, f"{RUN_DIR}/tasks/{aside[0]}")) == b"{ not json"
     # the checkpoint generation file is still there too, and still lists as a generation
     assert any(".gen-000001" in n for n in names(store, f"{RUN_DIR}/tasks"))
     assert [g.state for g in store.list_generations(rec)] == ["s1"]
@@ -194,7 +192,7 @@ def test_other_schema_version_is_refused_by_name(store_url: str) -> None:
     with pytest.raises(StoreError, match="schema version 99"):
         store.read_run(JK, RID)
     # not moved: a newer openjd-checkpoint can still read it
-    assert store.fs.backend.exists(raw_path(store, f"{RUN_DIR}/run.json"))
+    assert store.fs.fsspec.exists(raw_path(store, f"{RUN_DIR}/run.json"))
 
 
 def test_record_with_unknown_field_is_refused(store_url: str) -> None:

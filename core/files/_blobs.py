@@ -204,7 +204,7 @@ class Blobs:
 
     def __init__(self, fs: StoreFS) -> None:
         self.fs = fs
-        self.backend = fs.backend
+        self.fsspec = fs.fsspec
         self.local = fs.is_local
 
     def path(self, key: str) -> str:
@@ -216,7 +216,7 @@ class Blobs:
             if self.local:
                 self.fs.confined(path, whole=True)
                 return stat.S_ISREG(os.lstat(path).st_mode)
-            return bool(self.backend.exists(path))
+            return bool(self.fsspec.exists(path))
         except FileNotFoundError:
             return False
         except OSError as exc:
@@ -248,12 +248,12 @@ class Blobs:
         final = self.path(digest.key)
         try:
             self.fs.makedirs_confined(posixpath.dirname(tmp))
-            with self.backend.open(tmp, "wb") as out:
+            with self.fsspec.open(tmp, "wb") as out:
                 got, size = _copy_hashing(source_fd, out, digest.algo)
             if got != digest.hex:
                 self._discard(tmp)
                 raise RestoreError("its content changed while it was being stored")
-            self.backend.mv(tmp, final)
+            self.fsspec.mv(tmp, final)
             return size
         except OSError as exc:
             self._discard(tmp)
@@ -383,8 +383,8 @@ class Blobs:
         try:
             if self.local:
                 os.unlink(path)
-            elif self.backend.exists(path):
-                self.backend.rm(path)
+            elif self.fsspec.exists(path):
+                self.fsspec.rm(path)
         except OSError:
             pass
 
@@ -401,7 +401,7 @@ class Blobs:
                     os.fsync(out.fileno())
                 os.replace(tmp, path)
             else:
-                self.backend.pipe_file(path, data)
+                self.fsspec.pipe_file(path, data)
         except OSError as exc:
             raise StoreError(f"cannot write {self.fs.where(path)}: {exc}") from None
 
@@ -421,7 +421,7 @@ class Blobs:
                     os.close(fd)
                     raise StoreError(f"{self.fs.where(path)} is not a regular file")
                 return os.fdopen(fd, "rb")
-            return self.backend.open(path, "rb")
+            return self.fsspec.open(path, "rb")
         except FileNotFoundError:
             raise
         except OSError as exc:

@@ -1,12 +1,12 @@
-"""S3 conditional writes, for the store's leases and locks on ``s3://`` (s3fs).
+"""An ``s3://`` store (``S3Backend``, s3fs) and S3's conditional writes (``S3Objects``).
 
 ``S3Objects`` creates an object only if none is there (``If-None-Match: *``), rewrites or
 deletes one only if its ETag is still the one read (``If-Match``), and reads an object with its
-age by the server's clock, so that of two takers of a lease exactly one wins. What a server
-honours is probed once per process, endpoint and bucket (``S3Objects.probe``, cached in
-``S3_SUPPORT``; ``core.fs._storefs.StoreFS.conditional_writes`` asks). ``os_errors`` and
-``OSErrorsOnly`` make every failure of S3's client libraries an ``OSError`` with no secret in
-its message, so that the store's ``except OSError`` turns each into a ``StoreError``.
+age by the server's clock, so that of two takers of a lease exactly one wins
+(``core.fs._objects``). ``os_errors`` and ``OSErrorsOnly`` make every failure of S3's client
+libraries an ``OSError`` with no secret in its message, so that the store's ``except OSError``
+turns each into a ``StoreError``. A location names its bucket, which must exist (a typo would
+otherwise make a new one), and takes no credentials (they come as usual for AWS).
 """
 
 from __future__ import annotations
@@ -14,72 +14,75 @@ from __future__ import annotations
 import contextlib
 import email.utils
 import errno
-import logging
 import os
 import time
+import urllib.parse
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import Any, ClassVar
 
 import fsspec
 
-__all__ = (
-    "S3_PROTOCOLS",
-    "S3_SUPPORT",
-    "OSErrorsOnly",
-    "S3Objects",
-    "S3Support",
-    "WriteFence",
-    "os_errors",
-    "protocols",
-)
+from core._errors import StoreError
+from core.fs._fsspec import open_fs
+from core.fs._objects import ObjectStoreBackend, OSErrorsOnly, Support
 
-_LOG = logging.getLogger("core.store._store")
-"""The store's warnings keep the logger they have always had."""
+__all__ = ("S3Backend", "S3Objects", "os_errors")
 
 
-class WriteFence(Protocol):
-    """What a lease holder's writes are checked against (fencing; ``core.store._lease.Lease`` is
-    one): a write made with a fence is refused once the fence's holder no longer holds its
-    lease, and on S3 it is a conditional write that fails if anyone else wrote the file since
-    this holder last wrote or read it (``S3Objects.put_fenced``, ``StoreFS.replace_file``)."""
+class S3Backend(ObjectStoreBackend):
+    """An ``s3://`` store (see the module docstring)."""
 
-    versions: dict[str, str | None]
-    """path -> the ETag this holder last wrote or read there (None: there was no file)."""
+    name: ClassVar[str] = "s3"
 
-    def confirm(self) -> None:
-        """Raise ``LeaseLostError`` unless the lease may still be counted on (renewing it first
-        if its ttl ran out)."""
+    @classmethod
+    def open(cls, url: str, location: str) -> S3Backend:
+        """The store at ``url``.
 
-    def confirm_held(self) -> None:
-        """Raise ``LeaseLostError`` unless the store says the lease is still this holder's
-        (one conditional renewal)."""
+        Raises:
+            StoreError: the URL has credentials or no bucket, or the bucket does not exist.
+        """
+        if "@" in urllib.parse.urlsplit(url).netloc:
+            raise StoreError(
+                f"checkpoint store {location!r}: an s3:// URL takes no credentials; "
+                "give them as usual for AWS (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+                "AWS_PROFILE, ~/.aws/credentials, an instance role)"
+            )
+        # An S3 service that cannot be reached fails a call in seconds, not minutes: s3fs's own
+        # retries (5, with back-off) around botocore's (legacy mode, 5 more) made each call of
+        # a run take 10 s or more while the store was away, and a run with uploads queued sat
+        # for minutes. Throttling and 5xx answers are still retried (botocore's standard mode,
+        # 3 attempts). Listings are never cached: other processes write here too.
+        fs, root = open_fs(
+            url,
+            location,
+            use_listings_cache=False,
+            config_kwargs={
+                "connect_timeout": 5,
+                "read_timeout": 60,
+                "retries": {"max_attempts": 3, "mode": "standard"},
+            },
+        )
+        fs.retries = 2  # s3fs's own, around botocore's (above); a class attribute of 5
+        backend = cls(OSErrorsOnly(fs, os_errors), root, location, S3Objects(fs))
+        # s3fs's makedirs of a bucket path creates the bucket: a typo in its name would make a
+        # new bucket (and reading commands would say the store is empty).
+        bucket = backend.bucket()
+        if not bucket:
+            raise StoreError(
+                f"checkpoint store {location!r}: an s3:// store names its bucket "
+                "(s3://BUCKET or s3://BUCKET/PREFIX)"
+            )
+        try:
+            exists = backend.objects.bucket_exists(bucket)
+        except OSError as exc:
+            raise StoreError(f"checkpoint store {location!r}: {exc}") from None
+        if not exists:
+            raise StoreError(
+                f"checkpoint store {location!r}: the bucket {bucket!r} does not exist; "
+                "create it first: the store makes only its prefix"
+            )
+        return backend
 
-
-S3_PROTOCOLS = frozenset({"s3", "s3a"})
-"""The fsspec protocols of S3 (s3fs)."""
-
-
-def protocols(fs: Any) -> tuple[str, ...]:
-    """The protocols an fsspec file system answers to."""
-    protocol = getattr(fs, "protocol", ())
-    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
-
-
-class S3Support:
-    """What an S3 server honours (``StoreFS.conditional_writes``)."""
-
-    def __init__(self, *, writes: bool, deletes: bool) -> None:
-        self.writes = writes
-        """``If-None-Match: *`` and ``If-Match`` on PutObject."""
-        self.deletes = deletes
-        """``If-Match`` on DeleteObject."""
-
-
-S3_SUPPORT: dict[tuple[str, str], S3Support] = {}
-"""(endpoint, bucket) -> what its server honours, probed once per process."""
-
-_UNREAD: Any = object()
-"""``WriteFence.versions`` has no entry: the ETag is read before a conditional write."""
 
 _PRECONDITION_FAILED = frozenset({"PreconditionFailed", "412"})
 _CONFLICT = frozenset({"ConditionalRequestConflict", "409"})
@@ -105,15 +108,18 @@ def _s3_code(exc: BaseException) -> str | None:
 
 
 class S3Objects:
-    """Conditional writes of small objects through s3fs's client (its ``call_s3``). Every
-    method raises OSError for what it does not handle, never botocore's own errors."""
+    """Conditional writes of small objects through s3fs's client (its ``call_s3``):
+    ``core.fs._objects.ProbedObjects``, a version being an ETag. Every method raises OSError
+    for what it does not handle, never botocore's own errors."""
 
     def __init__(self, fs: Any) -> None:
         self.fs = fs
+        self.support: Support | None = None
 
-    def endpoint(self) -> str:
+    def server(self) -> str:
         kwargs = getattr(self.fs, "client_kwargs", None) or {}
-        return str(getattr(self.fs, "endpoint_url", None) or kwargs.get("endpoint_url") or "")
+        endpoint = getattr(self.fs, "endpoint_url", None) or kwargs.get("endpoint_url") or ""
+        return f"s3:{endpoint}"
 
     def bucket_exists(self, bucket: str) -> bool:
         """False if the server says ``bucket`` does not exist (``HeadBucket``: 404). True
@@ -170,51 +176,7 @@ class S3Objects:
         """Rewrite ``path`` if its ETag is ``etag`` (``If-Match``): the new ETag, else None."""
         return self._put(path, body, IfMatch=etag)
 
-    def put_fenced(
-        self, path: str, body: bytes, fence: WriteFence, *, new: bool, where: str
-    ) -> None:
-        """Write ``path`` under ``fence`` (a lease holder's write; its lease was confirmed by the
-        caller): ``If-Match`` of the ETag the holder last wrote or read there
-        (``fence.versions``, read now if it has none), ``If-None-Match`` when ``new``. When the
-        condition fails the lease is confirmed with the store (``fence.confirm_held()``, which
-        raises ``LeaseLostError`` if another process holds it); if it is still the holder's,
-        the file was written by a process whose lease had expired, and the holder's version
-        replaces it (logged as a warning, ``where`` naming the file).
-
-        Raises:
-            OSError: the server cannot be reached, or another write came at the same moment.
-            LeaseLostError: the holder's lease is another's now; nothing was written.
-        """
-        expected = None if new else fence.versions.get(path, _UNREAD)
-        if expected is _UNREAD:
-            expected = self.etag(path)
-        etag = self._put_over(path, body, expected)
-        if etag is None:  # written by another process since this holder's last write
-            fence.confirm_held()
-            _LOG.warning(
-                "%s was written by another process since this one took its lease (a holder "
-                "whose lease had expired); this holder's version replaces it",
-                where,
-            )
-            etag = self._put_over(path, body, self.etag(path))
-            if etag is None:
-                raise OSError(errno.EAGAIN, "another process wrote it at the same moment")
-        fence.versions[path] = etag
-
-    def _put_over(self, path: str, body: bytes, etag: str | None) -> str | None:
-        """``create`` if ``etag`` is None, else ``replace`` of that version."""
-        return self.create(path, body) if etag is None else self.replace(path, body, etag)
-
-    def delete_own(self, path: str, fence: WriteFence) -> None:
-        """Delete ``path`` if it is still the version ``fence``'s holder wrote (``If-Match``):
-        what a holder that then found its lease lost wrote before it knew. Best effort:
-        never raises."""
-        etag = fence.versions.pop(path, None)
-        if etag is not None:
-            with contextlib.suppress(OSError):
-                self.delete(path, etag)
-
-    def etag(self, path: str) -> str | None:
+    def version(self, path: str) -> str | None:
         """The object's ETag (``HeadObject``), None if there is none."""
         bucket, key = self._bucket_key(path)
         try:
@@ -263,7 +225,7 @@ class S3Objects:
         """Delete ``path`` if its ETag is still ``etag`` (``If-Match``; where the server ignores
         that on deletes, a read of the ETag just before stands in for it)."""
         bucket, key = self._bucket_key(path)
-        support = S3_SUPPORT.get((self.endpoint(), bucket))
+        support = self.support
         if support is not None and not support.deletes:
             current = self.get(path)
             if current is None or current[1] != etag:
@@ -280,9 +242,9 @@ class S3Objects:
             if _s3_code(exc) not in _PRECONDITION_FAILED | _CONFLICT | _MISSING:
                 raise
 
-    def probe(self, path: str) -> S3Support:
+    def probe(self, path: str) -> Support:
         """What the server honours, found with a probe object of its own at ``path`` (see
-        ``StoreFS.conditional_writes``). OSError if it cannot be written at all."""
+        ``ProbedObjects.probe``). OSError if it cannot be written at all."""
         bogus = '"00000000000000000000000000000000"'
         try:
             try:
@@ -293,7 +255,7 @@ class S3Objects:
                 )
             except OSError as exc:
                 if _s3_code(exc) in _NOT_SUPPORTED:
-                    return S3Support(writes=False, deletes=False)
+                    return Support(writes=False, deletes=False)
                 raise
             bucket, key = self._bucket_key(path)
             try:
@@ -302,7 +264,7 @@ class S3Objects:
                 deletes = False  # deleted although the ETag did not match
             except OSError as exc:
                 deletes = _s3_code(exc) in _PRECONDITION_FAILED
-            return S3Support(writes=writes, deletes=deletes)
+            return Support(writes=writes, deletes=deletes)
         finally:
             with contextlib.suppress(Exception):
                 self.fs.rm_file(path)
@@ -346,30 +308,3 @@ def os_errors(fs: Any) -> Iterator[None]:
         if not _client_error(exc):
             raise
         raise OSError(errno.EIO, _scrub(f"{type(exc).__name__}: {exc}", fs)) from None
-
-
-class OSErrorsOnly:
-    """An fsspec file system (s3fs) whose public methods raise OSErrors (``os_errors``), so
-    that the store's ``except OSError`` makes ``StoreError``s of every failure."""
-
-    def __init__(self, fs: Any) -> None:
-        self._fs = fs
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._fs, name)
-        if name.startswith("_") or not callable(attr):
-            return attr
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            with os_errors(self._fs):
-                return attr(*args, **kwargs)
-
-        return call
-
-
-def _after_fork_in_child() -> None:
-    S3_SUPPORT.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)

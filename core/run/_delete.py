@@ -105,7 +105,7 @@ def _run_holder(store: CheckpointStore, run: RunRecord) -> str:
 def _refuse_if_busy(store: CheckpointStore, run: RunRecord, where: str) -> None:
     """RunError if a live process holds a lease of a task or session of the run, whose folder
     is ``where`` (the caller's own run lease aside), naming the first."""
-    held = store.removal.held_leases(where, store.lease_seconds, but=posixpath.join(where, "lease"))
+    held = store.removal.held_leases(where, but=posixpath.join(where, "lease"))
     if not held:
         return
     base = held[0]
@@ -155,14 +155,14 @@ def finish_interrupted_deletes(store: CheckpointStore, *, grace_seconds: float) 
         for run_id, where in store.removal.marked(key):
             own = posixpath.join(where, "lease")
             if store.is_local:
-                if store.removal.held_leases(where, ttl):
+                if store.removal.held_leases(where):
                     continue  # its deleter is still at work
                 store.removal.remove(where, None)
             else:
                 lease = take_lease_once(store.fs, own, ttl)
                 if lease is None:
                     continue  # its deleter is still at work
-                if store.removal.held_leases(where, ttl, but=own):
+                if store.removal.held_leases(where, but=own):
                     lease.release()
                     continue
                 store.removal.remove(where, lease)
@@ -174,7 +174,7 @@ def finish_interrupted_deletes(store: CheckpointStore, *, grace_seconds: float) 
             if any(now - file_mtime(info) < grace_seconds for _, info in files):
                 continue  # a run being made (its lease comes before its record), or in use
             with store.job_lock(key):  # every run is made under it
-                if store.removal.has_record(key, run_id) or store.removal.held_leases(run_dir, ttl):
+                if store.removal.has_record(key, run_id) or store.removal.held_leases(run_dir):
                     continue
                 folder = store.removal.mark(key, run_id, this_process())
             if folder is not None:

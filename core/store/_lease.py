@@ -1,17 +1,18 @@
 """Leases and locks on the store's file system.
 
 A lease is the right to run a run, a task or a session now; a lock (a run's record lock, a job's
-lock) makes a read-change-write of records one step. Both depend on the store:
+lock) makes a read-change-write of records one step. How each is held is its store's backend's
+(``StoreFS.leases()``, a ``core.fs.LeaseFiles``):
 
-- local directory: ``flock``s, dropped by the kernel when their owner dies;
-- ``s3://`` (s3fs): objects written with S3 conditional writes (``If-None-Match: *`` to create,
-  ``If-Match: <ETag>`` to renew or take over an expired one), so that of two takers exactly one
-  wins. A server that does not honour them (probed once per process and bucket,
-  ``StoreFS.conditional_writes``) gets the best-effort files of other stores, with a warning
-  (``logging``, once);
-- ``memory://`` (one process): threading locks, exact within the process;
+- local directory: ``flock``s, dropped by the kernel when their owner dies (``core.fs._local``);
+- ``s3://``, ``gs://``: objects written with conditional writes (create only if absent; renew or
+  take over an expired one only if it is still the version read), so that of two takers exactly
+  one wins. A server that does not honour them (probed once per process and bucket) gets the
+  best-effort files of other stores, with a warning (``logging``, once) (``core.fs._objects``);
+- ``memory://`` (one process): files read then written under a threading lock, and threading
+  locks, exact within the process (``core.fs._memory``);
 - any other fsspec store: a ``*.lease.json`` with an expiry, read then written (best effort),
-  and no run or job lock.
+  and no run or job lock (``core.fs._fsspec``).
 
 Everywhere but a local store, a held lease is renewed by a daemon thread of its process
 (``_KEEPER``), so it expires only when its process died (or stalled for its whole ttl).
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import threading
 import time
@@ -33,7 +33,17 @@ from typing import Any
 from core._errors import LeaseLostError, SettingError, StoreError, seconds_in_range
 from core._host import host_id
 from core._records import ProcessInfo
-from core.fs import NotARecordError, StoreFS, lock_fence, os_reason
+from core.fs import (
+    DEFAULT_LEASE_SECONDS,
+    MAX_LEASE_SECONDS,
+    LeaseClaim,
+    LeaseFiles,
+    NotARecordError,
+    StoreFS,
+    lease_ttl,
+    lock_fence,
+    os_reason,
+)
 
 __all__ = (
     "DEFAULT_LEASE_SECONDS",
@@ -51,9 +61,7 @@ __all__ = (
 
 LEASE_SECONDS_ENV = "OPENJD_CHECKPOINT_LEASE_SECONDS"
 """The environment variable that sets the ttl of leases on stores other than a local folder."""
-DEFAULT_LEASE_SECONDS = 60.0
-"""A lease's ttl in seconds when ``$OPENJD_CHECKPOINT_LEASE_SECONDS`` is not set."""
-_MIN_LEASE_SECONDS, _MAX_LEASE_SECONDS = 1.0, 86400.0
+_MIN_LEASE_SECONDS = 1.0
 
 
 def lease_seconds_setting(value: float | str | None = None) -> float:
@@ -70,90 +78,69 @@ def lease_seconds_setting(value: float | str | None = None) -> float:
         if value is None:
             return DEFAULT_LEASE_SECONDS
     return seconds_in_range(
-        value, where=where, low=_MIN_LEASE_SECONDS, high=_MAX_LEASE_SECONDS, error=SettingError
+        value, where=where, low=_MIN_LEASE_SECONDS, high=MAX_LEASE_SECONDS, error=SettingError
     )
 
 
 LOCK_STALE_SECONDS = 30.0
-"""A run's or job's lock object on S3 that its holder has not refreshed for this long (its
-holder refreshes it every 10 s) belonged to a process that died: it is taken over."""
+"""A run's or job's lock object on a store with conditional writes that its holder has not
+refreshed for this long (its holder refreshes it every 10 s) belonged to a process that died:
+it is taken over."""
+
+
+def _leases(fs: StoreFS, what: str, path: str) -> LeaseFiles:
+    """``fs.leases()``, the OSError of its probe a StoreError (``what``: ``lock``...)."""
+    try:
+        return fs.leases()
+    except OSError as exc:
+        raise StoreError(f"cannot {what} {fs.where(path)}: {os_reason(exc)}") from None
 
 
 @contextlib.contextmanager
 def hold_lock(fs: StoreFS, path: str, timeout: float) -> Iterator[None]:
-    """Hold the lock ``path`` (waiting up to ``timeout`` seconds; not reentrant):
+    """Hold the lock ``path`` (waiting up to ``timeout`` seconds; not reentrant): what the
+    store's backend holds as long as this process lives (``LeaseFiles.lock``: a blocking
+    ``flock`` on the file ``path`` locally, a threading lock of this process on ``memory://``,
+    nothing on stores with no way to lock: best effort, see docs/decisions.md), or else, on a
+    store with conditional writes, the lease object ``path``, tried again until ``timeout``
+    and let go on exit. Its holder refreshes it every 10 s; one not refreshed for
+    ``LOCK_STALE_SECONDS`` (its holder died, or stalled) is taken over, and a holder that
+    stalled that long writes nothing more under it (``core.fs.lock_fence``).
 
-    - local store: a blocking ``flock`` on the file ``path``;
-    - S3 with conditional writes: the object ``path``, created with ``If-None-Match`` (tried
-      again until ``timeout``) and deleted on exit. Its holder refreshes it every 10 s; one
-      not refreshed for ``LOCK_STALE_SECONDS`` (its holder died, or stalled) is taken over
-      with ``If-Match``, and a holder that stalled that long writes nothing more under it
-      (``core.fs._storefs.lock_fence``);
-    - ``memory://``: a threading lock of this process (a memory store lives in one process);
-    - other stores: nothing (best effort, see docs/decisions.md).
+    Raises:
+        StoreError: the lock was not had within ``timeout`` seconds, or cannot be taken.
     """
-    if fs.is_local:
-        with _flock(fs, path, timeout):
+    leases = _leases(fs, "lock", path)
+    held = leases.lock(fs.confined(path), timeout)
+    if held is not None:
+        with held:
             yield
-    elif fs.memory:
-        lock = _memory_lock(path)
-        if not lock.acquire(timeout=timeout):
+        return
+    end = time.monotonic() + timeout
+    pause = 0.02
+    while True:
+        try:
+            lease = _take(fs, leases, path, LOCK_STALE_SECONDS)
+        except OSError as exc:
+            raise StoreError(f"cannot lock {fs.where(path)}: {os_reason(exc)}") from None
+        if lease is not None:
+            break
+        if time.monotonic() > end:
             raise StoreError(f"{fs.where(path)} stayed locked for {timeout:g} s")
-        try:
+        time.sleep(pause)
+        pause = min(pause * 1.5, 0.25)
+    try:
+        with lock_fence(lease, f"the lock {fs.where(path)}"):
             yield
-        finally:
-            lock.release()
-    elif fs.s3 is not None and _conditional_writes_or_store_error(fs, path):
-        fs.confined(path)
-        end = time.monotonic() + timeout
-        pause = 0.02
-        while True:
-            try:
-                lease = _take_object(fs, path, LOCK_STALE_SECONDS)
-            except OSError as exc:
-                raise StoreError(f"cannot lock {fs.where(path)}: {os_reason(exc)}") from None
-            if lease is not None:
-                break
-            if time.monotonic() > end:
-                raise StoreError(f"{fs.where(path)} stayed locked for {timeout:g} s")
-            time.sleep(pause)
-            pause = min(pause * 1.5, 0.25)
-        try:
-            with lock_fence(lease, f"the lock {fs.where(path)}"):
-                yield
-        finally:
-            lease.release()
-    else:
-        yield
-
-
-@contextlib.contextmanager
-def _flock(fs: StoreFS, path: str, timeout: float) -> Iterator[None]:
-    import fcntl
-
-    try:
-        fd = fs.open_lock(path)
-    except OSError as exc:
-        raise StoreError(f"cannot lock {fs.where(path)}: {os_reason(exc)}") from None
-    try:
-        end = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError:
-                if time.monotonic() > end:
-                    raise StoreError(f"{fs.where(path)} stayed locked for {timeout:g} s") from None
-                time.sleep(0.01)
-        yield
     finally:
-        os.close(fd)
+        lease.release()
 
 
 def take_lease(
     fs: StoreFS, base: str, ttl_seconds: float, wait_seconds: float = 0.0
 ) -> Lease | None:
-    """``base.lock`` with an flock on a local store; ``base.lease.json`` elsewhere.
+    """The lease ``base`` (its file: ``base.lock`` with an flock on a local store,
+    ``base.lease.json`` elsewhere), None if a live holder has it.
 
     ``wait_seconds``: keep trying that long, so that another process that merely probes
     the lease (``*_lease_held``, which takes and drops it) is not mistaken for a holder."""
@@ -171,93 +158,45 @@ def take_lease_once(fs: StoreFS, base: str, ttl_seconds: float) -> Lease | None:
     Raises:
         StoreError: the lease's file cannot be made, read or written.
     """
+    leases = _leases(fs, "take the lease", base)
     try:
-        if fs.is_local:
-            import fcntl
-
-            fd = fs.open_lock(base + ".lock")
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                os.close(fd)
-                return None
-            return Lease(fs, base + ".lock", fd=fd, ttl=ttl_seconds)
-        if fs.conditional_writes():
-            return _take_object(fs, fs.confined(base + ".lease.json"), ttl_seconds)
+        return _take(fs, leases, base + leases.suffix, ttl_seconds)
     except OSError as exc:
         raise StoreError(f"cannot take the lease {fs.where(base)}: {os_reason(exc)}") from None
-    path = base + ".lease.json"
-    # Read, then write: exact within one process on memory:// (one lock around both), a
-    # race between processes on other stores (best effort).
-    with _MEMORY_GUARD if fs.memory else contextlib.nullcontext():
-        try:
-            raw = fs.read_bytes(path)
-            current = json.loads(raw) if raw is not None else {}
-            if float(current.get("expires_at", 0)) > time.time():
-                return None
-        except (NotARecordError, ValueError, TypeError, AttributeError, OverflowError):
-            pass
-        lease = Lease(fs, path, ttl=ttl_seconds)
-        fs.write_json(path, lease._content())
-    _KEEPER.add(lease)
-    return lease
 
 
-def _conditional_writes_or_store_error(fs: StoreFS, path: str) -> bool:
-    try:
-        return fs.conditional_writes()
-    except OSError as exc:
-        raise StoreError(f"cannot lock {fs.where(path)}: {os_reason(exc)}") from None
-
-
-def _take_object(fs: StoreFS, path: str, ttl: float) -> Lease | None:
-    """Take the lease object ``path`` on S3: create it with ``If-None-Match: *``; if it is
-    there and expired (its age by the server's clock is more than its ttl), rewrite it with
-    ``If-Match`` of the ETag read. Returns None if a live holder has it or another taker
-    won. OSError is the caller's.
-
-    The server tells the age in whole seconds (``Date`` less ``LastModified``, each to the
-    second), up to 1 s more than it is: a lease counts as expired only once that age is over
-    its ttl rounded up, so that it is never taken while its holder still counts on it
-    (``Lease.expired``: its whole ttl since it wrote it)."""
-    assert fs.s3 is not None
-    lease = Lease(fs, path, ttl=ttl)
-    etag = fs.s3.create(path, lease._content_bytes())
-    if etag is None:
-        current = fs.s3.get(path)
-        if current is None:  # released in between: one more try
-            etag = fs.s3.create(path, lease._content_bytes())
-        else:
-            data, held_etag, age = current
-            if age <= math.ceil(_held_ttl(data)):
-                return None
-            etag = fs.s3.replace(path, lease._content_bytes(), held_etag)
-        if etag is None:
-            return None
-    lease._etag = etag
-    _KEEPER.add(lease)
+def _take(fs: StoreFS, leases: LeaseFiles, path: str, ttl: float) -> Lease | None:
+    """One try at the lease file ``path`` (``LeaseFiles.take``), renewed by ``_KEEPER`` where
+    leases expire. OSError is the caller's."""
+    lease = Lease(fs, fs.confined(path), ttl=ttl, leases=leases)
+    claim = leases.take(lease._path, lease._content_bytes(), lease._token)
+    if claim is None:
+        return None
+    lease._claim = claim
+    if leases.expire:
+        _KEEPER.add(lease)
     return lease
 
 
 class Lease:
-    """A held lease (of a run, a task or a session, or a run's or job's lock on S3);
-    ``release()`` when done.
+    """A held lease (of a run, a task or a session, or a run's or job's lock on a store with
+    conditional writes); ``release()`` when done.
 
-    On a local store it is an exclusive ``flock``, which the kernel drops when its owner dies.
-    Elsewhere it is a file with a ttl: on S3 with conditional writes, an object rewritten only
-    with ``If-Match`` of the ETag this lease wrote last; on other stores, a JSON file read then
-    written. There a daemon thread of this process (``_KEEPER``) renews every held lease every
-    third of its ttl, so a lease expires only when its process died (or stalled for its whole
-    ttl). ``lost`` says that a renewal found another holder in its place.
+    How it is held is its store's (``core.fs.LeaseFiles``, module docstring). Where leases
+    expire (every store but a local folder, whose flock lasts as long as its process), a daemon
+    thread of this process (``_KEEPER``) renews every held lease every third of its ttl, so a
+    lease expires only when its process died (or stalled for its whole ttl). ``lost`` says that
+    a renewal found another holder in its place.
     """
 
-    def __init__(self, fs: StoreFS, path: str, *, ttl: float, fd: int | None = None) -> None:
+    def __init__(self, fs: StoreFS, path: str, *, ttl: float, leases: LeaseFiles) -> None:
         self._fs = fs
         self._path = path
-        self._fd = fd
+        self._leases = leases
+        self._claim: LeaseClaim | None = None
+        """What the store's ``LeaseFiles`` handed out when the lease was taken."""
+        self._expires = leases.expire
         self._ttl = ttl
-        self._etag: str | None = None
-        """The ETag this lease last wrote (S3 with conditional writes)."""
         self._token = uuid.uuid4().hex
         self._renewals = 0
         self._mutex = threading.Lock()
@@ -269,14 +208,14 @@ class Lease:
         """A renewal found that the lease had expired and another process had taken it."""
         self.versions: dict[str, str | None] = {}
         """The files this holder writes with the lease as their fence (``WriteFence``): path ->
-        the ETag it last wrote or read there, on S3 with conditional writes."""
+        the version it last wrote or read there, on a store with conditional writes."""
 
     @property
     def expired(self) -> bool:
         """True when this holder may no longer count on the lease: it was lost, or it has not
         been renewed for its whole ttl (the store could not be written), so another process
         may take it now. Never on a local store (an flock lasts while its process does)."""
-        if self._fd is not None or self._released:
+        if not self._expires or self._released:
             return False
         return self.lost or time.monotonic() - self._renewed > self._ttl
 
@@ -301,35 +240,26 @@ class Lease:
                 process took it (``lost`` is then True).
             StoreError: it could not be written.
         """
-        if self._fd is not None:
+        if not self._expires:
             return
-        fs = self._fs
         with self._mutex:
             if self._released:
                 return
             if self.lost:
                 raise LeaseLostError(self._lost_message())
+            assert self._claim is not None
             self._renewals += 1
             # Counted from before the request: a process stalled between sending it and
             # reading the answer (a SIGSTOP, say) may have been taken over meanwhile, so the
             # renewal vouches only for the time since it was sent.
             sent = time.monotonic()
             try:
-                if self._etag is not None:
-                    assert fs.s3 is not None
-                    etag = fs.s3.replace(self._path, self._content_bytes(), self._etag)
-                    if etag is None:
-                        self.lost = True
-                    else:
-                        self._etag = etag
-                else:
-                    raw = fs.read_bytes(self._path)
-                    if raw is not None and _lease_token(raw) not in (self._token, None):
-                        self.lost = True
-                    else:
-                        fs.write_json(self._path, self._content())
+                if not self._leases.renew(self._claim, self._content_bytes()):
+                    self.lost = True
             except (OSError, NotARecordError) as exc:
-                raise StoreError(f"cannot renew the lease {fs.where(self._path)}: {exc}") from None
+                raise StoreError(
+                    f"cannot renew the lease {self._fs.where(self._path)}: {exc}"
+                ) from None
             if self.lost:
                 raise LeaseLostError(self._lost_message())
             self._due = sent + self._ttl / 3
@@ -345,7 +275,7 @@ class Lease:
         Raises:
             LeaseLostError: the lease was lost, or cannot be renewed although its ttl ran out.
         """
-        if self._fd is not None:
+        if not self._expires:
             return
         if self.lost:
             raise LeaseLostError(self._lost_message())
@@ -357,13 +287,14 @@ class Lease:
             self.confirm_held()
 
     def confirm_held(self) -> None:
-        """Renew the lease now, which on S3 is a write conditional on this holder's own last
-        write of it: it succeeds only if no other process took it (``WriteFence``).
+        """Renew the lease now, which on a store with conditional writes is a write conditional
+        on this holder's own last write of it: it succeeds only if no other process took it
+        (``WriteFence``).
 
         Raises:
             LeaseLostError: another process holds it, or it cannot be renewed now.
         """
-        if self._fd is not None:
+        if not self._expires:
             return
         try:
             self.renew()
@@ -403,31 +334,16 @@ class Lease:
             self._due = time.monotonic() + min(1.0, self._ttl / 10)
 
     def release(self) -> None:
-        """Let the lease go (once; later calls do nothing). Elsewhere than on a local store,
-        the lease's file is deleted only if it is still this lease's (best effort)."""
+        """Let the lease go (once; later calls do nothing). Where leases expire, the lease's
+        file is deleted only if it is still this lease's (best effort)."""
         with self._mutex:
             if self._released:
                 return
             self._released = True
-        if self._fd is not None:
-            os.close(self._fd)  # closing the descriptor drops the flock
-            self._fd = None
-            return
         _KEEPER.discard(self)
-        if self.lost:
+        if self.lost or self._claim is None:
             return
-        fs = self._fs
-        try:
-            if self._etag is not None:
-                assert fs.s3 is not None
-                fs.s3.delete(self._path, self._etag)
-            else:
-                with _MEMORY_GUARD if fs.memory else contextlib.nullcontext():
-                    raw = fs.read_bytes(self._path)
-                    if raw is not None and _lease_token(raw) in (self._token, None):
-                        fs.remove_file(self._path)
-        except (OSError, StoreError, NotARecordError):
-            pass
+        self._leases.release(self._claim)
 
 
 def this_process(pgid: int | None = None) -> ProcessInfo:
@@ -463,19 +379,21 @@ class HeldLease:
 
 
 def read_holder(fs: StoreFS, base: str) -> HeldLease | None:
-    """The holder of ``base.lease.json`` on a store whose leases have a ttl (not a local folder,
-    not ``memory://``, whose holders are known to be alive); None there, or if the lease object
-    is gone or unreadable (then it is not held).
+    """The holder of the lease ``base`` on a store whose leases have a ttl (not a local folder,
+    not ``memory://``, whose holders are known to be alive: ``LeaseFiles.holder``); None there,
+    or if the lease object is gone or unreadable (then it is not held).
 
     Raises:
         StoreError: the object cannot be read.
     """
-    if fs.is_local or fs.memory:
-        return None
+    leases = _leases(fs, "read the lease", base)
+    path = fs.confined(base + leases.suffix)
     try:
-        raw = fs.read_bytes(base + ".lease.json")
+        raw = leases.holder(path)
     except NotARecordError:
         return None
+    except OSError as exc:
+        raise StoreError(f"cannot read {fs.where(path)}: {os_reason(exc)}") from None
     if raw is None:
         return None
     owner: ProcessInfo | None
@@ -483,38 +401,7 @@ def read_holder(fs: StoreFS, base: str) -> HeldLease | None:
         owner = ProcessInfo.model_validate(json.loads(raw).get("owner"))
     except (ValueError, TypeError, AttributeError):
         owner = None
-    return HeldLease(owner, _held_ttl(raw))
-
-
-def _lease_token(raw: bytes) -> str | None:
-    """The token of a lease file's content, None if it has none (or is not JSON)."""
-    try:
-        token = json.loads(raw).get("token")
-    except (ValueError, AttributeError):
-        return None
-    return token if isinstance(token, str) else None
-
-
-def _held_ttl(raw: bytes) -> float:
-    """A lease object's ttl in seconds (what its holder renews it within); 60 if it says none."""
-    try:
-        ttl = float(json.loads(raw).get("ttl", DEFAULT_LEASE_SECONDS))
-    except (ValueError, TypeError, AttributeError, OverflowError):  # OverflowError: a huge int
-        return DEFAULT_LEASE_SECONDS
-    return ttl if 0 <= ttl <= _MAX_LEASE_SECONDS else DEFAULT_LEASE_SECONDS
-
-
-# --- memory:// (one process) ---------------------------------------------------------------------
-_MEMORY_GUARD = threading.Lock()
-"""Makes a lease's read-then-write on ``memory://`` one step: a memory store lives in one process,
-so a threading lock is all it takes."""
-_MEMORY_LOCKS: dict[str, threading.Lock] = {}
-
-
-def _memory_lock(path: str) -> threading.Lock:
-    """The process-wide threading lock standing for the lock file ``path`` on ``memory://``."""
-    with _MEMORY_GUARD:
-        return _MEMORY_LOCKS.setdefault(path, threading.Lock())
+    return HeldLease(owner, lease_ttl(raw))
 
 
 # --- renewing leases -----------------------------------------------------------------------------
@@ -565,10 +452,7 @@ _KEEPER = _Keeper()
 
 
 def _after_fork_in_child() -> None:
-    global _MEMORY_GUARD
     _KEEPER.reset()
-    _MEMORY_GUARD = threading.Lock()
-    _MEMORY_LOCKS.clear()
 
 
 if hasattr(os, "register_at_fork"):

@@ -21,7 +21,6 @@ to 50 objects on a store other than a local folder).
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import posixpath
@@ -33,7 +32,7 @@ from core._killpoints import kill_point
 from core._records import ProcessInfo, RunRecord
 from core.fs import NotARecordError, StoreFS, list_files, os_reason
 from core.store._layout import Layout, is_run_id
-from core.store._lease import Lease, hold_lock, take_lease_once
+from core.store._lease import Lease, hold_lock
 from core.store._record_io import RecordFiles
 
 __all__ = ("RunBeingDeleted", "RunRemoval", "being_deleted_words", "deleting_run_id")
@@ -143,7 +142,7 @@ class RunRemoval:
                 prefix = where[len(self.fs.root) :].strip("/")
                 files = [p for p, _ in list_files(self.fs, prefix) if p not in (record, own)]
                 for start in range(0, len(files), _BATCH):
-                    self.fs.backend.rm([self.fs.confined(p) for p in files[start : start + _BATCH]])
+                    self.fs.fsspec.rm([self.fs.confined(p) for p in files[start : start + _BATCH]])
                     kill_point("delete.removing")
         except OSError as exc:
             raise StoreError(f"cannot delete {self.fs.where(where)}: {os_reason(exc)}") from None
@@ -177,45 +176,32 @@ class RunRemoval:
         _gone_ok(os.rmdir, where)
 
     # --- leases under a run's folder -----------------------------------------------------------
-    def held_leases(self, where: str, ttl: float, *, but: str | None = None) -> list[str]:
+    def held_leases(self, where: str, *, but: str | None = None) -> list[str]:
         """The leases under the run folder ``where`` (the run's, its tasks' and its sessions')
-        that a live process holds, as their paths without suffix; probed without keeping them.
-        ``but``: a lease not to probe (the caller's own). ``ttl``: of a lease this probe takes
-        for a moment, on a store whose leases have one."""
+        that a live process holds, as their paths without suffix; probed without taking them
+        (``LeaseFiles.held``). ``but``: a lease not to probe (the caller's own)."""
+        try:
+            leases = self.fs.leases()
+        except OSError as exc:
+            raise StoreError(f"cannot probe {self.fs.where(where)}: {os_reason(exc)}") from None
         held: list[str] = []
-        suffix = ".lock" if self.fs.is_local else ".lease.json"
+        suffix = leases.suffix
         for folder in (where, posixpath.join(where, "tasks"), posixpath.join(where, "sessions")):
             for name in self.fs.list_names(folder):
                 if not name.endswith(suffix) or name == "run.lock" or name.startswith("."):
                     continue
                 base = posixpath.join(folder, name[: -len(suffix)])
-                if base != but and self._held(base, ttl):
-                    held.append(base)
+                if base == but:
+                    continue
+                path = self.fs.confined(base + suffix)
+                try:
+                    if leases.held(path):
+                        held.append(base)
+                except OSError as exc:
+                    raise StoreError(
+                        f"cannot probe {self.fs.where(path)}: {os_reason(exc)}"
+                    ) from None
         return held
-
-    def _held(self, base: str, ttl: float) -> bool:
-        if not self.fs.is_local:
-            lease = take_lease_once(self.fs, base, ttl)
-            if lease is None:
-                return True
-            lease.release()
-            return False
-        import fcntl
-
-        path = self.fs.confined(base + ".lock")
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError as exc:
-            if exc.errno in (errno.ENOENT, errno.ELOOP):
-                return False  # gone, or a link: no lease of ours
-            raise StoreError(f"cannot probe {self.fs.where(path)}: {os_reason(exc)}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return True
-        finally:
-            os.close(fd)
-        return False
 
     # --- finding runs being deleted ------------------------------------------------------------
     def gone(self, job_key: str, run_id: str) -> bool:

@@ -4,8 +4,9 @@
 each standing only on the ones below it:
 
 - ``core.fs._storefs.StoreFS`` (``store.fs``): the fsspec file system confined to the store's root
-  (local, ``s3://``, ``memory://``, ...), atomic writes, S3 conditional writes and their probe
-  (``core.fs._s3``); the content-addressed files (``core.files._blobs``) stand on it too;
+  (local, ``s3://``, ``gs://``, ``memory://``, ...: one backend each, ``core.fs._registry``),
+  atomic writes, conditional writes and their probe; the content-addressed files
+  (``core.files._blobs``) stand on it too;
 - ``core.store._layout``: the names of runs, tasks and their files (``store.layout``);
 - ``core.store._record_io``: records read with their checks (an unreadable one is moved aside to
   ``<name>.unreadable-<time>`` and reported, never overwritten) and written atomically;
@@ -185,7 +186,8 @@ class CheckpointStore:
             raise StoreError("keep_generations must be 1 or more")
         self.keep_generations = keep_generations
         self.fs = StoreFS(loc)
-        """The store's file system, confined to its root (``fs.backend``: the fsspec one)."""
+        """The store's file system, confined to its root (``fs.backend``: its kind's
+        ``ObjectBackend``; ``fs.fsspec``: the fsspec one)."""
         self.url = self.fs.url
         """The location as given. It may hold credentials: show ``location`` instead."""
         self.location = self.fs.location
@@ -438,19 +440,13 @@ class CheckpointStore:
 
     def fence_task(self, lease: Lease, job_key: str, run_id: str, step: str, task_key: str) -> None:
         """Note, in the task's just taken ``lease``, the version of the task's record that its
-        holder's fenced writes are conditional on (S3 with conditional writes: one ``HEAD``;
+        holder's fenced writes are conditional on (a store with conditional writes: one read;
         elsewhere nothing). Call it before reading the record.
 
         Raises:
             StoreError: the store cannot be read."""
-        if self.fs.s3 is None:
-            return
         path = self.layout.task_path(job_key, run_id, task_id_for(step, task_key))
-        try:
-            if self.fs.conditional_writes():
-                lease.versions[path] = self.fs.s3.etag(path)
-        except OSError as exc:
-            raise StoreError(f"cannot read {self.fs.where(path)}: {os_reason(exc)}") from None
+        self.fs.note_version(lease, path)
 
     def read_task(
         self,

@@ -214,8 +214,8 @@ class TaskRecords:
             self.write_task(record, fence=fence)
         except LeaseLostError:
             record.checkpoint = previous
-            if fence is not None and self.fs.s3 is not None:
-                self.fs.s3.delete_own(gen_path, fence)
+            if fence is not None:
+                self.fs.delete_own(gen_path, fence)
             raise
         if fence is not None:  # noted only for delete_own above: no longer needed
             fence.versions.pop(gen_path, None)

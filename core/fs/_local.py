@@ -1,0 +1,339 @@
+"""A store in a local folder (``LocalBackend``): ``os`` calls, no link followed, flocks.
+
+Every write replaces a whole file atomically through a temporary file in the same folder,
+``fsync`` and ``os.replace`` (fsspec's local writes are neither atomic nor fsynced). No folder
+between the root and a path the store touches may be a symbolic link (the root itself may be
+one: it is what the user named); record files are opened with ``O_NOFOLLOW`` and read only
+when they are regular files of at most ``MAX_RECORD_BYTES``; folders are made one component at
+a time. Leases and locks are ``flock``s (``FlockLeases``), which the kernel drops when their
+owner dies: a holder is alive as long as it holds one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import posixpath
+import shutil
+import stat
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+from core._errors import StoreError
+from core._killpoints import kill_point
+from core.fs._backend import (
+    MAX_RECORD_BYTES,
+    LeaseClaim,
+    LeaseFiles,
+    NotARecordError,
+    os_reason,
+    too_large,
+    where,
+)
+from core.fs._fsspec import open_fs
+
+__all__ = ("FlockLeases", "LocalBackend")
+
+
+class LocalBackend:
+    """A store in a local folder (``ObjectBackend``; see the module docstring)."""
+
+    name: ClassVar[str] = "local"
+    local = True
+
+    def __init__(self, fs: Any, root: str, location: str) -> None:
+        self.fs = fs
+        self.root = root
+        self.location = location
+        self._leases = FlockLeases(self)
+
+    @classmethod
+    def open(cls, url: str, location: str) -> LocalBackend:
+        fs, root = open_fs(url, location)
+        return cls(fs, root, location)
+
+    def make_root(self) -> None:
+        self.fs.makedirs(self.root, exist_ok=True)
+
+    def _where(self, path: str) -> str:
+        return where(self.location, path)
+
+    def link_refused(self, path: str) -> str:
+        """What is said of a symbolic link at ``path``, below the root."""
+        try:
+            target = os.readlink(path)
+        except OSError:
+            target = "?"
+        return (
+            f"checkpoint store {self.location!r}: {path} is a symbolic link (to {target}); the "
+            "store follows no links below its root, so that it never writes, moves or deletes "
+            "anything outside it: replace the link with a folder (or remove it)"
+        )
+
+    def confine(self, path: str, *, whole: bool) -> None:
+        parts = path[len(self.root) :].strip("/").split("/")
+        current = self.root
+        for index, part in enumerate(parts):
+            current = posixpath.join(current, part)
+            last = index == len(parts) - 1
+            if last and not whole:
+                break
+            try:
+                mode = os.lstat(current).st_mode
+            except FileNotFoundError:
+                break
+            except OSError as exc:
+                raise StoreError(f"cannot use {self._where(current)}: {os_reason(exc)}") from None
+            if stat.S_ISLNK(mode):
+                raise StoreError(self.link_refused(current))
+            if not last and not stat.S_ISDIR(mode):
+                raise StoreError(f"cannot use {self._where(current)}: it is not a folder")
+
+    def makedirs(self, directory: str) -> None:
+        self.confine(directory, whole=True)
+        current = self.root
+        for part in directory[len(self.root) :].strip("/").split("/"):
+            current = posixpath.join(current, part)
+            try:
+                os.mkdir(current, 0o777)
+            except FileExistsError:
+                pass
+            mode = os.lstat(current).st_mode
+            if stat.S_ISLNK(mode):
+                raise StoreError(self.link_refused(current))
+            if not stat.S_ISDIR(mode):
+                raise StoreError(f"cannot use {self._where(current)}: it is not a folder")
+
+    def replace_file(self, path: str, body: bytes, *, durable: bool) -> None:
+        try:  # the folders exist for every write but the first in them
+            _replace_local(path, body, durable=durable)
+        except FileNotFoundError:
+            self.makedirs(posixpath.dirname(path))
+            _replace_local(path, body, durable=durable)
+
+    def read_record(self, path: str) -> bytes:
+        return _read_local(path)
+
+    def move_aside(self, path: str, aside: str) -> bool:
+        if os.path.lexists(aside):
+            return False
+        os.rename(path, aside)
+        return True
+
+    def remove_file(self, path: str) -> None:
+        try:
+            if stat.S_ISDIR(os.lstat(path).st_mode):
+                return
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+    def remove_tree(self, path: str) -> None:
+        if os.path.lexists(path):
+            shutil.rmtree(path)
+
+    def list_names(self, path: str) -> list[str]:
+        return os.listdir(path)
+
+    def list_files(self, base: str) -> list[tuple[str, dict[str, Any]]]:
+        out: list[tuple[str, dict[str, Any]]] = []
+        if not os.path.isdir(base):
+            return out
+        self.confine(base, whole=True)
+        for current, _folders, names in os.walk(base, followlinks=False):
+            for name in names:
+                path = os.path.join(current, name)
+                try:
+                    st = os.lstat(path)
+                except OSError:
+                    continue  # gone meanwhile, or unreadable: left out
+                out.append((path, {"size": st.st_size, "mtime": st.st_mtime}))
+        return out
+
+    def conditional(self) -> None:
+        return None
+
+    def leases(self) -> LeaseFiles:
+        return self._leases
+
+    def open_lock(self, path: str) -> int:
+        """An open descriptor of the regular lock file ``path`` (made if missing, with its
+        folders, none of which may be a link: ``makedirs``). OSError is the caller's; a link or
+        a non-file there is a StoreError."""
+        self.makedirs(posixpath.dirname(path))
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+        try:
+            fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0), 0o600)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise StoreError(self.link_refused(path)) from None
+            raise
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            os.close(fd)
+            raise StoreError(
+                f"cannot lock {self._where(path)}: it is a {_kind(mode)}, not a regular file"
+            )
+        return fd
+
+
+class FlockLeases:
+    """Leases and locks as exclusive ``flock``s on lock files (``LeaseFiles``): held as long as
+    the holder's process lives (the kernel drops them when it dies), never renewed."""
+
+    suffix = ".lock"
+    expire = False
+
+    def __init__(self, backend: LocalBackend) -> None:
+        self.backend = backend
+
+    def take(self, path: str, body: bytes, token: str) -> LeaseClaim | None:
+        import fcntl
+
+        fd = self.backend.open_lock(path)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return None
+        return LeaseClaim(path, token, handle=fd)
+
+    def renew(self, claim: LeaseClaim, body: bytes) -> bool:
+        return True  # held while this process lives
+
+    def release(self, claim: LeaseClaim) -> None:
+        if claim.handle is not None:
+            os.close(claim.handle)  # closing the descriptor drops the flock
+            claim.handle = None
+
+    def held(self, path: str) -> bool:
+        import fcntl
+
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ELOOP):
+                return False  # gone, or a link: no lease of ours
+            raise StoreError(
+                f"cannot probe {where(self.backend.location, path)}: {os_reason(exc)}"
+            ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        finally:
+            os.close(fd)
+        return False
+
+    def holder(self, path: str) -> bytes | None:
+        return None  # an flock's holder is alive
+
+    def lock(self, path: str, timeout: float) -> contextlib.AbstractContextManager[None] | None:
+        return self._flock(path, timeout)
+
+    @contextlib.contextmanager
+    def _flock(self, path: str, timeout: float) -> Iterator[None]:
+        import fcntl
+
+        shown = where(self.backend.location, path)
+        try:
+            fd = self.backend.open_lock(path)
+        except OSError as exc:
+            raise StoreError(f"cannot lock {shown}: {os_reason(exc)}") from None
+        try:
+            end = time.monotonic() + timeout
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError:
+                    if time.monotonic() > end:
+                        raise StoreError(f"{shown} stayed locked for {timeout:g} s") from None
+                    time.sleep(0.01)
+            yield
+        finally:
+            os.close(fd)
+
+
+def _replace_local(path: str, body: bytes, *, durable: bool) -> None:
+    """Replace the local file ``path`` (its folders checked by the caller) with ``body`` all at
+    once: a temporary file in the same folder, renamed over it (a link at ``path`` itself is
+    replaced, never followed); when ``durable``, the file is fsynced before the rename and the
+    folder after it, so the new version survives a crash of the machine once this returns.
+    OSError is the caller's (FileNotFoundError: the folder is missing)."""
+    parent = posixpath.dirname(path)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(body)
+            fh.flush()
+            kill_point("record.tmp-written")
+            if durable:
+                os.fsync(fh.fileno())
+                kill_point("record.fsynced")
+        os.replace(tmp, path)
+        kill_point("record.renamed")
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    if durable:
+        dfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        kill_point("record.stored")
+
+
+def _read_local(path: str) -> bytes:
+    """The bytes of the local record file ``path``, opened without following a link.
+
+    Raises:
+        NotARecordError: not a regular file, or larger than ``MAX_RECORD_BYTES`` (never read).
+        OSError: it cannot be read (FileNotFoundError: there is none)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO, errno.EOPNOTSUPP):
+            raise NotARecordError(f"not a regular file ({os_reason(exc)})") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotARecordError(f"not a regular file but a {_kind(st.st_mode)}")
+        if st.st_size > MAX_RECORD_BYTES:
+            raise NotARecordError(too_large(st.st_size))
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            chunk = os.read(fd, min(1 << 20, MAX_RECORD_BYTES + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > MAX_RECORD_BYTES:
+                raise NotARecordError(too_large(size))
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISDIR, "folder"),
+        (stat.S_ISFIFO, "FIFO"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+        (stat.S_ISLNK, "symbolic link"),
+    ):
+        if test(mode):
+            return name
+    return "special file"
