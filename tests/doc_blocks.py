@@ -1,5 +1,5 @@
 """The shell command blocks of the docs a person follows (``README.md``, ``docs/airflow.md``,
-``docs/prefect.md``), each marked with what a test does with it.
+``docs/prefect.md``, ``docs/development.md``), each marked with what a test does with it.
 
 A shell block is a fenced block tagged ``sh``, ``bash``, ``shell`` or ``console``, or an
 indented (4-space) code block; other fenced blocks (``python``, ``text``, ``ini``, ...) are not
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ("README.md", "docs/airflow.md", "docs/prefect.md")
+DOCS = ("README.md", "docs/airflow.md", "docs/prefect.md", "docs/development.md")
 SHELL_TAGS = ("sh", "bash", "shell", "console")
 _MARKER = re.compile(r"<!--\s*doc-test:\s*(run(?:\s+(?:prefect|airflow))?|skip\s+(.+?))\s*-->")
 

@@ -1,7 +1,7 @@
-"""Every shell command block of ``README.md``, ``docs/airflow.md`` and ``docs/prefect.md`` is
-marked to run or to skip with a reason (``doc_blocks.py``); the core environment's blocks run
-here, as written, and succeed (the Prefect ones run in ``tests/prefect/test_doc_blocks.py``, the
-Airflow ones in ``tests/airflow/test_doc_blocks.py``)."""
+"""Every shell command block of ``README.md``, ``docs/airflow.md``, ``docs/prefect.md`` and
+``docs/development.md`` is marked to run or to skip with a reason (``doc_blocks.py``); the core
+environment's blocks run here, as written, and succeed (the Prefect ones run in
+``tests/prefect/test_doc_blocks.py``, the Airflow ones in ``tests/airflow/test_doc_blocks.py``)."""
 
 from __future__ import annotations
 
