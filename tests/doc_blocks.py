@@ -1,5 +1,5 @@
 """The shell command blocks of the docs a person follows (``README.md``, ``docs/airflow.md``,
-``docs/prefect.md``), each marked with what a test does with it.
+``docs/prefect.md``, ``docs/development.md``), each marked with what a test does with it.
 
 A shell block is a fenced block tagged ``sh``, ``bash``, ``shell`` or ``console``, or an
 indented (4-space) code block; other fenced blocks (``python``, ``text``, ``ini``, ...) are not
@@ -11,6 +11,11 @@ commands. The line just before a shell block (a blank line may stand between) is
 - ``<!-- doc-test: skip REASON -->``: not run, and why.
 
 A block without a marker, or with another, is an error (``check_markers``).
+
+A ``text`` block marked ``<!-- doc-test: shown by COMMAND -->`` is an excerpt of what the
+run-marked shell block ``COMMAND`` prints (``shown``); ``missing_lines`` says which of its lines
+that block's output lacks. Other fenced blocks (``python``, ``yaml``) are found with their marker
+by ``fenced``.
 """
 
 from __future__ import annotations
@@ -20,9 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ("README.md", "docs/airflow.md", "docs/prefect.md")
+DOCS = ("README.md", "docs/airflow.md", "docs/prefect.md", "docs/development.md")
 SHELL_TAGS = ("sh", "bash", "shell", "console")
 _MARKER = re.compile(r"<!--\s*doc-test:\s*(run(?:\s+(?:prefect|airflow))?|skip\s+(.+?))\s*-->")
+_SHOWN = re.compile(r"<!--\s*doc-test:\s*shown by\s+(.+?)\s*-->")
+_RUN_ID = re.compile(r"\b\d{8}-\d{6}-[0-9a-f]{6}\b")
 
 
 @dataclass(frozen=True)
@@ -40,18 +47,91 @@ class Block:
         return f"{self.doc}:{self.line}"
 
 
-def _marker(lines: list[str], start: int) -> tuple[str | None, str]:
+def _marker_line(lines: list[str], start: int) -> str:
+    """The line before ``lines[start]`` (blank lines skipped), stripped; "" at the top."""
     i = start - 1
     while i >= 0 and not lines[i].strip():
         i -= 1
-    if i < 0:
-        return None, ""
-    m = _MARKER.fullmatch(lines[i].strip())
+    return lines[i].strip() if i >= 0 else ""
+
+
+def _marker(lines: list[str], start: int) -> tuple[str | None, str]:
+    m = _MARKER.fullmatch(_marker_line(lines, start))
     if m is None:
         return None, ""
     if m.group(2) is not None:
         return "skip", m.group(2)
     return " ".join(m.group(1).split()), ""
+
+
+def _fence(lines: list[str], i: int) -> tuple[str, int]:
+    """The tag of the fenced block opening at ``lines[i]`` and the index of its closing line."""
+    j = i + 1
+    while j < len(lines) and not lines[j].startswith("```"):
+        j += 1
+    return lines[i][3:].strip().split(" ")[0], j
+
+
+def fenced(doc: str, tag: str) -> list[Block]:
+    """The fenced blocks of ``doc`` tagged ``tag`` (``python``, ``yaml``), in order, with the
+    marker before each (None when it has none)."""
+    lines = (ROOT / doc).read_text().split("\n")
+    out: list[Block] = []
+    i = 0
+    while i < len(lines):
+        if lines[i].startswith("```"):
+            found, j = _fence(lines, i)
+            if found == tag:
+                marker, reason = _marker(lines, i)
+                out.append(Block(doc, i + 2, "\n".join(lines[i + 1 : j]), marker, reason))
+            i = j
+        i += 1
+    return out
+
+
+@dataclass(frozen=True)
+class Shown:
+    """A ``text`` block marked ``<!-- doc-test: shown by COMMAND -->``: lines ``COMMAND`` prints."""
+
+    doc: str
+    line: int
+    text: str
+    command: str
+
+    @property
+    def where(self) -> str:
+        return f"{self.doc}:{self.line}"
+
+
+def shown(doc: str) -> list[Shown]:
+    """The excerpts of command output in ``doc``, in order."""
+    lines = (ROOT / doc).read_text().split("\n")
+    out: list[Shown] = []
+    for block in fenced(doc, "text"):
+        m = _SHOWN.fullmatch(_marker_line(lines, block.line - 2))
+        if m is not None:
+            out.append(Shown(doc, block.line, block.text, m.group(1)))
+    return out
+
+
+def _same(line: str) -> str:
+    """A line as compared: run ids and numbers differ from run to run."""
+    return re.sub(r"\d+", "N", _RUN_ID.sub("RUN_ID", line.rstrip()))
+
+
+def missing_lines(excerpt: str, output: str) -> list[str]:
+    """The lines of ``excerpt`` that are not lines of ``output``, run ids and numbers aside.
+
+    Lines that stand for the person's part are not compared: commands (``$ ...``), a Ctrl-C
+    (``^C``) and elisions (``...``). Order is not compared either: the task's output and the
+    runner's notes are written by different threads, and a note may come a line early or late.
+    """
+    have = {_same(line) for line in output.splitlines()}
+    return [
+        line
+        for line in excerpt.splitlines()
+        if line.strip() and not line.startswith(("$ ", "^C", "...")) and _same(line) not in have
+    ]
 
 
 def blocks(doc: str) -> list[Block]:
@@ -63,10 +143,7 @@ def blocks(doc: str) -> list[Block]:
     while i < len(lines):
         line = lines[i]
         if line.startswith("```"):
-            tag = line[3:].strip().split(" ")[0]
-            j = i + 1
-            while j < len(lines) and not lines[j].startswith("```"):
-                j += 1
+            tag, j = _fence(lines, i)
             if tag in SHELL_TAGS:
                 marker, reason = _marker(lines, i)
                 out.append(Block(doc, i + 2, "\n".join(lines[i + 1 : j]), marker, reason))

@@ -1,15 +1,27 @@
-"""Every shell command block of ``README.md``, ``docs/airflow.md`` and ``docs/prefect.md`` is
-marked to run or to skip with a reason (``doc_blocks.py``); the core environment's blocks run
-here, as written, and succeed (the Prefect ones run in ``tests/prefect/test_doc_blocks.py``, the
-Airflow ones in ``tests/airflow/test_doc_blocks.py``)."""
+"""Every shell command block of ``README.md``, ``docs/airflow.md``, ``docs/prefect.md`` and
+``docs/development.md`` is marked to run or to skip with a reason (``doc_blocks.py``); the core
+environment's blocks run here, as written, and succeed (the Prefect ones run in
+``tests/prefect/test_doc_blocks.py``, the Airflow ones in ``tests/airflow/test_doc_blocks.py``),
+and print what the docs show of their output. The README's job template and Python files are
+the examples' own."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
 import pytest
-from doc_blocks import ROOT, all_blocks, blocks, check_markers
+from doc_blocks import (
+    DOCS,
+    ROOT,
+    all_blocks,
+    blocks,
+    check_markers,
+    fenced,
+    missing_lines,
+    shown,
+)
 from doc_runner import run_block
 
 
@@ -63,3 +75,50 @@ def test_each_suite_marker_has_its_blocks_and_its_test() -> None:
 def test_a_core_block_runs_as_written(block) -> None:
     done = run_block(block, venv=Path(sys.prefix), timeout=600)
     assert done.returncode == 0, f"{block.where} failed ({done.returncode}):\n{done.stdout[-3000:]}"
+    for excerpt in shown(block.doc):
+        if excerpt.command == block.text:
+            missing = missing_lines(excerpt.text, done.stdout)
+            assert not missing, (
+                f"{excerpt.where} shows lines that {block.text!r} did not print: {missing}\n"
+                f"it printed:\n{done.stdout[-4000:]}"
+            )
+
+
+def test_every_output_shown_is_of_a_block_that_runs() -> None:
+    """An excerpt names a run-marked block of its doc, so the test above compares it."""
+    excerpts = [e for doc in DOCS for e in shown(doc)]
+    assert {e.command for e in excerpts if e.doc == "README.md"} >= {"make demo"}, excerpts
+    for excerpt in excerpts:
+        commands = {b.text for b in blocks(excerpt.doc) if b.marker == "run"}
+        assert excerpt.command in commands, f"{excerpt.where}: no block {excerpt.command!r} runs"
+
+
+def test_missing_lines_compares_lines_not_numbers() -> None:
+    output = "openjd-checkpoint: run 20261205-030503-6fcb4b: Suspended\n[T] saved 3,2,3\n"
+    assert missing_lines("$ cmd\n^C\n...\n[T] saved 5,5,8\n", output) == []
+    assert missing_lines("openjd-checkpoint: run 20261201-101010-a1b2c3: Suspended", output) == []
+    assert missing_lines("[T] saved 3,2,3 later\n[T] stored", output) == [
+        "[T] saved 3,2,3 later",
+        "[T] stored",
+    ]
+
+
+def test_the_readme_shows_the_examples_as_they_are() -> None:
+    """The README's template is ``examples/fibonacci/fibonacci.yaml``; each Python block is
+    skip-marked, names its example file on its first line, and its lines are that file's, in
+    order (a block may leave lines out)."""
+    [template] = fenced("README.md", "yaml")
+    assert template.text + "\n" == (ROOT / "examples/fibonacci/fibonacci.yaml").read_text()
+    pythons = fenced("README.md", "python")
+    assert len(pythons) >= 2, pythons
+    for block in pythons:
+        assert block.marker == "skip" and len(block.reason) >= 10, f"{block.where}: no reason"
+        first, *code = block.text.splitlines()
+        m = re.match(r"# (examples/\S+?\.py)\b", first)
+        assert m, f"{block.where}: the first line names no example file: {first!r}"
+        source = iter((ROOT / m.group(1)).read_text().splitlines())
+        for line in code:
+            if line.strip():
+                assert any(line == s for s in source), (
+                    f"{block.where}: {line!r} is not in {m.group(1)} (in this order)"
+                )
