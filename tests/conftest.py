@@ -104,7 +104,8 @@ class CliProcess:
             if text in hay:
                 return
             if self.proc.poll() is not None and text not in hay:
-                time.sleep(0.2)
+                for t in self._threads:  # what it printed last: read to the end of its pipes
+                    t.join(5)
                 hay = self.stdout + self.stderr
                 if text in hay:
                     return

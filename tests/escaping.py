@@ -20,10 +20,18 @@ def escapes() -> tuple[str, list[str]]:
         f"( ( {argvs[1]} & ) & )\n"  # a double fork: re-parented away from the action
         f"( setsid sh -c '{argvs[2]} &' & )\n"  # both
         f"( setsid env -i {argvs[3]} & )\n"  # all three: not even the action's descendant
-        "sleep 0.2\n"
+        f"{wait_for_argvs(argvs)}\n"
         "echo ESCAPED\n"
     )
     return script, argvs
+
+
+def wait_for_argvs(argvs: list[str], timeout: float = 30) -> str:
+    """A shell command that waits (at most ``timeout`` seconds) until a process runs with
+    each command line of ``argvs`` (``pgrep -x -f``: the whole command line)."""
+    checks = " && ".join(f"pgrep -x -f '{a}' >/dev/null" for a in argvs)
+    tries = int(timeout / 0.02)
+    return f"for _ in $(seq {tries}); do {checks} && break; sleep 0.02; done"
 
 
 def template(path: Path, script: str, name: str = "Escapes") -> Path:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import signal
@@ -43,7 +44,9 @@ def test_seed_fibonacci_interrupted_by_sigterm_then_resumed(store: Path) -> None
     template = EXAMPLES / "fibonacci" / "fibonacci.yaml"
     args = ("run", str(template), "-p", f"N={n}", "--store", str(store))
     first = CliProcess(*args)
-    time.sleep(7.0)  # the task computes a step every 5 s: two steps are done
+    # the task computes a step every 5 s: two steps are done (its SIGUSR1 handler is set
+    # before the first)
+    first.wait_for("Fibonacci number 1 is", stream="out")
     first.proc.send_signal(signal.SIGTERM)
     assert first.wait(60) == 75, first.stderr
     # The seed's task saves only from its SIGUSR1 handler (periodic saves are minutes apart),
@@ -154,7 +157,12 @@ def test_cli_killed_with_sigkill_resumes_from_last_periodic_checkpoint(
     first.wait(30)
     orphan_pid = int((work / "pids.txt").read_text().split()[0])
     assert psutil.pid_exists(orphan_pid), "the test needs the task to outlive its runner"
-    time.sleep(0.6)  # the orphan goes on after the runner died; its saves reach nobody
+    # the orphan goes on after the runner died: its next save finds the pipe broken, and it
+    # writes to /dev/null from then on (its saves reach nobody)
+    end = time.monotonic() + 30
+    while os.readlink(f"/proc/{orphan_pid}/fd/1") != os.devnull:
+        assert time.monotonic() < end, "the orphan never saved again after its runner died"
+        time.sleep(0.02)
     _run, (task,) = only_run(store)
     assert task.checkpoint is not None
     last_state = int(task.checkpoint.state)

@@ -185,6 +185,37 @@ class Run:
         return self.result
 
 
+# A task waits for a gate file the test creates once the runner got far enough (``open_gate``).
+WAIT_GATE = """
+import os, time
+
+
+def wait_gate(path):
+    end = time.monotonic() + 60
+    while not os.path.exists(path):
+        if time.monotonic() > end:
+            raise SystemExit(f"no gate {path}")
+        time.sleep(0.01)
+"""
+
+
+def open_gate(run: Run, gate: Path, ready, what: str, timeout: float = 60) -> None:
+    """Create ``gate`` once ``ready()`` is true: the task waiting for it goes on only after
+    the runner did what ``ready`` checks."""
+    end = time.monotonic() + timeout
+    while not ready():
+        assert run.thread.is_alive(), f"the task ended before {what}: {run.lines}"
+        assert time.monotonic() < end, f"timed out waiting for {what}: {run.lines}"
+        time.sleep(0.02)
+    gate.touch()
+
+
+def stored_generation(store, job) -> int:
+    """The checkpoint generation the task's record holds (0: none)."""
+    records = store.read_tasks(job.job_key, RUN_ID)[0]
+    return max((r.checkpoint.generation for r in records if r.checkpoint), default=0)
+
+
 def expected(frames: int) -> int:
     return sum(k * k for k in range(frames))
 
@@ -254,26 +285,31 @@ for n in (1, 2):
 
 def _save_after(change: str, tmp_path: Path) -> str:
     """A task that saves generation 1 properly, then declares a file, changes or deletes it,
-    and saves again."""
-    return f"""
-import json, os, time
+    and saves again; it waits for the gates ``saved-one``, ``declared`` and ``checked`` in
+    ``tmp_path`` (the test opens them as the runner gets there)."""
+    return (
+        WAIT_GATE
+        + f"""
+import json, os
+gates = {str(tmp_path)!r}
 wd = os.getcwd()
 good = os.path.join(wd, "good.txt")
 open(good, "w").write("good")
 print("openjd_checkpoint_files: " + json.dumps({{"files": [good]}}), flush=True)
 print("openjd_checkpoint_save: " + json.dumps({{"state": "one"}}), flush=True)
-time.sleep(0.5)
+wait_gate(os.path.join(gates, "saved-one"))
 bad = os.path.join(wd, "bad.txt")
 open(bad, "w").write("first")
 print("openjd_checkpoint_files: " + json.dumps({{"files": [bad]}}), flush=True)
-time.sleep(0.8)
+wait_gate(os.path.join(gates, "declared"))
 if {change!r} == "delete":
     os.unlink(bad)
 else:
     open(bad, "w").write("second, longer")
 print("openjd_checkpoint_save: " + json.dumps({{"state": "two"}}), flush=True)
-time.sleep(0.5)
+wait_gate(os.path.join(gates, "checked"))
 """
+    )
 
 
 @pytest.mark.parametrize("change", ["delete", "change"])
@@ -301,10 +337,16 @@ def test_a_file_deleted_or_changed_before_the_commit_fails_that_save(
     }
     job = prepare_job(parse_template(doc))
     run = Run(job, store, tmp_path / "work")
+    word = "vanished" if change == "delete" else "changed"
+
+    first = blake3.blake3(b"first").hexdigest()  # bad.txt as it was declared
+    open_gate(run, tmp_path / "saved-one", lambda: stored_generation(store, job) >= 1, "save one")
+    open_gate(run, tmp_path / "declared", lambda: first in blob_names(store), "bad.txt stored")
+    open_gate(run, tmp_path / "checked", lambda: any(word in w for w in run.ex.warnings),
+              "the second save checked")  # fmt: skip
     result = run.join()
     cp = result.record.checkpoint
     assert cp is not None and cp.generation == 1 and cp.state == "one", cp
-    word = "vanished" if change == "delete" else "changed"
     assert any(word in w and "bad.txt" in w for w in run.ex.warnings), run.ex.warnings
 
 
@@ -808,13 +850,15 @@ def test_declared_files_are_in_the_store_while_the_task_runs(managed_store, tmp_
     assert run.join().outcome == TaskOutcome.SUCCEEDED
 
 
-SLOW_SAVE = """
+SLOW_SAVE = (
+    WAIT_GATE
+    + """
 import json, os, sys, time
 wd = os.getcwd()
 small = os.path.join(wd, "small.txt")
 open(small, "w").write("one")
 print("openjd_checkpoint_save: " + json.dumps({"file": small, "state": "one"}), flush=True)
-time.sleep(1.0)
+wait_gate(sys.argv[1])  # the test opens it once "one" is stored
 big = os.path.join(wd, "big.bin")
 with open(big, "wb") as fh:
     block = os.urandom(1 << 20)
@@ -824,6 +868,7 @@ print("openjd_checkpoint_save: " + json.dumps({"file": big, "state": "two"}), fl
 print("SAVING BIG", flush=True)
 time.sleep(60)
 """
+)
 
 
 def test_a_save_still_uploading_at_the_stop_deadline_is_dropped(tmp_path: Path) -> None:
@@ -835,11 +880,20 @@ def test_a_save_still_uploading_at_the_stop_deadline_is_dropped(tmp_path: Path) 
         "steps": [
             {
                 "name": "S",
-                "script": {"actions": {"onRun": {"command": "python3", "args": ["-c", SLOW_SAVE]}}},
+                "script": {
+                    "actions": {
+                        "onRun": {
+                            "command": "python3",
+                            "args": ["-c", SLOW_SAVE, str(tmp_path / "saved-one")],
+                        }
+                    }
+                },
             }
         ],
     }
-    run = Run(prepare_job(parse_template(doc)), store, tmp_path / "work")
+    job = prepare_job(parse_template(doc))
+    run = Run(job, store, tmp_path / "work")
+    open_gate(run, tmp_path / "saved-one", lambda: stored_generation(store, job) >= 1, "save one")
     run.wait_line("SAVING BIG")
     started = time.monotonic()
     # The capture gives up 0.5 s before the deadline (STOP_KILL_MARGIN_SECONDS), 0.1 s from
@@ -1026,8 +1080,11 @@ def test_a_generation_that_cannot_be_restored_leaves_the_files_there_as_they_wer
     assert (target / "frames" / "f000.txt").read_text() == "the user's own"
 
 
-SAVE_THEN_RENAME = """
+SAVE_THEN_RENAME = (
+    WAIT_GATE
+    + """
 import json, os, time
+gates = GATES
 wd = os.getcwd()
 model = os.path.join(wd, "model.bin")
 for n in (1, 2):
@@ -1039,8 +1096,9 @@ for n in (1, 2):
     with open(model + ".tmp", "wb") as fh:
         fh.write(b"next")
     os.replace(model + ".tmp", model)
-    time.sleep(2)
+    wait_gate(os.path.join(gates, f"stored-{n}"))  # the test opens it once n is stored
 """
+)
 
 
 def test_a_save_survives_the_file_being_renamed_over_while_it_is_copied(tmp_path: Path) -> None:
@@ -1050,8 +1108,13 @@ def test_a_save_survives_the_file_being_renamed_over_while_it_is_copied(tmp_path
     from conftest import one_step_template
 
     store = CheckpointStore(tmp_path / "store", files="managed")
-    template = one_step_template(tmp_path / "t.yaml", "save then rename", SAVE_THEN_RENAME)
-    run = Run(prepare_job(template), store, tmp_path / "work")
+    code = SAVE_THEN_RENAME.replace("GATES", repr(str(tmp_path)))
+    job = prepare_job(one_step_template(tmp_path / "t.yaml", "save then rename", code))
+    run = Run(job, store, tmp_path / "work")
+    for n in (1, 2):  # (a warning opens the gate too: the assertions below tell it)
+        open_gate(run, tmp_path / f"stored-{n}",
+                  lambda n=n: stored_generation(store, job) >= n or run.ex.warnings,
+                  f"save {n} stored")  # fmt: skip
     result = run.join()
     assert result.outcome == TaskOutcome.SUCCEEDED, (result.message, run.ex.warnings)
     assert not [w for w in run.ex.warnings if "changed" in w], run.ex.warnings

@@ -67,6 +67,14 @@ def wait_for(proc: CliProcess, text: str, timeout: float = 30.0) -> None:
     assert text in proc.stdout, proc.stderr
 
 
+def until(ready, *, what: str, timeout: float = 30.0, interval: float = 0.01) -> None:
+    """Wait until ``ready()`` is true, for at most ``timeout`` seconds."""
+    end = time.monotonic() + timeout
+    while not ready():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        time.sleep(interval)
+
+
 def only_run(store: Path):
     st = CheckpointStore(store)
     (run,), _ = st.list_runs()
@@ -206,7 +214,11 @@ def test_no_metadata_service_logs_nothing_per_poll(store: Path) -> None:
     sources = parse_notice_sources(f"aws:{closed},gcp:{closed},azure:{closed}", where="test")
     watcher = NoticeWatcher(sources, lambda n: notes.append(f"NOTICE {n}"), on_note=notes.append,
                             poll_seconds=0.05).start()  # fmt: skip
-    time.sleep(2.0)
+    window_ends = time.monotonic() + 2.0
+    until(lambda: len(notes) >= 3, what="each source to say it is not reachable")
+    # The polls are counted over 2 s: a measuring window (a slow machine makes fewer polls,
+    # never more), not a wait for something to have happened.
+    time.sleep(max(0.0, window_ends - time.monotonic()))
     watcher.close()
     assert not any(n.startswith("NOTICE") for n in notes)
     assert len(notes) == 3 and all("not reachable" in n for n in notes), notes
@@ -240,14 +252,16 @@ def test_a_rebalance_recommendation_is_noted_not_acted_on(metadata: MetadataServ
     notices: list[object] = []
     watcher = NoticeWatcher([AwsSource(metadata.url)], notices.append, on_note=notes.append,
                             poll_seconds=0.05).start()  # fmt: skip
-    time.sleep(0.5)
+    # The recommendation is asked for on the 1st poll and (were it not remembered) the 7th:
+    # once the 8th poll began, the 7th was answered and handled.
+    until(lambda: watcher.polls >= 8, what="eight polls")
     watcher.close()
     assert notices == []
     assert len(notes) == 1 and "rebalance recommendation" in notes[0], notes
     # aws-rebalance makes it a notice (no deadline: the notify periods apply).
     watcher = NoticeWatcher([AwsSource(metadata.url, rebalance=True)], notices.append,
                             poll_seconds=0.05).start()  # fmt: skip
-    time.sleep(0.5)
+    until(lambda: notices, what="the rebalance notice")
     watcher.close()
     assert len(notices) == 1 and notices[0].kind == "rebalance" and notices[0].deadline is None
 
@@ -349,12 +363,10 @@ def test_a_leftover_notice_file_counts_only_once_written_again(tmp_path: Path) -
     notices: list = []
     watcher = NoticeWatcher([FileSource(str(path))], notices.append, on_note=notes.append,
                             poll_seconds=0.05).start()  # fmt: skip
-    time.sleep(0.3)
+    until(lambda: watcher.polls >= 3, what="two polls of the leftover file answered")
     assert notices == [] and len(notes) == 1 and "before the run started" in notes[0]
     path.write_text('{"deadline": "2030-01-01T00:00:00Z"}')
-    end = time.monotonic() + 5
-    while not notices and time.monotonic() < end:
-        time.sleep(0.05)
+    until(lambda: notices, what="the notice of the file written again")
     watcher.close()
     assert len(notices) == 1 and notices[0].deadline == 1893456000.0
 

@@ -9,7 +9,7 @@ import sys
 import time
 
 import psutil
-from escaping import alive_with_argv, kill_left
+from escaping import alive_with_argv, kill_left, wait_for_argvs
 
 from core.process import MARKER_VARIABLE, new_marker
 from core.process._process import _descendants, _scan_proc, kill_process_group
@@ -27,13 +27,21 @@ def _wait_gone(pid: int, timeout: float = 5.0) -> bool:
     return False
 
 
+def _wait_own_session(pid: int, timeout: float = 10.0) -> None:
+    """Wait until process ``pid`` has left its parent's session (``os.setsid()``)."""
+    end = time.monotonic() + timeout
+    while os.getsid(pid) != pid:
+        assert time.monotonic() < end, f"process {pid} never called setsid"
+        time.sleep(0.01)
+
+
 def test_a_new_marker_finds_a_process_that_left_the_group() -> None:
     marker = new_marker()
     code = "import os, time; os.setsid(); time.sleep(60)"
     env = dict(os.environ, **{MARKER_VARIABLE: marker})
     proc = subprocess.Popen([sys.executable, "-c", code], env=env)
     try:
-        time.sleep(0.3)
+        _wait_own_session(proc.pid)
         assert _scan_proc(marker=marker) == [proc.pid]
         assert _scan_proc(marker=new_marker()) == []
     finally:
@@ -56,7 +64,7 @@ def test_kill_process_group_kills_descendants_found_in_the_same_pass() -> None:
     )
     assert leader.stdout is not None
     grandchild = int(leader.stdout.readline())
-    time.sleep(0.2)
+    _wait_own_session(grandchild)  # it left the group
     kill_process_group(leader.pid, timeout=5)
     leader.wait(5)
     assert _wait_gone(grandchild)
@@ -90,7 +98,7 @@ def test_without_cgroups_the_walk_over_proc_kills_what_left_the_group() -> None:
     env = dict(os.environ, OPENJD_CHECKPOINT_CGROUPS="off")
     try:
         res = subprocess.run(
-            [sys.executable, "-c", RUN_ONE_ACTION, script + "; sleep 0.2"],
+            [sys.executable, "-c", RUN_ONE_ACTION, script + "; " + wait_for_argvs(argvs)],
             env=env,
             capture_output=True,
             text=True,

@@ -7,11 +7,10 @@ import json
 import shutil
 import subprocess
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
-from conftest import DATA, CliProcess, one_step_template, run_cli
+from conftest import DATA, CliProcess, checkpoint_at_least, one_step_template, run_cli
 
 from core import CheckpointStore
 
@@ -27,8 +26,7 @@ def suspended_run(store: Path, template: Path, *params: str, after: str = "LONG-
     for p in params:
         args += ["-p", p]
     proc = CliProcess(*args)
-    proc.wait_for(after)
-    time.sleep(0.5)
+    proc.wait_for(after)  # (finally.yaml's Long prints it once it handles its signals)
     proc.proc.send_signal(2)  # SIGINT: Suspended
     assert proc.wait(60) == 75, proc.stderr
     runs, _ = CheckpointStore(store).list_runs()
@@ -133,7 +131,6 @@ def test_requeue_supersedes_so_a_later_retry_does_not_go_back(store: Path, templ
         "run", str(template), "-p", "LongSeconds=5", "--fresh", "--store", str(store), "-q"
     )
     requeue.wait_for("LONG-START from 0.0")
-    time.sleep(0.5)
     requeue.proc.send_signal(2)
     assert requeue.wait(60) == 75
     assert CheckpointStore(store).find_run(first).superseded_by is not None
@@ -182,7 +179,7 @@ def test_refused_checkpoint_writes_keep_the_previous_generation(
     )
     proc = CliProcess("run", str(template), "--store", str(store))
     proc.wait_for("LONG-START")
-    time.sleep(0.3)
+    checkpoint_at_least(store, 1)  # the good save is stored
     proc.proc.send_signal(2)
     assert proc.wait(60) == 75
     for what in ("over the 131071-byte cap", "NUL character", "does not exist"):

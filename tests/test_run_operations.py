@@ -682,7 +682,6 @@ def test_wait_tasks_released_waits_for_the_running_task(tmp_path: Path) -> None:
     job = prepare_job(ROOT / "examples" / "fibonacci" / "fibonacci-fast.yaml", {"N": 15})
     attempt = begin_attempt(st, job, external_key="released")
     started = threading.Event()
-    ended: list[float] = []
     ran_in: list[threading.Thread] = []
 
     def work() -> None:
@@ -696,20 +695,45 @@ def test_wait_tasks_released_waits_for_the_running_task(tmp_path: Path) -> None:
                 ev.kind == "started" and ran_in.append(threading.current_thread())
             ),
         )
-        ended.append(time.monotonic())
 
     worker = threading.Thread(target=work)
     worker.start()
     assert started.wait(10)
-    time.sleep(0.3)
+    pid = _running_task(st, job.job_key, attempt.run_id, "ResumableFibonacci").process.pid
     held = wait_tasks_released(st, job, attempt.run_id, ["ResumableFibonacci"], timeout=0)
     assert held == ["ResumableFibonacci {}"]
     assert wait_tasks_released(st, job, attempt.run_id, ["Other"], timeout=0) == []
     assert wait_tasks_released(st, job, attempt.run_id, ["ResumableFibonacci"], timeout=30) == []
-    released = time.monotonic()
-    worker.join()
-    assert ended and ended[0] - released < 1.0  # released as the task ended, not long before
+    # released as the task ended, not before: its process was gone by then
+    assert _gone(pid), f"released while the task's process {pid} still ran"
+    worker.join(30)
+    assert not worker.is_alive()
     assert ran_in == [worker]  # a worker thread runs its one task itself, no pool thread
+
+
+def _running_task(st: CheckpointStore, job_key: str, run_id: str, step: str, timeout: float = 30):
+    """The record of a task of ``step`` once it says running, names its process and its lease
+    is held (what ``wait_tasks_released`` and ``start_finally`` read)."""
+    end = time.monotonic() + timeout
+    while True:
+        for rec in st.read_tasks(job_key, run_id)[0]:
+            if (
+                rec.step == step
+                and rec.status.value == "running"
+                and rec.process is not None
+                and rec.process.pid
+                and st.task_lease_held(job_key, run_id, rec.step, rec.task_key)
+            ):
+                return rec
+        assert time.monotonic() < end, f"no running {step} task in the store"
+        time.sleep(0.02)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def test_record_task_done_counts_the_task_finished(tmp_path: Path) -> None:
@@ -758,7 +782,7 @@ def test_a_forced_stop_reaches_an_on_exit_that_hangs_at_the_end_of_the_run(tmp_p
         "- name: E\n"
         "  script:\n"
         "    actions:\n"
-        "      onExit: {command: bash, args: [-c, \"echo EXIT-START; trap '' TERM INT; "
+        "      onExit: {command: bash, args: [-c, \"echo EXIT-START $$; trap '' TERM INT; "
         'sleep 1000"]}\n'
         "steps:\n"
         "- name: S\n"
@@ -768,16 +792,20 @@ def test_a_forced_stop_reaches_an_on_exit_that_hangs_at_the_end_of_the_run(tmp_p
     )
     cli = CliProcess("run", str(template), "--store", str(tmp_path / "store"), "-q")
     cli.wait_for("EXIT-START")
+    [exit_pid] = [int(p) for p in re.findall(r"EXIT-START (\d+)", cli.stdout)]
     cli.proc.send_signal(signal.SIGINT)
-    time.sleep(0.3)
-    started = time.monotonic()
+    # Two signals sent back to back may reach a process as one: the second is sent once the
+    # first is being handled.
+    cli.wait_for("suspending the run", stream="err")
     cli.proc.send_signal(signal.SIGINT)  # the second Ctrl-C abandons the onExit
-    cli.wait(30)
-    assert time.monotonic() - started < 10
+    cli.wait(30)  # the onExit would sleep 1000 s
+    assert "onExit (environment 'E'): killed by the stop" in cli.stderr, cli.stderr
+    assert _gone(exit_pid)
 
 
 def test_a_deadline_reaches_an_on_exit_in_a_worker(tmp_path: Path) -> None:
     template = tmp_path / "hang.yaml"
+    hanging = tmp_path / "hanging"
     template.write_text(
         "specificationVersion: 'jobtemplate-2023-09'\n"
         "name: hanging exit in a worker\n"
@@ -785,7 +813,8 @@ def test_a_deadline_reaches_an_on_exit_in_a_worker(tmp_path: Path) -> None:
         "- name: E\n"
         "  script:\n"
         "    actions:\n"
-        "      onExit: {command: bash, args: [-c, \"trap '' TERM INT; sleep 1000\"]}\n"
+        f"      onExit: {{command: bash, args: [-c, \"trap '' TERM INT; echo > {hanging}; "
+        'sleep 1000"]}\n'
         "steps:\n"
         "- name: S\n"
         "  script:\n"
@@ -797,7 +826,10 @@ def test_a_deadline_reaches_an_on_exit_in_a_worker(tmp_path: Path) -> None:
     attempt = begin_attempt(CheckpointStore(store), job, external_key="exit-deadline")
     [spec] = plan_step(CheckpointStore(store), job, attempt.run_id, "S")
     w = Worker(store, attempt.job_key, attempt.run_id, spec)
-    time.sleep(3)  # the task ran; the onExit hangs
+    end = time.monotonic() + 30
+    while not hanging.exists():  # the task ran; the onExit hangs
+        assert w.proc.poll() is None and time.monotonic() < end, "the onExit never started"
+        time.sleep(0.02)
     deadline = time.time() + 2
     request_termination(
         CheckpointStore(store), attempt.job_key, attempt.run_id, "Cancelled", deadline=deadline
@@ -878,8 +910,8 @@ def test_an_edited_record_never_kills_a_group_its_process_does_not_lead() -> Non
             host=host_id(), marker=None,
         )  # fmt: skip
         kill_recorded_process(info)
-        time.sleep(0.2)
-        assert b.poll() is None  # the other group is untouched
+        assert a.wait(10) == -signal.SIGKILL  # the record's own process is killed ...
+        assert b.poll() is None  # ... the other group is untouched
     finally:
         for p in (a, b):
             p.kill()
@@ -982,7 +1014,7 @@ def test_a_task_whose_lease_expires_is_canceled(tmp_path: Path, monkeypatch) -> 
     from conftest import one_step_template
 
     one_step_template(template, "long", "import time; print('LONG-START', flush=True); "
-                      "time.sleep(60)")  # fmt: skip
+                      "time.sleep(60); print('LONG-END', flush=True)")  # fmt: skip
     job = prepare_job(template)
     attempt = begin_attempt(st, job, external_key="dag/lease")
     real_write = st.fs.write_json
@@ -995,13 +1027,16 @@ def test_a_task_whose_lease_expires_is_canceled(tmp_path: Path, monkeypatch) -> 
     started: list[bool] = []
     monkeypatch.setattr(st.fs, "write_json", refuse_leases)
     notes: list[str] = []
-    begun = time.monotonic()
+    lines: list[str] = []
     [result] = run_tasks(
         st, job, attempt.run_id, plan_step(st, job, attempt.run_id, "S"),
         on_note=notes.append, on_start=lambda _ex: started.append(True),
+        on_output=lambda _ex, out: lines.extend(out),
     )  # fmt: skip
     assert result.outcome.value == "not_stored", (result.message, notes)
-    assert time.monotonic() - begun < 50  # well before the task's own 60 s
+    # stopped, not run to its end (its own 60 s)
+    assert any("LONG-START" in line for line in lines), lines
+    assert not any("LONG-END" in line for line in lines), lines
     assert any("could not be renewed for its whole ttl" in n for n in notes), notes
 
 
@@ -1026,7 +1061,7 @@ def test_start_finally_waits_for_regular_tasks_then_enters_finally(tmp_path: Pat
     worker = threading.Thread(target=work)
     worker.start()
     assert started.wait(10)
-    time.sleep(0.3)
+    _running_task(st, job.job_key, attempt.run_id, regular)
     early = start_finally(st, job, attempt.run_id, wait_seconds=0)
     assert early.still_running  # the regular task still runs: said, not waited for
     worker.join()
@@ -1040,7 +1075,7 @@ def test_start_finally_waits_for_regular_tasks_then_enters_finally(tmp_path: Pat
     )
     worker.start()
     assert started.wait(10)
-    time.sleep(0.3)  # its record says running (the wait reads records, then their leases)
+    _running_task(st2, job.job_key, attempt2.run_id, regular)  # what the wait reads
     decision = start_finally(st2, job, attempt2.run_id, wait_seconds=60)
     [long_task] = st2.read_tasks(job.job_key, attempt2.run_id)[0]
     assert long_task.status.value == "succeeded"  # the phase began only once it had ended

@@ -23,20 +23,25 @@ SCRIPT = textwrap.dedent(
         c = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
                              start_new_session=True)
         print(f"ESCAPED {c.pid}", flush=True)
+        done, say_done = os.pipe()  # end of file once the two below have done their part
         if os.fork() == 0:
             os.setsid()
             if os.fork() == 0:
                 print(f"ESCAPED {os.getpid()}", flush=True)
+                os.close(say_done)
                 time.sleep(300)
             os._exit(0)
         # and one that exits by itself once re-parented: a zombie unless the runner reaps it
         if os.fork() == 0:
             os.setsid()
+            parent = os.getpid()
             if os.fork() == 0:
-                time.sleep(0.3)
+                while os.getppid() == parent:
+                    time.sleep(0.01)
                 os._exit(0)
             os._exit(0)
-        time.sleep(0.6)
+        os.close(say_done)
+        os.read(done, 1)
     else:
         runner = os.getppid()
         kids = []
@@ -98,8 +103,9 @@ env.pop("MARKER")
 # a group member that does not carry the marker, and a marked one that leaves the session
 a = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], env=env)
 b = subprocess.Popen([sys.executable, "-c", "import os, time; os.setsid(); time.sleep(300)"])
+while os.getsid(b.pid) != b.pid:  # it has left the session
+    time.sleep(0.01)
 print(a.pid, b.pid, flush=True)
-time.sleep(0.5)
 """
 
 RUNNER = """
@@ -110,8 +116,7 @@ env = dict(os.environ, MARKER="m-123")
 leader = subprocess.Popen([sys.executable, sys.argv[1]], env=env, start_new_session=True,
                           stdout=subprocess.PIPE)
 pids = [int(p) for p in leader.stdout.readline().split()]
-leader.wait()
-time.sleep(0.2)
+leader.wait()  # its children were re-parented to this subreaper as it exited
 kill_action_tree(leader.pid, include_leader=False, needle=b"MARKER=m-123")
 left = []
 for pid in pids:
@@ -148,6 +153,7 @@ LONG_ACTION = """
 import os, sys, time
 # 200 short helpers, each double-forked: re-parented to the runner, they exit while this
 # action still runs (a shell's `( cmd & )` in a loop)
+gone, alive = os.pipe()  # end of file once every helper has exited
 for _ in range(200):
     if os.fork() == 0:
         if os.fork() == 0:
@@ -155,18 +161,29 @@ for _ in range(200):
             os._exit(0)
         os._exit(0)
     os.wait()
-time.sleep(3)
+os.close(alive)
+os.read(gone, 1)
 runner = os.getppid()
-zombies = 0
-for tid in os.listdir(f"/proc/{runner}/task"):
-    with open(f"/proc/{runner}/task/{tid}/children") as fh:
-        for kid in fh.read().split():
-            try:
-                with open(f"/proc/{kid}/stat") as st:
-                    zombies += st.read().rsplit(")", 1)[1].split()[0] == "Z"
-            except FileNotFoundError:
-                pass
-print(f"RUNNER ZOMBIES {zombies}", flush=True)
+
+
+def zombies():
+    count = 0
+    for tid in os.listdir(f"/proc/{runner}/task"):
+        with open(f"/proc/{runner}/task/{tid}/children") as fh:
+            for kid in fh.read().split():
+                try:
+                    with open(f"/proc/{kid}/stat") as st:
+                        count += st.read().rsplit(")", 1)[1].split()[0] == "Z"
+                except FileNotFoundError:
+                    pass
+    return count
+
+
+# the runner's sweep reaps them while this action runs (every second), or never before its end
+end = time.monotonic() + 30
+while (left := zombies()) and time.monotonic() < end:
+    time.sleep(0.1)
+print(f"RUNNER ZOMBIES {left}", flush=True)
 """
 
 

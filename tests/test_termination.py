@@ -100,11 +100,9 @@ def test_cancelled_during_stopped_run_finally_stops_the_running_finally_step(sto
     run_id = run_id_of(store)
     assert stop(store, run_id, "StoppedRunFinally").returncode == 0  # while Long runs
     cli.wait_for("CLEANUP-START status=Stopped")
-    t0 = time.monotonic()
     assert stop(store, run_id, "Cancelled").returncode == 0
-    assert cli.wait(60) == 130
-    assert time.monotonic() - t0 < 10
-    assert "CLEANUP-DONE" not in cli.stdout
+    assert cli.wait(40) == 130  # the finally step would run 60 s
+    assert "CLEANUP-DONE" not in cli.stdout  # stopped, not run to its end
     rec = record(store, run_id)
     assert rec.condition.reason == "Cancelled"
 
@@ -159,8 +157,7 @@ def test_failed_regular_step_runs_finally_with_failed_status(store: Path, tmp_pa
 
 def test_suspended_then_run_again_completes_with_no_task_run_twice(store: Path) -> None:
     cli = start(store, "LongSeconds=10")
-    cli.wait_for("LONG-START")
-    time.sleep(0.5)
+    cli.wait_for("LONG-START")  # printed once its checkpoint signal is handled
     run_id = run_id_of(store)
     assert stop(store, run_id, "Suspended").returncode == 0
     assert cli.wait(60) == 75

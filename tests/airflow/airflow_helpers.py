@@ -913,9 +913,15 @@ class AirflowStack:
             except (ProcessLookupError, PermissionError):
                 pass
             proc.wait()
-        time.sleep(0.2)
-        stray = [p for p in before if _alive(p)]
-        stray += [p for p in processes_with_marker(self.marker) if p not in stray]
+        # a process just killed with its group is gone once the kernel has taken it down:
+        # look again for up to 3 s before calling what is left a stray
+        look_until = time.monotonic() + 3.0
+        while True:
+            stray = [p for p in before if _alive(p)]
+            stray += [p for p in processes_with_marker(self.marker) if p not in stray]
+            if not stray or time.monotonic() > look_until:
+                break
+            time.sleep(0.05)
         self.leftovers.extend(kill_stray(stray))
         self.stop_seconds = time.monotonic() - started
         self.procs = {}

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 
 import airflow_helpers as ah
+import httpx
 import psutil
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,6 +64,20 @@ def running_record(store: Path) -> dict:
     return dict(ah.wait_until(ready, timeout=90, what="the task to start its process"))
 
 
+def computed(client: ah.AirflowClient, dag_id: str, run_id: str, n: int = 5) -> None:
+    """Wait until the first try's log shows Fibonacci number ``n``: the task is well under way
+    (its signal handled, some numbers computed)."""
+
+    def seen() -> bool:
+        try:
+            log = client.task_log(dag_id, run_id, TASK, 1, map_index=0)
+        except (ah.AirflowApiError, httpx.HTTPError, ValueError):
+            return False  # no log yet
+        return f"Fibonacci number {n} is" in log
+
+    ah.wait_until(seen, timeout=60, interval=0.1, what=f"Fibonacci number {n} in the log")
+
+
 def test_marked_failed_checkpoints_then_clear_resumes(
     airflow_live: ah.AirflowStack, tmp_path: Path
 ) -> None:
@@ -79,7 +93,7 @@ def test_marked_failed_checkpoints_then_clear_resumes(
     assert client.task_instance(dag_id, run_id, TASK, 0)["state"] == "running"
     markers = {rec["process"]["marker"]}
     assert marked(markers), "the task's processes carry the core's marker"
-    time.sleep(1.5)  # some Fibonacci numbers later
+    computed(client, dag_id, run_id)  # some Fibonacci numbers later
     client.set_task_instance_state(dag_id, run_id, TASK, "failed", map_index=0)
 
     def checkpointed() -> dict | None:
@@ -139,7 +153,7 @@ def test_marked_success_is_recorded_done_and_leaves_no_process(
     dag_id = "live_fibonacci_success"
     run_id, store, markers = _start_fibonacci(airflow_live, tmp_path, dag_id, 150)
     assert marked(markers)
-    time.sleep(1.0)
+    computed(client, dag_id, run_id)
     client.set_task_instance_state(dag_id, run_id, TASK, "success", map_index=0)
 
     ah.wait_until(lambda: not marked(markers), timeout=15, what="the task's processes to end")
@@ -159,7 +173,7 @@ def test_cleared_while_running_resumes_and_leaves_no_process(
     dag_id = "live_fibonacci_clear"
     n = 90
     run_id, store, markers = _start_fibonacci(airflow_live, tmp_path, dag_id, n)
-    time.sleep(1.5)
+    computed(client, dag_id, run_id)
     client.clear_task_instances(dag_id, run_id, [(TASK, 0)])
 
     ah.wait_until(lambda: not marked(markers), timeout=15, what="the first try's processes")

@@ -42,6 +42,36 @@ def task_processes() -> list[psutil.Process]:
     return found
 
 
+def _catches_usr1(pid: int) -> bool:
+    """True if process ``pid`` has a handler of its own for SIGUSR1 (``SigCgt`` in
+    /proc/PID/status)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as fh:
+            caught = next(line for line in fh if line.startswith("SigCgt:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(int(caught.split()[1], 16) >> (signal.SIGUSR1 - 1) & 1)
+
+
+def _chunks_render(store: CheckpointStore, count: int = 3, timeout: float = 60) -> None:
+    """Wait until ``count`` Render chunks run a process that handles its checkpoint signal
+    (SIGUSR1): a stop reaches each of them as a notify, not before it could be caught."""
+    deadline = time.monotonic() + timeout
+    while True:
+        running = [
+            rec
+            for run in store.list_runs()[0]
+            if run.status == RunStatus.RUNNING
+            for rec in store.read_tasks(run.job_key, run.run_id)[0]
+            if rec.step == "Render" and rec.process is not None and rec.process.pid
+            and _catches_usr1(rec.process.pid)
+        ]  # fmt: skip
+        if len(running) >= count:
+            return
+        assert time.monotonic() < deadline, f"{len(running)} of {count} Render chunks run"
+        time.sleep(0.05)
+
+
 def _frames(out: Path) -> dict[int, str]:
     frames = [p for p in out.iterdir() if p.name.startswith("frame-")]
     return {int(p.name.split("-")[1]): p.read_text() for p in frames}
@@ -180,8 +210,7 @@ def test_sigterm_to_the_flow_run_process_checkpoints_before_it_ends(
         module, "three", {"Out": str(out), "FrameSeconds": 3}, log_dir=proc_log_dir
     )
     flow_run_id = started.flow_run_id()
-    ph.wait_for_logs(flow_run_id, "RENDER-START")
-    time.sleep(0.5)
+    _chunks_render(store)
     os.kill(started.process.pid, sig)
     finished = started.wait(timeout=60)
     assert not task_processes()
@@ -220,8 +249,7 @@ def test_served_flow_cancelled_through_the_api_suspends_and_resumes(
 
     def run_and_cancel() -> uuid.UUID:
         run = served.run(params)
-        ph.wait_for_logs(run.id, "RENDER-START", timeout=60)
-        time.sleep(0.5)
+        _chunks_render(store)
         asked = time.monotonic()
         assert ph.cancel_flow_run_via_api(run.id)["status"] == "ACCEPT"
         final = ph.wait_for_flow_run(run.id, timeout=60)
