@@ -288,6 +288,12 @@ class OpenJDPlanOperator(BaseOperator):
         return groups
 
 
+_DONE_MESSAGE = "marked success in Airflow"
+"""Why a task instance marked success is recorded done (``TaskExecution.stop``)."""
+_REASON_WAIT_SECONDS = 0.5
+"""How long ``on_kill`` waits for Airflow to say why before it asks for a checkpoint."""
+
+
 # ------------------------------------------------------------------------------------ finish
 class OpenJDFinishOperator(BaseOperator):
     """The last teardown: end the core attempt (``core.finish_attempt``) and fail the DAG run
@@ -600,7 +606,9 @@ class OpenJDTaskOperator(BaseOperator):
 
         def on_start(ex: core.TaskExecution) -> None:
             self._execution = ex
-            if self._killed_at is not None:  # stopped between two tasks of the group
+            if self._marked_success:  # declared done between two tasks of the group
+                ex.stop(core.StopIntent.CANCEL, declared_done=_DONE_MESSAGE)
+            elif self._killed_at is not None:  # stopped between two tasks of the group
                 ex.stop(core.StopIntent.CHECKPOINT, deadline=self._stop_deadline)
 
         def work() -> None:
@@ -656,7 +664,7 @@ class OpenJDTaskOperator(BaseOperator):
         run_id: str,
         originals: list[core.TaskSpec],
     ) -> None:
-        for line in core.declare_done(store, job, run_id, originals, "marked success in Airflow"):
+        for line in core.declare_done(store, job, run_id, originals, _DONE_MESSAGE):
             (self.log.warning if line.startswith("warning: ") else self.log.info)("%s", line)
 
     def _raise_for(self, box: dict[str, Any]) -> None:
@@ -815,7 +823,10 @@ class OpenJDTaskOperator(BaseOperator):
 
         Called by Airflow's SIGTERM handler (in the main thread, which must not wait) and after
         an ``execution_timeout`` (then ``execute`` already stopped the task with the full
-        notify period). Why it was called is looked up from a worker thread.
+        notify period). Why it was called is looked up from a worker thread first, for at most
+        ``_REASON_WAIT_SECONDS``: a task instance marked success is canceled and recorded done
+        as it ends (``declared_done``), never left readable as stopped; any other reason, or
+        none in time, checkpoints.
         """
         if self._finished.is_set():
             return
@@ -823,13 +834,27 @@ class OpenJDTaskOperator(BaseOperator):
         self._killed_at = now
         deadline = now + self.kill_budget_seconds
         self._stop_deadline = deadline
-        ex = self._execution
-        if ex is not None:
-            ex.stop(core.StopIntent.CHECKPOINT, deadline=deadline)
         self._reason_thread = threading.Thread(
             target=self._find_kill_reason, name="openjd-kill-reason", daemon=True
         )
         self._reason_thread.start()
+        fallback = threading.Timer(_REASON_WAIT_SECONDS, self._stop_running)
+        fallback.daemon = True
+        fallback.start()
+
+    def _stop_running(self) -> None:
+        """Stop the running task as the kill's reason asks (once known: see ``on_kill``)."""
+        ex = self._execution
+        if ex is None:
+            return
+        if self._marked_success:
+            ex.stop(
+                core.StopIntent.CANCEL,
+                deadline=self._stop_deadline,
+                declared_done=_DONE_MESSAGE,
+            )
+        else:
+            ex.stop(core.StopIntent.CHECKPOINT, deadline=self._stop_deadline)
 
     def _find_kill_reason(self) -> None:
         ctx = self._context
@@ -848,6 +873,7 @@ class OpenJDTaskOperator(BaseOperator):
         except Exception as exc:
             self._kill_reason = f"could not ask Airflow why: {exc}"
             self.log.warning("on_kill: %s", self._kill_reason)
+            self._stop_running()
             return
         reason = {
             "failed": "the task instance was marked failed",
@@ -862,8 +888,7 @@ class OpenJDTaskOperator(BaseOperator):
         if task_state == "success":
             # Marked success: the work is declared done, so nothing needs keeping.
             self._marked_success = True
-            ex = self._execution
-            if ex is not None:
-                ex.stop(core.StopIntent.CANCEL, deadline=self._stop_deadline)
+        self._stop_running()
         self._kill_reason = f"{reason}; task {task_state}, DAG run {run_state}"
-        self.log.warning("on_kill: %s; checkpoint requested", self._kill_reason)
+        asked = "recorded as done" if self._marked_success else "checkpoint requested"
+        self.log.warning("on_kill: %s; %s", self._kill_reason, asked)

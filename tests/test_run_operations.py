@@ -736,6 +736,58 @@ def _gone(pid: int) -> bool:
         return True
 
 
+def test_a_task_declared_done_while_it_runs_ends_recorded_done_under_its_lease(
+    tmp_path: Path,
+) -> None:
+    """Airflow's "mark success" on a running task instance: the task's own end record says it
+    finished, so a finish teardown that waits for the lease never reads it unfinished (CI saw
+    a DAG run fail when it read the record between the task's end and ``declare_done``)."""
+    import threading
+
+    from core import StopIntent, plan_group, run_tasks
+
+    st = CheckpointStore(tmp_path / "store")
+    job = prepare_job(
+        ROOT / "examples" / "fibonacci" / "fibonacci-fast.yaml",
+        {"N": 150, "StepSeconds": 0.1, "CheckpointSeconds": 600},
+    )
+    attempt = begin_attempt(st, job, external_key="declared-running")
+    [spec] = plan_tasks(job, "ResumableFibonacci")
+    started = threading.Event()
+    execution: list = []
+
+    def on_event(ex, ev) -> None:
+        if ev.kind == "output" or ev.kind == "progress" or ev.kind == "action_started":
+            started.set()
+
+    def work() -> None:
+        execution.extend(
+            run_tasks(
+                st,
+                job,
+                attempt.run_id,
+                [spec],
+                on_start=lambda ex: execution.append(ex),
+                on_output=lambda ex, lines: started.set(),
+                on_event=on_event,
+            )
+        )
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    assert started.wait(20)
+    execution[0].stop(StopIntent.CANCEL, declared_done="marked success in Airflow")
+    worker.join(30)
+    assert not worker.is_alive()
+    result = execution[1]
+    assert result.outcome.value == "canceled"  # the process was canceled ...
+    assert result.message == "canceled; recorded as done (marked success in Airflow)"
+    rec = st.read_task(job.job_key, attempt.run_id, spec.step_name, spec.task_key)
+    assert rec is not None and rec.status.value == "succeeded"  # ... and the task counts done
+    assert rec.message == result.message
+    assert plan_group(st, job, attempt.run_id, plan_tasks(job, "ResumableFibonacci")) == []
+
+
 def test_record_task_done_counts_the_task_finished(tmp_path: Path) -> None:
     from core import plan_group, run_tasks
     from core.run._phases import record_task_done

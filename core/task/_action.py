@@ -70,14 +70,24 @@ class StopState:
         self.force = False
         self.deadline: float | None = None
         """Seconds since the epoch by which every process must be gone, or None."""
+        self.declared_done: str | None = None
+        """Why the scheduler's user declared the task done (Airflow's "mark success"), or None:
+        the task's end record then says finished, written under its lease."""
 
     def request(
-        self, intent: StopIntent, *, force: bool = False, deadline: float | None = None
+        self,
+        intent: StopIntent,
+        *,
+        force: bool = False,
+        deadline: float | None = None,
+        declared_done: str | None = None,
     ) -> None:
         """Fold one more request in (see the class). Returns at once."""
         with self._lock:
             if self.intent is None or intent == StopIntent.CANCEL:
                 self.intent = intent
+            if declared_done is not None:
+                self.declared_done = declared_done
             self.force = self.force or force
             if deadline is not None:
                 self.deadline = deadline if self.deadline is None else min(self.deadline, deadline)

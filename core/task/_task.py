@@ -234,7 +234,12 @@ class TaskExecution:
         return self._recorder.file_stats
 
     def stop(
-        self, intent: StopIntent, *, force: bool = False, deadline: float | None = None
+        self,
+        intent: StopIntent,
+        *,
+        force: bool = False,
+        deadline: float | None = None,
+        declared_done: str | None = None,
     ) -> None:
         """Ask the task to stop. Thread-safe, idempotent, returns at once.
 
@@ -250,8 +255,12 @@ class TaskExecution:
                 shortened (with a warning naming both times) so that the tree is killed
                 ``STOP_KILL_MARGIN_SECONDS`` before the deadline; an environment's ``onExit``
                 that is still running then is killed too. The earliest deadline given wins.
+            declared_done: the scheduler's user declared the task done (Airflow's "mark
+                success"), for this reason: its end record says it finished (all its frames
+                count), written under the task's lease, so no reader ever sees it unfinished
+                between its end and a later ``record_task_done``.
         """
-        self._stop.request(intent, force=force, deadline=deadline)
+        self._stop.request(intent, force=force, deadline=deadline, declared_done=declared_done)
 
     # --- running ----------------------------------------------------------------------------------
     def run(self) -> TaskResult:
@@ -362,6 +371,14 @@ class TaskExecution:
             rec.process = None
             fail = (self._output.fail_message or message) if failed else message
             outcome, message = _outcome(rec, self.spec, self._stop.intent, failed, fail)
+            done = self._stop.declared_done
+            if done is not None:  # declared done: finished, whatever the action did
+                rec.status = TaskStatus.SUCCEEDED
+                if self.spec.chunk_parameter:
+                    rec.completed_frames = sorted(
+                        set(rec.completed_frames) | self.spec.chunk_frames
+                    )
+                message = f"{message}; recorded as done ({done})"
             close_span(rec)
             unknown = self._ran_resume and rec.resume_status is None and exit_code is not None
             if unknown:
