@@ -82,8 +82,9 @@ def _write_lease_object(st: CheckpointStore, job, run_id: str, spec, body: bytes
 def _renewals(st: CheckpointStore, job, run_id: str, spec) -> int:
     """How many times the holder of the task's lease renewed it (the lease object says)."""
     base = st._task_lease_base(job.job_key, run_id, spec.step_name, spec.task_key)
-    assert st.fs.s3 is not None
-    got = st.fs.s3.get(st.fs.confined(base + ".lease.json"))
+    objects = st.fs.conditional()
+    assert objects is not None
+    got = objects.get(st.fs.confined(base + ".lease.json"))
     assert got is not None, "the lease object is gone"
     return int(json.loads(got[0])["renewals"])
 

@@ -1069,7 +1069,7 @@ def test_a_task_whose_lease_expires_is_canceled(tmp_path: Path, monkeypatch) -> 
                       "time.sleep(60); print('LONG-END', flush=True)")  # fmt: skip
     job = prepare_job(template)
     attempt = begin_attempt(st, job, external_key="dag/lease")
-    real_write = st.fs.write_json
+    real_write = st.fs.backend.replace_file  # how a lease file is written (core.fs seam)
 
     def refuse_leases(path, *args, **kwargs):
         if "/tasks/" in path and path.endswith(".lease.json") and started:
@@ -1077,7 +1077,7 @@ def test_a_task_whose_lease_expires_is_canceled(tmp_path: Path, monkeypatch) -> 
         return real_write(path, *args, **kwargs)
 
     started: list[bool] = []
-    monkeypatch.setattr(st.fs, "write_json", refuse_leases)
+    monkeypatch.setattr(st.fs.backend, "replace_file", refuse_leases)
     notes: list[str] = []
     lines: list[str] = []
     [result] = run_tasks(
