@@ -6,7 +6,8 @@ import only what this list names (``make lint``: an import-linter contract). The
 Airflow nor Prefect.
 
 - Templates and jobs: ``load_template`` (CHECKPOINT RFC idea, seed 000), ``prepare_job``,
-  ``prepare_run_job`` (in another process), ``PreparedJob``, ``TaskSpec``.
+  ``prepare_run_job`` (from a run's record: in another process, or an operator resume),
+  ``PreparedJob``, ``TaskSpec``.
 - Planning: ``plan_step`` / ``plan_group`` (from the store), ``plan_tasks`` /
   ``original_tasks`` (from given records), groups of a large step.
 - A run's life, from any process: ``begin_attempt``, ``run_tasks`` (the one executor),

@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import DATA, CliProcess, checkpoint_at_least, one_step_template, run_cli
+from conftest import DATA, ROOT, CliProcess, checkpoint_at_least, one_step_template, run_cli
 
 from core import CheckpointStore
 
@@ -259,3 +260,61 @@ def test_resume_by_id_of_a_run_with_list_parameters(store: Path, tmp_path: Path)
     again.proc.send_signal(2)
     assert again.wait(60) == 75, again.stderr
     assert f"resuming run {run_id}" in again.stderr, again.stderr
+
+
+# Run in a process of its own: the CLI's main installs signal handlers and makes its process a
+# child subreaper. Counts the reads of the run's record (``run.json``, through the store's file
+# system) until the resumed attempt has begun, and over the whole command.
+COUNT_READS = """
+import json, sys
+import core.cli._runner as runner
+import core.fs._storefs as storefs
+from core.cli._main import main
+
+reads = {"begun": None, "all": 0}
+read_bytes = storefs.StoreFS.read_bytes
+def counted(self, path):
+    if path.endswith("/" + sys.argv[1] + "/run.json"):
+        reads["all"] += 1
+    return read_bytes(self, path)
+storefs.StoreFS.read_bytes = counted
+begin_attempt = runner.begin_attempt
+def begin(*args, **kwargs):
+    attempt = begin_attempt(*args, **kwargs)
+    reads["begun"] = reads["all"]
+    return attempt
+runner.begin_attempt = begin
+code = main(["resume", sys.argv[1], "--store", sys.argv[2], "-q"])
+print(json.dumps(reads))
+sys.exit(code)
+"""
+
+
+def test_resume_reads_the_run_record_once_before_its_attempt(store: Path, tmp_path: Path) -> None:
+    """``resume RUN`` reads the run's record once to rebuild the job, once in the job's run
+    list under its lock (every decision of ``begin_attempt`` looks at that list) and once to
+    rewrite it under its lock: 3 reads until its attempt has begun (there were 6), and none
+    when the attempt starts its steps (it keeps the record it wrote)."""
+    marker = tmp_path / "ok"
+    template = one_step_template(
+        tmp_path / "once.yaml",
+        "once",
+        "import json, os, sys; print('openjd_checkpoint_save: ' + json.dumps({'state': '1'}),"
+        f" flush=True); sys.exit(0 if os.path.exists({str(marker)!r}) else 1)",
+    )
+    assert cli("run", str(template), "--store", str(store), "-q").returncode == 1
+    (run,) = CheckpointStore(store).list_runs()[0]
+    marker.touch()
+    resumed = subprocess.run(
+        [sys.executable, "-c", COUNT_READS, run.run_id, str(store)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming run" in resumed.stderr
+    reads = json.loads(resumed.stdout.splitlines()[-1])
+    # then: the file data flow of the task's capture, entering the finally phase, finishing
+    # the attempt, and the report's outcome
+    assert reads == {"begun": 3, "all": 7}, reads

@@ -20,7 +20,6 @@ from typing import Any
 from core import (
     CheckpointStore,
     NoticeSettings,
-    RefusalCode,
     ResumeHow,
     ResumeRefusedError,
     RunError,
@@ -31,6 +30,7 @@ from core import (
     TerminationMode,
     default_store_location,
     prepare_job,
+    prepare_run_job,
     report,
     request_termination,
 )
@@ -73,7 +73,6 @@ from core.local import (
     describe_exit,
     finish_interrupted_deletes,
     load_environment_template,
-    load_path_mapping_rules,
     no_run_words,
 )
 
@@ -96,32 +95,26 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_resume(args: argparse.Namespace) -> int:
-    store = _store_from(args)
-    run = store.find_run(args.run_id)
-    if run is None:
-        raise ResumeRefusedError(RefusalCode.UNKNOWN_RUN, no_run_words(store, args.run_id))
-    template = args.template or (Path(run.template_path) if run.template_path else None)
-    if template is None:
-        raise TemplateError([f"run {run.run_id} has no template path; pass --template"])
-    params = dict(run.parameters)
-    params.update(parse_params(args.parameter or []))
-    job = prepare_job(
-        template,
-        params,
-        environments=[Path(e) for e in run.environments],
-        path_mapping_rules=load_path_mapping_rules(run.path_mapping_rules),
+    # The run's record is read once, here; the resume check (``begin_attempt``) refuses a
+    # changed template, naming its steps, after the refusals that come first.
+    job = prepare_run_job(
+        _store_from(args),
+        None,
+        args.run_id,
+        template=args.template,
+        parameters=parse_params(args.parameter or []),
+        check_template=False,
     )
     steps = job.template.regular_steps + job.template.finally_steps
     if args.from_step is not None and args.from_step not in steps:
         raise TemplateError(
             [f"--from {args.from_step!r}: the job has no such step (steps: {', '.join(steps)})"]
         )
-    args.template = template
     return _execute(
         args,
         job,
         how=ResumeHow.OPERATOR,
-        run_id=run.run_id,
+        run_id=args.run_id,
         from_step=args.from_step,
         generation=args.generation,
     )

@@ -292,7 +292,7 @@ class JobRunner:
 
     def _run_attempt(self, attempt: Attempt, executor: TaskExecutor) -> RunResult:
         clean_stale_sessions(self._working_root)
-        run = self.store.read_run(attempt.job_key, attempt.run_id)
+        run = attempt.record  # as begin_attempt wrote it, under the run's lock
         assert run is not None
         # Earlier attempts' records, read once and kept as planning needs them (a succeeded
         # task's key, not its record); this attempt's records stay in the store.

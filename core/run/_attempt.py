@@ -20,11 +20,12 @@ Which process may call what: see docs/core-api.md.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from core._errors import RunError, StoreError
+from core._errors import RunError, StoreError, TemplateError
 from core._host import FileDataFlow, host_id
 from core._records import (
     RunCondition,
@@ -62,6 +63,7 @@ from core.task import (
     check_chain,
     check_input,
     check_run,
+    no_run_words,
     plan_resume,
     resolve_termination,
     run_is_live,
@@ -95,6 +97,8 @@ class Attempt:
         external_key: the scheduler's own run identity, if one was given.
         lease: the run's lease, when ``begin_attempt(hold_lease=True)`` took it (not
             serialized; release it when the attempt ends).
+        record: the run's record as ``begin_attempt`` wrote it (not serialized; None in an
+            ``Attempt`` made by ``from_dict``).
     """
 
     job_key: str
@@ -104,6 +108,7 @@ class Attempt:
     notes: list[str] = field(default_factory=list)
     external_key: str | None = None
     lease: Lease | None = field(default=None, repr=False, compare=False)
+    record: RunRecord | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -175,12 +180,16 @@ def reap_run(store: CheckpointStore, run: RunRecord) -> list[str]:
     return notes
 
 
-def reap_orphans(store: CheckpointStore, job_key: str) -> list[str]:
+def reap_orphans(
+    store: CheckpointStore,
+    job_key: str,
+    listed: tuple[list[RunRecord], list[str]] | None = None,
+) -> list[str]:
     """``reap_run`` for every unfinished run of the job. Returns the notes, with a warning
     for each run record found unreadable and set aside (``RunSetAside``: this first look at
     the job's runs is the one that sets it aside, so the attempt says why it does not resume
-    that run)."""
-    runs, warnings = store.list_runs(job_key)
+    that run). ``listed``: the job's ``CheckpointStore.list_runs``, if the caller has it."""
+    runs, warnings = store.list_runs(job_key) if listed is None else listed
     notes = [f"warning: {w}" for w in warnings if isinstance(w, RunSetAside)]
     for run in runs:
         if run.status == RunStatus.RUNNING:
@@ -188,8 +197,7 @@ def reap_orphans(store: CheckpointStore, job_key: str) -> list[str]:
     return notes
 
 
-def _live_driver(store: CheckpointStore, job_key: str) -> RunRecord | None:
-    runs, _ = store.list_runs(job_key)
+def _live_driver(store: CheckpointStore, runs: list[RunRecord]) -> RunRecord | None:
     for run in runs:
         if run.external_key is None and run.status == RunStatus.RUNNING and run_is_live(store, run):
             return run
@@ -206,13 +214,13 @@ def _unfinished_termination(store: CheckpointStore, run: RunRecord) -> Terminati
 
 
 def _refuse_if_scheduled_elsewhere(
-    store: CheckpointStore, job: PreparedJob, run_id: str, external_key: str | None
+    store: CheckpointStore, runs: list[RunRecord], run_id: str, external_key: str | None
 ) -> None:
     """An operator resume may not take over a live run that a scheduler (another external
     key) is running: its tasks may be running now, with no run lease to show it. The refusal
     names the scheduler run that began the latest attempt (which may have taken the run over
-    from the one that made it)."""
-    run = store.find_run(run_id)
+    from the one that made it). ``runs``: the job's, as listed under its lock."""
+    run = store.find_run(run_id, among=runs)
     if run is None:
         return
     holder = run.attempt_key
@@ -231,8 +239,7 @@ def _refuse_if_scheduled_elsewhere(
         )
 
 
-def _latest_run_id(store: CheckpointStore, job: PreparedJob) -> str:
-    runs, _ = store.list_runs(job.job_key)
+def _latest_run_id(store: CheckpointStore, runs: list[RunRecord]) -> str:
     for run in reversed(runs):
         if run.status != RunStatus.SUCCEEDED and not run.superseded_by:
             return run.run_id
@@ -286,12 +293,14 @@ def begin_attempt(
     superseded: list[RunRecord] = []
     carried = Termination()
     with store.job_lock(job.job_key):
-        notes.extend(reap_orphans(store, job.job_key))
+        # The job's run records, read once under its lock: each decision below looks at these.
+        listed = store.list_runs(job.job_key)
+        runs = listed[0]
+        notes.extend(reap_orphans(store, job.job_key, listed))
         run: RunRecord | None = None
         resumed = False
         completed: int | None = None
         if external_key is not None and how == ResumeHow.RETRY:
-            runs, _ = store.list_runs(job.job_key)
             mine = [r for r in runs if r.external_key == external_key and not r.superseded_by]
             existing = mine[-1] if mine else None
             if existing is not None:
@@ -327,7 +336,7 @@ def begin_attempt(
                         superseded.append(existing)
         else:
             if external_key is None:
-                live = _live_driver(store, job.job_key)
+                live = _live_driver(store, runs)
                 if live is not None:
                     who = describe_holder(store, live.runner)
                     raise ResumeRefusedError(
@@ -337,9 +346,9 @@ def begin_attempt(
                         "Suspended') or wait for it to end",
                     )
             if how == ResumeHow.OPERATOR and run_id == "latest":
-                run_id = _latest_run_id(store, job)
+                run_id = _latest_run_id(store, runs)
             if how == ResumeHow.OPERATOR and run_id is not None:
-                _refuse_if_scheduled_elsewhere(store, job, run_id, external_key)
+                _refuse_if_scheduled_elsewhere(store, runs, run_id, external_key)
             plan = plan_resume(
                 store,
                 job,
@@ -348,6 +357,7 @@ def begin_attempt(
                 from_step=from_step,
                 generation=generation,
                 scheduled=external_key is not None,
+                listed=listed,
             )
             notes.extend(plan.notes)
             superseded.extend(plan.superseded)
@@ -442,6 +452,7 @@ def begin_attempt(
         notes=notes,
         external_key=external_key,
         lease=lease,
+        record=rec,
     )
 
 
@@ -535,30 +546,51 @@ def _for_attempt(
     return kept
 
 
-def prepare_run_job(store: CheckpointStore, job_key: str, run_id: str) -> PreparedJob:
-    """Rebuild a run's job in another process from its record alone (template path, job
-    parameter values, environment templates, path mapping rules).
+def prepare_run_job(
+    store: CheckpointStore,
+    job_key: str | None,
+    run_id: str,
+    *,
+    template: str | Path | None = None,
+    parameters: Mapping[str, Any] | None = None,
+    check_template: bool = True,
+) -> PreparedJob:
+    """Rebuild a run's job from its record alone (template path, job parameter values,
+    environment templates, path mapping rules), reading the record once: in an adapter's
+    worker process (``job_key`` known), or for an operator resume by run id (``job_key`` None:
+    the run is looked for in every job, ``CheckpointStore.find_run``).
+
+    Args:
+        template: a template file to use instead of the recorded one (a run recorded without
+            one needs it).
+        parameters: job parameter values over the recorded ones (name -> value).
+        check_template: refuse a template whose hash is not the run's (``chain-changed``).
+            False when an attempt's resume check follows (``begin_attempt``: it names the
+            changed steps, after the refusals that come first).
 
     Raises:
-        RunError: no such run, or its record names no template.
-        ResumeRefusedError: ``chain-changed``: the template file changed since the run began.
-        TemplateError: the template or its parameters are no longer valid.
+        ResumeRefusedError: ``unknown-run``: no such run (or it is being deleted);
+            ``chain-changed``: the template changed since the run began (``check_template``).
+        TemplateError: the run's record names no template and none is given, or the template
+            or its parameters are no longer valid.
+        StoreError: the store cannot be read.
     """
-    run = store.read_run(job_key, run_id)
+    run = store.find_run(run_id) if job_key is None else store.read_run(job_key, run_id)
     if run is None:
-        raise RunError(f"no run {run_id!r} in {store.location}")
-    if run.template_path is None:
-        raise RunError(f"run {run_id} has no template path; prepare the job from its template")
+        raise ResumeRefusedError(RefusalCode.UNKNOWN_RUN, no_run_words(store, run_id, job_key))
+    source = template or run.template_path
+    if source is None:
+        raise TemplateError([f"run {run_id} has no template path; pass its template"])
     job = prepare_job(
-        run.template_path,
-        run.parameters,
-        environments=run.environments,
+        source,
+        {**run.parameters, **(parameters or {})},
+        environments=[Path(e) for e in run.environments],
         path_mapping_rules=load_path_mapping_rules(run.path_mapping_rules),
     )
-    if job.template.template_hash != run.template_hash:
+    if check_template and job.template.template_hash != run.template_hash:
         raise ResumeRefusedError(
             RefusalCode.CHAIN_CHANGED,
-            f"the template {run.template_path} changed since run {run_id} began",
+            f"the template {source} changed since run {run_id} began",
         )
     return job
 

@@ -32,7 +32,7 @@ import os
 import posixpath
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -272,8 +272,13 @@ class CheckpointStore:
         runs.sort(key=lambda r: (r.created_at, r.run_id))
         return runs, warnings
 
-    def find_run(self, run_id: str) -> RunRecord | None:
-        """A run by its id alone (any job); None if there is none (or the id is malformed)."""
+    def find_run(self, run_id: str, *, among: Sequence[RunRecord] = ()) -> RunRecord | None:
+        """A run by its id alone (any job); None if there is none (or the id is malformed).
+        ``among``: records the caller has read already (``list_runs``), looked at first: the
+        store is read only for a run not among them."""
+        for known in among:
+            if known.run_id == run_id:
+                return known
         if not is_run_id(run_id):
             return None
         for key in self.fs.list_names(self.layout.jobs_dir):

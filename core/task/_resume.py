@@ -25,6 +25,7 @@ from core.process import ProcessIdentity
 from core.store import (
     CheckpointStore,
     RunBeingDeleted,
+    RunSetAside,
     TaskRebuilt,
     being_deleted_words,
     describe_holder,
@@ -275,12 +276,16 @@ def plan_resume(
     from_step: str | None = None,
     generation: int | None = None,
     scheduled: bool = False,
+    listed: tuple[list[RunRecord], list[str]] | None = None,
 ) -> ResumePlan:
     """Decide what a new attempt of ``job`` continues.
 
     Without ``scheduled`` (the CLI), runs that a scheduler made (with an external run key) are
     neither retried nor superseded: they are the scheduler's to continue; an operator resume
     can still name one.
+
+    ``listed``: the job's runs and warnings as ``CheckpointStore.list_runs`` gave them under
+    the job's lock (``begin_attempt``, which said the ``RunSetAside`` ones); else read here.
 
     Raises:
         ResumeRefusedError: for ``OPERATOR`` on any refusal; for ``RETRY`` only when another process
@@ -289,7 +294,7 @@ def plan_resume(
     if how == ResumeHow.OPERATOR:
         if run_id is None:
             raise RunError("an operator resume needs a run id")
-        run = store.find_run(run_id)
+        run = store.find_run(run_id, among=listed[0] if listed else ())
         if run is None or run.job_key != job.job_key:
             raise ResumeRefusedError(
                 RefusalCode.UNKNOWN_RUN, no_run_words(store, run_id, job.job_key)
@@ -299,8 +304,12 @@ def plan_resume(
             store, job, run, from_step=from_step, generation=generation, notes=op_notes
         )
         return ResumePlan(run, records, [*op_notes, f"resuming run {run.run_id} as asked"])
+    if listed is None:
+        runs, warnings = store.list_runs(job.job_key)
+    else:
+        runs = listed[0]
+        warnings = [w for w in listed[1] if not isinstance(w, RunSetAside)]
     if how == ResumeHow.REQUEUE:
-        runs, _ = store.list_runs(job.job_key)
         earlier = [
             r
             for r in runs
@@ -311,7 +320,6 @@ def plan_resume(
         ]
         return ResumePlan(None, notes=["requeue: running from the top"], superseded=earlier)
 
-    runs, warnings = store.list_runs(job.job_key)
     notes = [
         f"{w}: a retry does not continue it" if isinstance(w, RunBeingDeleted) else f"warning: {w}"
         for w in warnings
