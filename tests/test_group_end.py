@@ -49,6 +49,14 @@ def render(tmp_path: Path):
     return specs, result
 
 
+def test_the_outcomes_a_stop_ended() -> None:
+    assert {o for o in TaskOutcome if o.stopped} == {
+        TaskOutcome.CANCELED,
+        TaskOutcome.INTERRUPTED,
+        TaskOutcome.INTERRUPTED_WITH_CHECKPOINT,
+    }
+
+
 def test_every_task_succeeded_or_none_left_is_success(render) -> None:
     specs, result = render
     verdict = classify_group(specs, [result(s, TaskOutcome.SUCCEEDED) for s in specs])

@@ -65,9 +65,10 @@ class GroupStop:
 
     A stop reaches the running task at once (``TaskExecution.stop`` with the folded request),
     and no task of the call starts after it (each one not started ends ``SKIPPED``, with
-    ``not started: the group was stopped (...)``). Thread-safe; ``stop`` returns at once and
-    takes only locks held briefly by other threads, so a signal handler may call it while the
-    tasks run in another thread.
+    ``not started: the group was stopped (...)``). Thread-safe; ``stop`` returns at once (the
+    locks it takes are held only briefly). A signal handler may call it when ``run_tasks`` runs
+    on another thread than the handler's (the main thread), as in Airflow's operator: a lock
+    the interrupted thread held could not be taken again there.
     """
 
     def __init__(self) -> None:
