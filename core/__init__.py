@@ -11,7 +11,9 @@ Airflow nor Prefect.
 - Planning: ``plan_step`` / ``plan_group`` (from the store), ``plan_tasks`` /
   ``original_tasks`` (from given records), groups of a large step.
 - A run's life, from any process: ``begin_attempt``, ``run_tasks`` (the one executor),
-  ``request_termination``, ``start_finally``, ``finish_attempt``, ``declare_done``.
+  ``request_termination``, ``start_finally``, ``finish_attempt``, ``declare_done``; a
+  ``GroupStop`` handle stops the tasks of a ``run_tasks`` call; ``classify_group`` says how
+  they end for the framework (``GroupVerdict``, a ``GroupEnd``).
 - ``CheckpointStore``: atomic, versioned records and checkpoint generations (fsspec); the
   settings every runner reads the same way: ``FileSettings`` (file data flow and roots),
   ``NoticeSettings`` (interruption notices).
@@ -47,6 +49,9 @@ with _interrupts.held():  # a Ctrl-C during these imports is delivered after the
     from core.run import (
         RELEASE_WAIT_SECONDS,
         Attempt,
+        GroupEnd,
+        GroupStop,
+        GroupVerdict,
         Notice,
         NoticeSettings,
         NoticeSource,
@@ -54,6 +59,7 @@ with _interrupts.held():  # a Ctrl-C during these imports is delivered after the
         StepWalk,
         StopEscalation,
         begin_attempt,
+        classify_group,
         declare_done,
         finish_attempt,
         plan_group,
@@ -86,6 +92,7 @@ __all__ = (
     "CheckpointData",
     "CheckpointJobTemplate",
     "CheckpointStore",
+    "classify_group",
     "declare_done",
     "default_store_location",
     "FileDataFlow",
@@ -95,6 +102,9 @@ __all__ = (
     "group_label",
     "group_result_key",
     "group_tasks",
+    "GroupEnd",
+    "GroupStop",
+    "GroupVerdict",
     "host_id",
     "JOB_STATUS_PARAMETER",
     "load_template",

@@ -19,7 +19,7 @@ from prefect.states import Cancelled
 from prefect.transactions import get_transaction
 
 import core
-from core import CheckpointStore, PreparedJob, TaskEventKind, TaskOutcome, TaskSpec
+from core import CheckpointStore, PreparedJob, TaskEventKind, TaskSpec
 
 from ._artifacts import GroupProgress, flushed_here
 from ._report import flow_entrypoint, kept_line, quiet_finished_line, resume_hint
@@ -31,6 +31,10 @@ SIGNALS_REFUSED = (
     "installed); use file:PATH, or the CLI"
 )
 """Why a task run takes no ``signal:`` notice source (``core.NoticeSettings``)."""
+
+_NEXT_TRY = "a retry of this task run (or of the flow run)"
+"""What resumes a group an interruption notice stopped, in Prefect's words
+(``core.classify_group``)."""
 
 _JOBS: dict[tuple[str, str], PreparedJob] = {}
 _JOBS_LOCK = threading.Lock()
@@ -173,32 +177,19 @@ def run_group(
         if line is not None:
             logger.info("%s", line)
     ran = [[spec.label, res.outcome.value] for spec, res in zip(specs, results, strict=True)]
-    failed = [
-        f"{spec.label}: {res.message or 'failed'}"
-        + (f" (exit code {res.exit_code})" if res.exit_code is not None else "")
-        for spec, res in zip(specs, results, strict=True)
-        if res.outcome in (TaskOutcome.FAILED, TaskOutcome.NOT_STORED)  # retried as a failure
-    ]
-    if failed:
-        raise RuntimeError("; ".join(failed))
-    if notices:
-        raise RuntimeError(
-            f"stopped by an interruption notice ({notices[0].describe()}); what the tasks "
-            "reported is stored: a retry of this task run (or of the flow run) resumes from it"
-        )
-    stopped = [
-        f"{spec.label}: {core.report.result_words(res)}"
-        for spec, res in zip(specs, results, strict=True)
-        if res.outcome != TaskOutcome.SUCCEEDED
-    ]
-    if stopped:
+    verdict = core.classify_group(
+        specs, results, notice=notices[0] if notices else None, next_try=_NEXT_TRY
+    )
+    if verdict.kind.retry:  # a task failed, or a notice stopped them: the retry resumes
+        raise RuntimeError(verdict.message)
+    if verdict.kind in (core.GroupEnd.STOPPED, core.GroupEnd.SKIPPED):
         txn = get_transaction()
         if txn is not None:
             txn.write_on_commit = False  # a stopped group must not be skipped by a retry
         ctx = TaskRunContext.get()
         if ctx is not None and ctx.task_run is not None:
             quiet_finished_line(ctx.task_run.id)  # a stop asked for is not an error
-        return Cancelled(message="; ".join(stopped), name="Stopped")
+        return Cancelled(message="; ".join(verdict.tasks), name="Stopped")
     return {"step": step, "ran": ran}
 
 

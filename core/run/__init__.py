@@ -1,9 +1,10 @@
 """A run's tasks, driven from any process: the one executor (``_executor``: claims, the session
 pool, termination requests, interruption notices, expired leases, phase budgets), a run's
 attempts (``_attempt``), its phases and outcome (``_phases``), how signals stop it
-(``_escalation``), the step loop every runner walks (``_steps``), deleting runs and collecting
-managed files (``_delete``, ``_gc``), and the interruption notice sources (``_notices``) and
-settings (``_notice_settings``). Above ``task``; the top floor of core.
+(``_escalation``), the step loop every runner walks (``_steps``), how a group of tasks ends for
+its framework (``_verdict``) and the caller's handle to stop it (``_group_stop``), deleting
+runs and collecting managed files (``_delete``, ``_gc``), and the interruption notice sources
+(``_notices``) and settings (``_notice_settings``). Above ``task``; the top floor of core.
 """
 
 from core.run._attempt import (
@@ -18,6 +19,7 @@ from core.run._delete import delete_run, finish_interrupted_deletes
 from core.run._escalation import Escalation, StopEscalation
 from core.run._executor import StepRun, TaskExecutor, run_tasks
 from core.run._gc import DEFAULT_GC_GRACE_SECONDS, collect_file_garbage
+from core.run._group_stop import GroupStop, StopRequest
 from core.run._notice_settings import NoticeSettings
 from core.run._notices import (
     NOTICE_POLL_ENV,
@@ -39,10 +41,12 @@ from core.run._phases import (
     start_finally,
 )
 from core.run._steps import StepTurn, StepWalk
+from core.run._verdict import GroupEnd, GroupVerdict, classify_group
 
 __all__ = (
     "Attempt",
     "begin_attempt",
+    "classify_group",
     "collect_file_garbage",
     "declare_done",
     "DEFAULT_GC_GRACE_SECONDS",
@@ -52,6 +56,9 @@ __all__ = (
     "EXIT_CODES",
     "finish_attempt",
     "finish_interrupted_deletes",
+    "GroupEnd",
+    "GroupStop",
+    "GroupVerdict",
     "iter_attempt_records",
     "mark_timed_out",
     "Notice",
@@ -73,5 +80,6 @@ __all__ = (
     "StepTurn",
     "StepWalk",
     "StopEscalation",
+    "StopRequest",
     "TaskExecutor",
 )

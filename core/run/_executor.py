@@ -16,7 +16,9 @@ runner decides it again:
   the tasks have stopped;
 - an expired lease: the work it covered is canceled (another process may do it now);
 - a time budget per phase (the CLI's ``--timeout`` and finally timeout): on expiry the
-  running tasks of the phase are canceled and the rest do not start.
+  running tasks of the phase are canceled and the rest do not start;
+- the caller's stop (``GroupStop``, Airflow's ``on_kill``): the running tasks stop as it asks
+  and the rest do not start.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from core._errors import RunError, StoreError
 from core._records import RunPhase, RunStatus, TaskRecord
 from core.job import PreparedJob, TaskFeed, TaskSpec, new_task_record
 from core.run._claim import NotStartedError, claim_task, lease_expired_note, planned_as_stored
+from core.run._group_stop import GroupStop, StopRequest
 from core.run._notices import (
     DEFAULT_POLL_SECONDS,
     Notice,
@@ -123,6 +126,8 @@ class RunningTasks:
         self.timed_out = {False: False, True: False}
         """Phase (is finally) -> its time budget expired."""
         self.closed = False
+        self.group_stop: StopRequest | None = None
+        """The caller's stop (``GroupStop``), folded, if any."""
         self._active: dict[TaskExecution, bool] = {}  # running execution -> is a finally task
         self._by_lease: dict[int, TaskExecution] = {}  # id of a task's lease -> its execution
 
@@ -130,6 +135,21 @@ class RunningTasks:
         with self.lock:
             self._active[execution] = is_finally
             self._by_lease[id(lease)] = execution
+            asked = self.group_stop
+        if asked is not None:  # stopped while it was being claimed
+            asked.apply(execution)
+
+    def group_stopped(self, request: StopRequest) -> None:
+        """The caller stopped the group (``GroupStop.stop``): stop the running tasks as it
+        asks; none starts from now on."""
+        with self.lock:
+            if self.closed:
+                return
+            old = self.group_stop
+            self.group_stop = request if old is None else old.fold(request)
+            active = list(self._active)
+        for execution in active:
+            request.apply(execution)
 
     def remove(self, execution: TaskExecution, lease: Lease) -> None:
         with self.lock:
@@ -193,6 +213,8 @@ class RunningTasks:
 
     def why_not_start(self, is_finally: bool) -> str | None:
         """Why a task of the phase may not start now (None: it may)."""
+        if self.group_stop is not None:
+            return f"not started: the group was stopped ({self.group_stop.describe()})"
         if self.timed_out[is_finally]:
             return "not started: the time budget expired"
         notice = self.notice
@@ -229,6 +251,7 @@ class TaskExecutor:
         notice_poll_seconds: at most one request per source this often (default 5 s).
         on_notice: called with each notice acted on (on a background thread), before the
             running tasks are stopped.
+        stop: the caller's handle to stop the running tasks and every one still to come.
     """
 
     def __init__(
@@ -249,6 +272,7 @@ class TaskExecutor:
         notices: Sequence[NoticeSource] = (),
         notice_poll_seconds: float | None = None,
         on_notice: Callable[[Notice], None] | None = None,
+        stop: GroupStop | None = None,
     ) -> None:
         self.store = store
         self.job = job
@@ -267,6 +291,8 @@ class TaskExecutor:
         )
         self.running = RunningTasks(self.sessions, drives_run=run_lease is not None)
         """What runs here now, and what stops it."""
+        if stop is not None:
+            stop.bind(self.running)
         self.phase = RunPhase.REGULAR
         self._said_lost = False
         self._watcher = RunWatcher(
@@ -660,12 +686,13 @@ def run_tasks(
     Args:
         specs: the tasks, all of one step (``plan_step``, or ``TaskSpec.from_dict``).
         options: ``TaskExecutor``'s keyword arguments but ``attempt``, ``max_parallel`` and
-            ``run_lease``: ``on_output``, ``on_event``, ``on_note``, ``on_start`` (for example
-            to keep the ``TaskExecution`` for an ``on_kill`` that calls ``stop(...,
-            deadline=...)``), ``working_root``, ``poll_seconds``, ``notices``
-            (``parse_notice_sources``; none by default), ``notice_poll_seconds`` (default
-            5 s), ``on_notice`` (called with each notice acted on, on a background thread,
-            before the running task is stopped).
+            ``run_lease``: ``on_output``, ``on_event``, ``on_note``, ``on_start``,
+            ``working_root``, ``poll_seconds``, ``notices`` (``parse_notice_sources``; none
+            by default), ``notice_poll_seconds`` (default 5 s), ``on_notice`` (called with
+            each notice acted on, on a background thread, before the running task is
+            stopped), ``stop`` (a ``GroupStop``: an ``on_kill`` stops the running task and
+            every one still to come through it, from any thread; the tasks it leaves not
+            started end ``SKIPPED``).
 
     Returns:
         One ``TaskResult`` per spec, in order.

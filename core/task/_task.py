@@ -81,6 +81,17 @@ class TaskOutcome(str, Enum):
     to another): never counted as finished; the next attempt runs it again (or the process
     that took the lease runs it now)."""
 
+    @property
+    def stopped(self) -> bool:
+        """True for an outcome a stop ended (``CANCELED``, ``INTERRUPTED``,
+        ``INTERRUPTED_WITH_CHECKPOINT``): ``core.report.result_words`` says what it kept."""
+        return self in _STOPPED_OUTCOMES
+
+
+_STOPPED_OUTCOMES = frozenset(
+    {TaskOutcome.CANCELED, TaskOutcome.INTERRUPTED, TaskOutcome.INTERRUPTED_WITH_CHECKPOINT}
+)
+
 
 @dataclass(frozen=True)
 class TaskResult:

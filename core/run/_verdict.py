@@ -1,0 +1,141 @@
+"""What a framework does with a group of tasks run by ``run_tasks``: the one classification of
+its results into how the framework unit (an Airflow task instance's try, a Prefect task run)
+ends. The adapters map the kinds onto their framework (Airflow's exceptions, Prefect's states);
+none decides them again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+from core._errors import RunError
+from core._words import result_words
+from core.job import TaskSpec
+from core.run._notices import Notice
+from core.task import ResumeRefusedError, TaskOutcome, TaskResult
+
+__all__ = ("GroupEnd", "GroupVerdict", "classify_group")
+
+
+class GroupEnd(str, Enum):
+    """How a group's framework unit ends (``classify_group``), in the order it is decided."""
+
+    DECLARED_DONE = "declared_done"
+    """The scheduler's user declared the group done (Airflow's "mark success"): the framework
+    unit succeeds; the adapter records its tasks done (``declare_done``)."""
+    REFUSED = "refused"
+    """``run_tasks`` raised ``RunError`` (the run is gone or has ended): fail, no retry (a retry
+    would read the same run)."""
+    INTERRUPTED = "interrupted"
+    """A stop of this process's tasks (the framework's kill or timeout, an interruption notice)
+    ended the group; what its tasks reported is stored: fail, and the retry resumes."""
+    FAILED = "failed"
+    """A task failed or its end could not be stored, or ``run_tasks`` raised anything else
+    (``ResumeRefusedError``: another process still runs a task): fail, and retry."""
+    STOPPED = "stopped"
+    """The run's termination request stopped tasks (or left some not started after others
+    ran): fail, no retry (a Prefect ``Cancelled`` state); the run's resume continues them."""
+    SKIPPED = "skipped"
+    """No task started: the run was already stopping (Airflow's skipped; a Prefect
+    ``Cancelled`` state)."""
+    SUCCEEDED = "succeeded"
+    """Every task succeeded (or none was left to run)."""
+
+    @property
+    def retry(self) -> bool:
+        """True for an end the framework's retry takes up (``INTERRUPTED``, ``FAILED``)."""
+        return self in (GroupEnd.INTERRUPTED, GroupEnd.FAILED)
+
+
+@dataclass(frozen=True)
+class GroupVerdict:
+    """How a group ends (``classify_group``).
+
+    Attributes:
+        kind: see ``GroupEnd``.
+        message: why, for a person (the framework's failure or skip message; ``""`` for
+            ``SUCCEEDED``).
+        tasks: ``label: words`` of each task that decided it (for ``FAILED``: each failed
+            task's message and exit code; for ``STOPPED`` and ``SKIPPED``: each task that did
+            not succeed, in ``core.report.result_words``); empty for the other kinds.
+    """
+
+    kind: GroupEnd
+    message: str
+    tasks: tuple[str, ...] = ()
+
+
+_FAILING = (TaskOutcome.FAILED, TaskOutcome.NOT_STORED)
+
+
+def classify_group(
+    specs: Sequence[TaskSpec],
+    results: Sequence[TaskResult],
+    *,
+    error: BaseException | None = None,
+    stopped_by: str | None = None,
+    notice: Notice | None = None,
+    declared_done: str | None = None,
+    next_try: str = "a retry",
+) -> GroupVerdict:
+    """Classify how a group of tasks run by ``run_tasks`` ends, once for every framework.
+
+    Decided in ``GroupEnd``'s order: ``declared_done`` given; ``error`` (``RunError``: refused,
+    anything else: failed); ``stopped_by`` given; ``notice`` given; a task ``FAILED`` or
+    ``NOT_STORED``; a task stopped, or not started after others ran (``STOPPED``); none started
+    (``SKIPPED``); else ``SUCCEEDED``.
+
+    Args:
+        specs: the tasks given to ``run_tasks``, in order (their labels name them).
+        results: what ``run_tasks`` returned (one per spec; empty when it raised).
+        error: what ``run_tasks`` raised, if it did.
+        stopped_by: what stopped this process's tasks, in words (``on_kill (the task instance
+            was marked failed)``), when the framework stopped them.
+        notice: the interruption notice that stopped them (``run_tasks``'s ``on_notice``).
+        declared_done: why the group was declared done, when it was.
+        next_try: the framework's next try of the unit, in its words (``the next try of this
+            task instance``): the ``INTERRUPTED`` message says it resumes from what was stored.
+
+    Returns:
+        A ``GroupVerdict``.
+    """
+    if declared_done is not None:
+        return GroupVerdict(GroupEnd.DECLARED_DONE, declared_done)
+    if isinstance(error, ResumeRefusedError):  # another process still runs it: retry later
+        return GroupVerdict(GroupEnd.FAILED, str(error))
+    if isinstance(error, RunError):
+        return GroupVerdict(GroupEnd.REFUSED, str(error))
+    if error is not None:
+        return GroupVerdict(GroupEnd.FAILED, f"{type(error).__name__}: {error}")
+    kept = f"what the tasks reported is stored: {next_try} resumes from it"
+    if stopped_by is not None:
+        return GroupVerdict(GroupEnd.INTERRUPTED, f"stopped by {stopped_by}; {kept}")
+    if notice is not None:
+        return GroupVerdict(
+            GroupEnd.INTERRUPTED, f"stopped by an interruption notice ({notice.describe()}); {kept}"
+        )
+    labelled = list(zip((s.label for s in specs), results, strict=True))
+    failed = tuple(
+        f"{label}: {res.message or 'failed'}"
+        + (f" (exit code {res.exit_code})" if res.exit_code is not None else "")
+        for label, res in labelled
+        if res.outcome in _FAILING
+    )
+    if failed:
+        return GroupVerdict(GroupEnd.FAILED, "; ".join(failed), failed)
+    not_done = tuple(
+        f"{label}: {result_words(res)}"
+        for label, res in labelled
+        if res.outcome != TaskOutcome.SUCCEEDED
+    )
+    if not not_done:
+        return GroupVerdict(GroupEnd.SUCCEEDED, "")
+    if all(res.outcome == TaskOutcome.SKIPPED for res in results):
+        return GroupVerdict(GroupEnd.SKIPPED, results[0].message, not_done)
+    return GroupVerdict(
+        GroupEnd.STOPPED,
+        "stopped by the run's termination request: " + "; ".join(not_done),
+        not_done,
+    )
