@@ -14,6 +14,7 @@ end in ``core.request_termination`` (the core decides what a mode does):
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 import uuid
@@ -22,6 +23,7 @@ from typing import Any
 
 from prefect import get_client
 from prefect.client.schemas.objects import StateType
+from prefect.exceptions import TerminationSignal
 
 import core
 from core import CheckpointStore, RunError, StoreError, TerminationMode
@@ -31,10 +33,12 @@ __all__ = (
     "LABEL_JOB_KEY",
     "LABEL_RUN_ID",
     "LABEL_STORE",
+    "RUNNER_CANCEL_WAIT_SECONDS",
     "RUNNER_GRACE_SECONDS",
     "STOP_DEADLINE_SECONDS",
     "CancelWatcher",
     "end_flow_run",
+    "leave_cancelled_to_the_runner",
     "mode_of_state",
 )
 
@@ -161,6 +165,8 @@ class CancelWatcher:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self.requested: list[TerminationMode] = []
+        self.prefect_cancel = threading.Event()
+        """Set once the flow run's state was seen asking for a stop (a Prefect cancel)."""
         self._asked: set[tuple[TerminationMode, bool]] = set()
         self._thread = threading.Thread(
             target=self._loop, name="openjd-prefect-cancel-watch", daemon=True
@@ -214,4 +220,59 @@ class CancelWatcher:
                 self._log(f"warning: cannot read the flow run's state: {exc}")
                 continue
             if mode is not None:
+                self.prefect_cancel.set()
                 self.request(mode)
+
+
+def runner_cancelled() -> bool:
+    """True when the Prefect runner that started this process (``flow.serve()``, a worker)
+    delivered a cancel for it over its attempt control channel before its SIGTERM: that runner
+    then owns the flow run's ``Cancelled`` state and sets it once this process is gone
+    (Prefect 3.9, ``runner/_cancellation_manager.py``, ``FlowRunEngine.handle_cancellation``).
+
+    Reads ``prefect._internal.control_listener.get_intent``, which Prefect's own engine reads
+    for the same question: Prefect 3.9 has no public way to ask it. False if it cannot be
+    read (another Prefect version): the flow then sets the state itself, as before."""
+    try:
+        from prefect._internal.control_listener import get_intent
+    except ImportError:  # pragma: no cover - another Prefect version
+        return False
+    return bool(get_intent() == "cancel")
+
+
+RUNNER_CANCEL_WAIT_SECONDS = 15.0
+"""How long a flow run stopped by a Prefect cancel under a runner waits for the runner's own
+cancel of this process (``_leave_cancelled_to_the_runner``); it usually comes within a second."""
+
+
+def leave_cancelled_to_the_runner(logger: Any, message: str) -> None:
+    """End a flow run stopped by a Prefect cancel under a runner (``flow.serve()``, a worker)
+    the way Prefect's engine ends one: the runner that delivers the cancel owns the
+    ``Cancelled`` state and sets it once this process is gone (Prefect 3.9,
+    ``runner/_cancellation_manager.py``). Waits (at most ``RUNNER_CANCEL_WAIT_SECONDS``) until
+    the runner has delivered it, then raises ``TerminationSignal`` (the runner's SIGTERM, if
+    it comes first, raises it too), which Prefect's engine logs at INFO.
+
+    Had this process set ``Cancelled`` itself (it did), the runner's cancel, which can reach
+    it seconds after the ``Cancelling`` state (its events come late), would land on a retry
+    made meanwhile: set ``Cancelled`` over it, or stop the retried run (issue 40). When the
+    runner says nothing in time (its cancellation observer failed), returns: the flow sets
+    the state itself, as before.
+
+    Raises:
+        TerminationSignal: the runner delivered its cancel.
+    """
+    if not runner_cancelled():
+        logger.info("%s: waiting for Prefect's runner to take the cancel", message)
+    deadline = time.monotonic() + RUNNER_CANCEL_WAIT_SECONDS
+    while not runner_cancelled():
+        if time.monotonic() > deadline:
+            logger.warning(
+                "Prefect's runner did not take the cancel within %.0f s: the flow run sets "
+                "its state itself; a retry made before the runner's own Cancelled may not run",
+                RUNNER_CANCEL_WAIT_SECONDS,
+            )
+            return
+        time.sleep(0.05)
+    logger.info("%s: Prefect's runner marks the flow run Cancelled", message)
+    raise TerminationSignal(signal=signal.SIGTERM)

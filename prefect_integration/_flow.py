@@ -70,6 +70,7 @@ from ._cancel import (
     LABEL_STORE,
     STOP_DEADLINE_SECONDS,
     CancelWatcher,
+    leave_cancelled_to_the_runner,
     mode_of_state,
 )
 from ._params import RESUME_PARAMETER, flow_signature
@@ -420,6 +421,7 @@ def _flow_body(
         try:
             early = mode_of_state(ctx.flow_run.state, config.cancel_mode)
             if early is not None:
+                watcher.prefect_cancel.set()
                 watcher.request(early)
             stopping.tick()  # a signal while the run began: no task starts
             n = attempt.attempt
@@ -460,6 +462,8 @@ def _flow_body(
         # A flow called directly, signalled as its last task ended: nothing was left to stop,
         # the run's outcome stands (it was reported Crashed, exit status -15, the job done)
         logger.info("the signal came once every task had ended: nothing to stop")
+    if outcome.mode is not None and runner_kills and watcher.prefect_cancel.is_set():
+        leave_cancelled_to_the_runner(logger, final.message or "")
     if outcome.mode is not None:
         quiet_engine_exit(ctx.flow_run.id, final.message or "")
     if outcome.mode is not None and not runner_kills and ctx.flow_run.parent_task_run_id is None:

@@ -258,8 +258,9 @@ def test_served_flow_cancelled_through_the_api_suspends_and_resumes(
         assert not task_processes()
         logs = ph.wait_for_logs(run.id, "RENDER-CKPT")
         assert any("checkpoint generation 1 stored" in log.message for log in logs)
-        # The runner ends its own cancel sequence (it checks every 3 s that the process is
-        # gone, then sets Cancelled again): a retry made before that would be overwritten.
+        # The runner owns the Cancelled state: it sets it once the process is gone (every 3 s
+        # it checks), and says so in its log; a retry made at once is tested in
+        # test_served_retry.py.
         name = ph.flow_run(run.id).name
         deadline = time.monotonic() + 30
         while f"Cancelled flow run '{name}'" not in served.process.log():
