@@ -40,6 +40,7 @@ __all__ = (
     "end_flow_run",
     "leave_cancelled_to_the_runner",
     "mode_of_state",
+    "runner_cancelled",
 )
 
 RUNNER_GRACE_SECONDS = 30.0

@@ -72,6 +72,7 @@ from ._cancel import (
     CancelWatcher,
     leave_cancelled_to_the_runner,
     mode_of_state,
+    runner_cancelled,
 )
 from ._params import RESUME_PARAMETER, flow_signature
 from ._report import (
@@ -462,7 +463,8 @@ def _flow_body(
         # A flow called directly, signalled as its last task ended: nothing was left to stop,
         # the run's outcome stands (it was reported Crashed, exit status -15, the job done)
         logger.info("the signal came once every task had ended: nothing to stop")
-    if outcome.mode is not None and runner_kills and watcher.prefect_cancel.is_set():
+    cancel = watcher.prefect_cancel.is_set() or runner_cancelled()
+    if outcome.mode is not None and runner_kills and cancel:
         leave_cancelled_to_the_runner(logger, final.message or "")
     if outcome.mode is not None:
         quiet_engine_exit(ctx.flow_run.id, final.message or "")

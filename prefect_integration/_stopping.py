@@ -69,14 +69,15 @@ class Stopping:
 
     def __enter__(self) -> Stopping:
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._on_signal)
-            self._previous_int = signal.signal(signal.SIGINT, self._on_signal)
+            handler = self._on_signal  # one object: Prefect's bridge check compares identity
+            self._previous = _bridge.install(handler)
+            self._previous_int = signal.signal(signal.SIGINT, handler)
             self._installed = True
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self._installed:
-            signal.signal(signal.SIGTERM, self._previous)
+            _bridge.restore(self._previous)
             signal.signal(signal.SIGINT, self._previous_int)
             self._installed = False
 
@@ -93,6 +94,61 @@ class Stopping:
             return
         for step in self.escalation.due(self.watcher.current_mode):
             self.watcher.request(step.mode, force=step.force, deadline=step.deadline)
+
+
+class _Bridge:
+    """Our SIGTERM handler stands in for Prefect's SIGTERM bridge while the flow body runs.
+
+    Under ``flow.serve()`` or a worker, Prefect 3.9's runner delivers a cancel to the flow run's
+    process over its attempt control channel before its SIGTERM, and the process acknowledges
+    it only while Prefect's own SIGTERM handler is installed
+    (``prefect.utilities.engine.commit_control_intent_and_ack`` compares the installed handler
+    with ``_prefect_sigterm_handler``). Unacknowledged, the runner takes the process for crashed
+    and its cancel can come late, onto a retry (issue 40). ``Stopping`` installs its own
+    handler (a SIGTERM only noted, never ``TerminationSignal`` raised inside a core operation),
+    so it is registered as that bridge for as long as it is installed, under the bridge's lock.
+    Prefect 3.9 offers no public way to do this; without those names (another Prefect) only the
+    handler is installed."""
+
+    def __init__(self) -> None:
+        self._original: Any = None
+
+    def install(self, handler: Any) -> Any:
+        """Install ``handler`` for SIGTERM (as Prefect's bridge when Prefect's is installed);
+        returns what was installed before."""
+        engine = _prefect_engine()
+        if engine is None:
+            return signal.signal(signal.SIGTERM, handler)
+        with engine._prefect_sigterm_bridge_lock:
+            previous = signal.signal(signal.SIGTERM, handler)
+            if previous is engine._prefect_sigterm_handler:
+                self._original = previous
+                engine._prefect_sigterm_handler = handler
+            return previous
+
+    def restore(self, previous: Any) -> None:
+        engine = _prefect_engine()
+        if engine is None:
+            signal.signal(signal.SIGTERM, previous)
+            return
+        with engine._prefect_sigterm_bridge_lock:
+            if self._original is not None:
+                engine._prefect_sigterm_handler = self._original
+                self._original = None
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _prefect_engine() -> Any:
+    """``prefect.utilities.engine`` when it has the SIGTERM bridge's names, else None."""
+    try:
+        from prefect.utilities import engine
+    except ImportError:  # pragma: no cover - Prefect is a dependency of this package
+        return None
+    names = ("_prefect_sigterm_bridge_lock", "_prefect_sigterm_handler")
+    return engine if all(hasattr(engine, name) for name in names) else None
+
+
+_bridge = _Bridge()
 
 
 def wait_all(futures: Sequence[PrefectFuture[Any]], stopping: Stopping) -> None:
