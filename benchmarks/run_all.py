@@ -472,7 +472,7 @@ def _commit_file(capture: Any, path: str) -> float:
     committed = threading.Event()
     started = time.perf_counter()
     capture.declare([path], [])
-    capture.save(None, [path], [], lambda _manifest, _file: committed.set())
+    capture.save(None, [path], [], lambda _manifest, _file, _size: committed.set())
     capture.drain()
     if not committed.is_set():
         raise SystemExit("commit latency: the save was not committed")
