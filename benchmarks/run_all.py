@@ -493,14 +493,15 @@ def _cp(src: Path, dst: Path) -> float:
     return took
 
 
-def commit_latency(report: Report, quick: bool) -> None:
+def state_commit_latency(report: Report, quick: bool) -> None:
+    """The state-only commit row: ``CheckpointStore.commit_checkpoint`` of a task's record
+    against one fsynced atomic write of the same bytes, alternating (``--only state-commit``
+    runs it alone)."""
     from _templates import python_step_document
 
     from core import CheckpointData, CheckpointStore, TaskExecution, prepare_job
-    from core.files import FileCapture
     from core.job._template import parse_template
 
-    print("4. checkpoint commit latency", flush=True)
     count = 20 if quick else 50
     with tempfile.TemporaryDirectory() as tmp:
         store = CheckpointStore(os.path.join(tmp, "store"))
@@ -532,6 +533,14 @@ def commit_latency(report: Report, quick: bool) -> None:
             "" if med / bmed <= 1.2 else "state_commit",
         )
     )
+
+
+def commit_latency(report: Report, quick: bool) -> None:
+    from core import CheckpointStore
+    from core.files import FileCapture
+
+    print("4. checkpoint commit latency", flush=True)
+    state_commit_latency(report, quick)
     sizes = [1, 100] if quick else [1, 100, 1024]
     for mib in sizes:
         with tempfile.TemporaryDirectory() as tmp:
@@ -913,7 +922,9 @@ def main() -> None:
     parser.add_argument("--with-airflow", action="store_true")
     parser.add_argument("--with-prefect", action="store_true")
     parser.add_argument(
-        "--only", action="append", choices=("work", "tasks", "output", "commit", "scale")
+        "--only",
+        action="append",
+        choices=("work", "tasks", "output", "commit", "state-commit", "scale"),
     )
     args = parser.parse_args()
     command = ".venv/bin/python -m benchmarks" + "".join(
@@ -931,6 +942,8 @@ def main() -> None:
         throughput(report, args.quick)
     if "commit" in only:
         commit_latency(report, args.quick)
+    elif "state-commit" in only:
+        state_commit_latency(report, args.quick)
     if "scale" in only:
         scale(report, args.quick)
     frameworks(report, args.with_airflow, args.with_prefect)
