@@ -512,7 +512,8 @@ def state_commit_latency(report: Report, quick: bool) -> None:
         assert result.outcome.value == "succeeded", result
         records, _ = store.read_tasks(job.job_key, "bench")
         record = records[0]
-        payload = (json.dumps(record.model_dump(mode="json"), indent=1) + "\n").encode()
+        # the bytes the store writes for the record (StoreFS.write_json)
+        payload = (json.dumps(record.model_dump(mode="json"), sort_keys=True) + "\n").encode()
         base, ours = [], []
         for gen in range(2, count + 2):
             base.append(_durable_write(Path(tmp) / "plain.json", payload))

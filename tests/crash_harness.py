@@ -210,7 +210,9 @@ def cli_command(template: Path, store: str, ledger: Path, *params: str) -> list[
     cmd = [sys.executable, "-m", "core.cli", "run", str(template), "--store", store, "-v"]
     for p in (f"Harness={Path(__file__).resolve()}", f"Ledger={ledger}", *params):
         cmd += ["-p", p]
-    return [*cmd, "--max-parallel", "2", "--keep-generations", "1000"]
+    # three generations kept (the default): from the fourth on a commit reuses the file of
+    # the one it drops (``record.reused``)
+    return [*cmd, "--max-parallel", "2", "--keep-generations", "3"]
 
 
 def cli_env() -> dict[str, str]:
