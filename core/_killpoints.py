@@ -9,6 +9,9 @@ stalled at that moment (a paused VM, a long pause): the fencing tests wake it wi
 
 The points (each a place where a crash must leave the store readable and resumable):
 
+- ``record.reused``: a file to be deleted anyway (a checkpoint generation past those kept)
+  renamed to a record's temporary name, to be rewritten as the new record (the new
+  generation); not yet written;
 - ``record.tmp-written``: a record's temporary file written, not yet fsynced;
 - ``record.fsynced``: its data fsynced, not yet renamed over the record;
 - ``record.renamed``: renamed over the record, its folder not yet fsynced;

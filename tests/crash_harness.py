@@ -210,7 +210,9 @@ def cli_command(template: Path, store: str, ledger: Path, *params: str) -> list[
     cmd = [sys.executable, "-m", "core.cli", "run", str(template), "--store", store, "-v"]
     for p in (f"Harness={Path(__file__).resolve()}", f"Ledger={ledger}", *params):
         cmd += ["-p", p]
-    return [*cmd, "--max-parallel", "2", "--keep-generations", "1000"]
+    # three generations kept (the default): from the fourth on a commit reuses the file of
+    # the one it drops (``record.reused``)
+    return [*cmd, "--max-parallel", "2", "--keep-generations", "3"]
 
 
 def cli_env() -> dict[str, str]:
@@ -434,7 +436,10 @@ def strace_order(calls: list[Call]) -> tuple[list[str], list[list[Call]], int]:
 
 def _durable_record(calls: list[Call], t: int, gen: int | None) -> list[Call] | None:
     """The latest write-fsync-rename-folder fsync of task ``t``'s record holding checkpoint
-    ``gen`` (or, ``gen`` None, saying it succeeded), each after the one before; None if none."""
+    ``gen`` (or, ``gen`` None, saying it succeeded), each after the one before, and for a
+    checkpoint first the rename that put its generation file in place (preceded by the rename
+    of the dropped generation's file to that temporary name, when it was reused); None if
+    none."""
     for k in range(len(calls) - 1, -1, -1):
         w = calls[k]
         if w.name != "write" or "/tasks/.tmp-" not in w.path or '\\"step\\"' not in w.args:
@@ -459,7 +464,21 @@ def _durable_record(calls: list[Call], t: int, gen: int | None) -> list[Call] | 
         folder = tmp.rsplit("/", 1)[0]
         dsync = next((c for c in later if c.name == "fsync" and c.path == folder
                       and c.pid == ren.pid and c.start >= ren.end), None)  # fmt: skip
-        return None if dsync is None else [w, sync, ren, dsync]
+        if dsync is None:
+            return None
+        if gen is None:
+            return [w, sync, ren, dsync]
+        # the generation file is in place before the record's write: its own rename, and where
+        # it took the file of the generation it drops, that file's rename to its temporary name
+        name = f".gen-{gen:06d}.json"
+        placed = next((c for c in reversed(calls[:k]) if c.name.startswith("rename")
+                       and c.text(1).endswith(name)), None)  # fmt: skip
+        if placed is None or placed.end > w.start:
+            return None
+        before = reversed(calls[: calls.index(placed)])
+        taken = next((c for c in before if c.name.startswith("rename")
+                      and c.text(1) == placed.text(0)), None)  # fmt: skip
+        return [*([taken] if taken is not None else []), placed, w, sync, ren, dsync]
     return None
 
 

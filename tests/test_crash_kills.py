@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("crash_kills")]
 
 def test_the_kill_points_are_the_ones_core_names() -> None:
     points = harness.kill_points()
-    assert len(points) == 9, points
+    assert len(points) == 10, points
     assert {p.split(".")[0] for p in points} == {"record", "commit", "task"}
 
 
@@ -109,6 +109,11 @@ def test_every_stored_and_succeeded_event_follows_its_fsyncs(tmp_path: Path) -> 
     # The first chain ending in a checkpoint's "stored" line (a short task may finish first).
     stored = [c for c in chains if "checkpoint generation 1 stored" in c[-1].args]
     assert stored, [c[-1].args for c in chains]
+    # from generation 4 on (3 kept) the generation file is the dropped generation's, renamed
+    # to a temporary name, rewritten and renamed into place before the record is written
+    reused = [c for c in chains if "checkpoint generation 5 stored" in c[-1].args]
+    assert reused and ".gen-000002.json" in reused[0][0].args, reused
+    assert reused[0][0].text(1) == reused[0][1].text(0) and ".gen-000005" in reused[0][1].args
     print("one commit, as strace saw it:\n" + harness.excerpt(stored[0], str(tmp_path / "store")))
     no_folder_sync = [c for c in calls if not (c.name == "fsync" and c.path.endswith("/tasks"))]
     bad, _, _ = harness.strace_order(no_folder_sync)

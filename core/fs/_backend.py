@@ -197,10 +197,15 @@ class ObjectBackend(Protocol):
     def makedirs(self, directory: str) -> None:
         """Make ``directory`` and its missing parents below the root. OSError is the caller's."""
 
-    def replace_file(self, path: str, body: bytes, *, durable: bool) -> None:
+    def replace_file(
+        self, path: str, body: bytes, *, durable: bool, reuse: str | None = None
+    ) -> None:
         """Replace ``path`` (its folders made if missing) with ``body`` all at once: a crash at
         any instant leaves the previous version readable; durably (surviving a crash of the
-        machine once this returns) when ``durable``. OSError is the caller's."""
+        machine once this returns) when ``durable``. ``reuse``: a file in the same folder that
+        the caller deletes anyway, which a local store takes (renamed away, then rewritten) for
+        the new version instead of making a file; elsewhere left for the caller to delete.
+        OSError is the caller's."""
 
     def read_record(self, path: str) -> bytes:
         """The bytes of the regular file ``path``, never following a link.

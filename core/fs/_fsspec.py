@@ -76,8 +76,10 @@ class FsspecBackend:
     def makedirs(self, directory: str) -> None:
         self.fs.makedirs(directory, exist_ok=True)
 
-    def replace_file(self, path: str, body: bytes, *, durable: bool) -> None:
-        self.makedirs(posixpath.dirname(path))
+    def replace_file(
+        self, path: str, body: bytes, *, durable: bool, reuse: str | None = None
+    ) -> None:
+        self.makedirs(posixpath.dirname(path))  # (no file to reuse: ``reuse`` is left as it is)
         self.fs.pipe_file(path, body)
 
     def read_record(self, path: str) -> bytes:

@@ -17,7 +17,6 @@ import os
 import posixpath
 import shutil
 import stat
-import tempfile
 import time
 from collections.abc import Iterator
 from typing import Any, ClassVar
@@ -75,12 +74,12 @@ class LocalBackend:
 
     def confine(self, path: str, *, whole: bool) -> None:
         parts = path[len(self.root) :].strip("/").split("/")
-        current = self.root
+        last = len(parts) - 1
+        if not whole:  # the folders on the way only
+            parts.pop()
+        current = self.root.rstrip("/")  # (string joins: this runs on every write)
         for index, part in enumerate(parts):
-            current = posixpath.join(current, part)
-            last = index == len(parts) - 1
-            if last and not whole:
-                break
+            current = f"{current}/{part}"
             try:
                 mode = os.lstat(current).st_mode
             except FileNotFoundError:
@@ -89,7 +88,7 @@ class LocalBackend:
                 raise StoreError(f"cannot use {self._where(current)}: {os_reason(exc)}") from None
             if stat.S_ISLNK(mode):
                 raise StoreError(self.link_refused(current))
-            if not last and not stat.S_ISDIR(mode):
+            if index != last and not stat.S_ISDIR(mode):
                 raise StoreError(f"cannot use {self._where(current)}: it is not a folder")
 
     def makedirs(self, directory: str) -> None:
@@ -107,12 +106,14 @@ class LocalBackend:
             if not stat.S_ISDIR(mode):
                 raise StoreError(f"cannot use {self._where(current)}: it is not a folder")
 
-    def replace_file(self, path: str, body: bytes, *, durable: bool) -> None:
+    def replace_file(
+        self, path: str, body: bytes, *, durable: bool, reuse: str | None = None
+    ) -> None:
         try:  # the folders exist for every write but the first in them
-            _replace_local(path, body, durable=durable)
+            _replace_local(path, body, durable=durable, reuse=reuse)
         except FileNotFoundError:
             self.makedirs(posixpath.dirname(path))
-            _replace_local(path, body, durable=durable)
+            _replace_local(path, body, durable=durable, reuse=reuse)
 
     def read_record(self, path: str) -> bytes:
         return _read_local(path)
@@ -258,29 +259,84 @@ class FlockLeases:
             os.close(fd)
 
 
-def _replace_local(path: str, body: bytes, *, durable: bool) -> None:
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+_REWRITE = os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+
+
+def _new_tmp(parent: str) -> tuple[int, str]:
+    """A new temporary file ``.tmp-<random>`` in the folder ``parent`` (mode 0600, as
+    ``tempfile.mkstemp`` makes it): its descriptor and path. OSError is the caller's
+    (FileNotFoundError: the folder is missing)."""
+    while True:
+        tmp = posixpath.join(parent, ".tmp-" + os.urandom(6).hex())
+        try:
+            return os.open(tmp, _CREATE, 0o600), tmp
+        except FileExistsError:
+            continue
+
+
+def _reused_tmp(parent: str, reuse: str) -> tuple[int, str, int] | None:
+    """The file ``reuse`` (in ``parent``, one that is to be deleted anyway) renamed to a new
+    temporary name and opened to be rewritten (its descriptor, path and size), so that a write
+    needs no new file (on ext4 a file's creation costs about as much as a small file's fsync;
+    it is written over, then cut to its new size, never emptied first: freeing its block and
+    taking one again costs as much); None when there is none to
+    reuse: missing, or not a regular file of its own (a link, a file with other names, which
+    a write must never reach through), which is then left as it was or removed."""
+    tmp = posixpath.join(parent, ".tmp-" + os.urandom(6).hex())
+    try:
+        os.rename(reuse, tmp)  # (48 random bits: no other write's temporary name)
+    except OSError:
+        return None
+    kill_point("record.reused")
+    try:
+        fd = os.open(tmp, _REWRITE)
+    except OSError:
+        _unlink_quietly(tmp)  # a link, a FIFO, ...: what was to be deleted is deleted
+        return None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        _unlink_quietly(tmp)
+        return None
+    return fd, tmp, st.st_size
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _replace_local(path: str, body: bytes, *, durable: bool, reuse: str | None = None) -> None:
     """Replace the local file ``path`` (its folders checked by the caller) with ``body`` all at
     once: a temporary file in the same folder, renamed over it (a link at ``path`` itself is
     replaced, never followed); when ``durable``, the file is fsynced before the rename and the
     folder after it, so the new version survives a crash of the machine once this returns.
-    OSError is the caller's (FileNotFoundError: the folder is missing)."""
+    ``reuse``: a file in the same folder that is to be deleted anyway, whose inode becomes the
+    temporary file (``_reused_tmp``; a new one is made when it cannot be). OSError is the
+    caller's (FileNotFoundError: the folder is missing)."""
     parent = posixpath.dirname(path)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=parent)
+    made = None if reuse is None else _reused_tmp(parent, reuse)
+    fd, tmp, size = made or (*_new_tmp(parent), 0)
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(body)
-            fh.flush()
+        try:
+            view = memoryview(body)
+            while view:
+                view = view[os.write(fd, view) :]
+            if size > len(body):
+                os.ftruncate(fd, len(body))
             kill_point("record.tmp-written")
             if durable:
-                os.fsync(fh.fileno())
+                os.fsync(fd)
                 kill_point("record.fsynced")
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
         kill_point("record.renamed")
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        _unlink_quietly(tmp)
         raise
     if durable:
         dfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)

@@ -60,11 +60,16 @@ class RecordFiles:
         durable: bool = True,
         fence: WriteFence | None = None,
         new: bool = False,
+        reuse: str | None = None,
+        checked: bool = False,
     ) -> None:
         """Write the record ``data`` to ``path`` (``StoreFS.write_json``; ``fence``: the lease
-        the write is made under, ``new``: no record is expected there: see
-        ``StoreFS.replace_file``)."""
-        self.fs.write_json(path, data, durable=durable, fence=fence, new=new)
+        the write is made under, ``new``: no record is expected there, ``reuse``: a file beside
+        it that is deleted anyway: see ``StoreFS.replace_file``; ``checked``: ``path`` was just
+        checked, ``StoreFS.confined``)."""
+        self.fs.write_json(
+            path, data, durable=durable, fence=fence, new=new, reuse=reuse, checked=checked
+        )
 
     def read(self, path: str, model: type[Any]) -> Any:
         """The record of type ``model`` at ``path``, None if there is none. A run or task record

@@ -182,17 +182,22 @@ class TaskRecords:
 
         One durable write: the generation file is written to the page cache (history), the
         record, which holds the same checkpoint, durably; when this returns the checkpoint
-        survives a crash of the machine. ``fence``: as for ``write_task``; both files are
-        written under it (on S3 the generation file only if none of its number is there, or
-        the lease is confirmed still this holder's), and a generation file written by a
-        holder that then finds its lease lost is deleted again where the store can tell it
-        is still that holder's (S3).
+        survives a crash of the machine. On a local store the generation file is the file of
+        the generation this commit drops (renamed away, then rewritten: ``StoreFS.replace_file``
+        ``reuse``), so that a commit makes one new file, the record's; if the commit then
+        fails, that older generation is gone already. ``fence``: as for ``write_task``; both
+        files are written under it (on S3 the generation file only if none of its number is
+        there, or the lease is confirmed still this holder's), and a generation file written
+        by a holder that then finds its lease lost is deleted again where the store can tell
+        it is still that holder's (S3).
 
         Raises:
             StoreError: either file cannot be written; the previous checkpoint stays.
             LeaseLostError: ``fence`` was lost; the record was not written."""
         tid = task_id_for(record.step, record.task_key)
-        gen_path = self.layout.gen_path(record.job_key, record.run_id, tid, checkpoint.generation)
+        tdir = self.layout.in_run(record.job_key, record.run_id, "tasks")
+        gen_path = f"{tdir}/{tid}.gen-{checkpoint.generation:06d}.json"  # (Layout.gen_path)
+        self.fs.confined(gen_path)  # the folders of both files (the record's is beside it)
         identity = TaskIdentity(
             step=record.step,
             task_key=record.task_key,
@@ -201,17 +206,29 @@ class TaskRecords:
             completed_frames=record.completed_frames,
             step_hash=record.step_hash,
         )
+        old = checkpoint.generation - self.keep_generations
+        # the generation dropped by this commit gives its file to the new one (a local store:
+        # no file made); never the record's own (keep_generations 1), which must stay until
+        # the record is replaced
+        reuse = None
+        if 1 <= old < checkpoint.generation - 1:
+            reuse = f"{tdir}/{tid}.gen-{old:06d}.json"
         self.records.write(
             gen_path,
             {**checkpoint.model_dump(mode="json"), "task": identity.model_dump()},
             durable=False,
             fence=fence,
             new=True,
+            reuse=reuse,
+            checked=True,
         )
         kill_point("commit.generation-written")
         previous, record.checkpoint = record.checkpoint, checkpoint
         try:
-            self.write_task(record, fence=fence)
+            record.updated_at = time.time()  # (write_task, its path known)
+            self.records.write(
+                f"{tdir}/{tid}.json", record.model_dump(mode="json"), fence=fence, checked=True
+            )
         except LeaseLostError:
             record.checkpoint = previous
             if fence is not None:
@@ -220,8 +237,7 @@ class TaskRecords:
         if fence is not None:  # noted only for delete_own above: no longer needed
             fence.versions.pop(gen_path, None)
         kill_point("commit.stored")
-        old = checkpoint.generation - self.keep_generations
-        if old >= 1:
+        if old >= 1 and (reuse is None or not self.fs.is_local):
             try:
                 for gen in range(max(1, old - 2), old + 1):
                     self.fs.remove_file(
