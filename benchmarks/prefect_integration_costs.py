@@ -119,7 +119,7 @@ def timed(fn, **params) -> tuple[list[float], float]:
     return times, seconds
 
 
-def task_run_phases(ours_flow) -> PhaseTimes:
+def task_run_phases(ours_flow) -> tuple[PhaseTimes, list[float]]:
     """One more flow run of ours, its task runs timed phase by phase (exclusive times)."""
     import core
     import core.process._process as process
@@ -156,8 +156,8 @@ def task_run_phases(ours_flow) -> PhaseTimes:
     ]
     timer = PhaseTimes(("the rest of run_group (adapter)", _tasks.run_group, "fn"), phases)
     with timer.installed():
-        timer.times, _ = timed(ours_flow)  # type: ignore[attr-defined]
-    return timer
+        times, _ = timed(ours_flow)
+    return timer, times
 
 
 def cgroup_moves() -> list[str]:
@@ -238,8 +238,7 @@ def main() -> None:
     print(f"   load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     if ratio <= 1.5:
         return
-    timer = task_run_phases(ours_flow)
-    times = timer.times  # type: ignore[attr-defined]
+    timer, times = task_run_phases(ours_flow)
     mean = statistics.mean(times)
     print(f"\n   goal missed: where a task run of ours goes (one more flow run, each phase timed;"
           f"\n   mean task run {mean * 1000:.1f} ms, median {statistics.median(times) * 1000:.1f}"
