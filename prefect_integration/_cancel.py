@@ -14,6 +14,7 @@ end in ``core.request_termination`` (the core decides what a mode does):
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
@@ -214,15 +215,30 @@ class CancelWatcher:
             self._log(f"run {self._key[1]}: {mode.value} not applied: {exc}")
 
     def _loop(self) -> None:
-        while not self._stop.wait(self._poll):
-            try:
-                mode = self.current_mode()
-            except Exception as exc:  # the API is unreachable for a moment: try again
-                self._log(f"warning: cannot read the flow run's state: {exc}")
-                continue
-            if mode is not None:
-                self.prefect_cancel.set()
-                self.request(mode)
+        # One API client for the watcher's life, not one a poll: a client's TLS context takes
+        # ~20 ms of the interpreter lock to build, which stalls the flow run's task runs.
+        client: contextlib.ExitStack | None = None
+        api: Any = None
+        try:
+            while not self._stop.wait(self._poll):
+                try:
+                    if client is None:
+                        client = contextlib.ExitStack()
+                        api = client.enter_context(get_client(sync_client=True))
+                    state = api.read_flow_run(self._flow_run_id).state
+                    mode = mode_of_state(state, self._default)
+                except Exception as exc:  # the API is unreachable for a moment: try again
+                    self._log(f"warning: cannot read the flow run's state: {exc}")
+                    if client is not None:  # with a new client
+                        client.close()
+                        client = None
+                    continue
+                if mode is not None:
+                    self.prefect_cancel.set()
+                    self.request(mode)
+        finally:
+            if client is not None:
+                client.close()
 
 
 def runner_cancelled() -> bool:
