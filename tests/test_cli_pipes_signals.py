@@ -111,6 +111,8 @@ def test_sighup_suspends_the_run_like_sigterm(store: Path) -> None:
     cli.proc.send_signal(signal.SIGHUP)
     assert cli.wait(60) == 75, cli.stderr
     assert "SIGHUP: suspending the run" in cli.stderr
+    # not "press Ctrl-C" to a process that may have no terminal
+    assert "(a SIGINT (Ctrl-C), or two more signals, cancel it)" in cli.stderr
     (run,), _ = CheckpointStore(store).list_runs()
     assert run.status.value == "interrupted"
     (task,), _ = CheckpointStore(store).read_tasks(run.job_key, run.run_id)

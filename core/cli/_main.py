@@ -185,9 +185,14 @@ def _execute(args: argparse.Namespace, job: Any, *, how: ResumeHow, **resume: An
 
     def handle(step: Escalation) -> None:
         if step.first:
+            again = (
+                "press Ctrl-C again to cancel it"
+                if step.signal_name == "SIGINT"
+                else "a SIGINT (Ctrl-C), or two more signals, cancel it"
+            )
             display.note(
                 f"{step.signal_name}: suspending the run: its running tasks are asked "
-                "to stop, and what they reported is kept (press Ctrl-C again to cancel it)"
+                f"to stop, and what they reported is kept ({again})"
             )
         else:
             display.note("cancelling the run: killing its tasks")
