@@ -120,6 +120,12 @@ def test_sighup_suspends_the_run_like_sigterm(store: Path) -> None:
     assert task.checkpoint is not None  # periodic saves are 600 s apart: this one is SIGUSR1's
     gone, alive = psutil.wait_procs(tasks, timeout=10)
     assert not alive, alive
+    # said in the words `runs` uses for it: suspended
+    stop = run_cli("stop", run.run_id, "--mode", "Cancelled", "--store", str(store))
+    assert stop.returncode == 4, stop.stderr
+    assert f"run {run.run_id} has ended (suspended, reason Suspended)" in stop.stderr
+    gc = run_cli("gc", "--retention-days", "0", "--store", str(store))
+    assert f"removed run {run.run_id} (suspended, " in gc.stdout, gc.stdout + gc.stderr
 
 
 def test_a_ctrl_c_after_the_run_ended_changes_nothing(tmp_path: Path) -> None:

@@ -400,25 +400,25 @@ def _cmd_gc(args: argparse.Namespace) -> int:
         for note in notes:
             print(f"openjd-checkpoint: {note}", file=sys.stderr)
         removed += 1
-        print(f"removed run {r.run_id} ({r.status.value}, {r.job_name})")
+        print(f"removed run {r.run_id} ({report.run_status_words(r.status.value)}, {r.job_name})")
     print(f"{removed} run(s) removed; kept {len(runs) - removed}")
-    report = collect_file_garbage(store, grace_seconds=args.grace_seconds)
-    for w in report.warnings:
+    swept = collect_file_garbage(store, grace_seconds=args.grace_seconds)
+    for w in swept.warnings:
         print(f"warning: {w}", file=sys.stderr)
-    if report.blobs_removed or report.manifests_removed or report.uploads_removed:
+    if swept.blobs_removed or swept.manifests_removed or swept.uploads_removed:
         print(
-            f"checkpoint files: removed {report.blobs_removed} file(s) and "
-            f"{report.manifests_removed} manifest(s) no kept checkpoint or run output uses, and "
-            f"{report.uploads_removed} abandoned upload(s); freed {report.bytes_freed:,} bytes; "
-            f"kept {report.kept_blobs} file(s)"
+            f"checkpoint files: removed {swept.blobs_removed} file(s) and "
+            f"{swept.manifests_removed} manifest(s) no kept checkpoint or run output uses, and "
+            f"{swept.uploads_removed} abandoned upload(s); freed {swept.bytes_freed:,} bytes; "
+            f"kept {swept.kept_blobs} file(s)"
         )
-    elif report.kept_blobs or report.young:
+    elif swept.kept_blobs or swept.young:
         print(
-            f"checkpoint files: nothing to remove; kept {report.kept_blobs} file(s) in use"
+            f"checkpoint files: nothing to remove; kept {swept.kept_blobs} file(s) in use"
             + (
-                f" and {report.young} unused file(s) and manifest(s) younger than "
+                f" and {swept.young} unused file(s) and manifest(s) younger than "
                 f"--grace-seconds {args.grace_seconds:g}"
-                if report.young
+                if swept.young
                 else ""
             )
         )

@@ -16,6 +16,7 @@ from enum import Enum
 
 from core._errors import RunError, StoreError
 from core._records import RunCondition, RunPhase, RunRecord, RunStatus, StopRequest
+from core._words import run_status_words
 from core.store import CheckpointStore, Lease, this_process
 from core.task._action import StopIntent
 
@@ -267,7 +268,8 @@ def request_termination(
                     f"('checkpoints delete {run_id}')"
                 )
             raise RunError(
-                f"run {run_id} has ended ({run.status.value}, reason {run.condition.reason}); "
+                f"run {run_id} has ended ({run_status_words(run.status.value)}, reason "
+                f"{run.condition.reason}); "
                 "it cannot be stopped"
             )
         current = resolve_termination(store.read_stop_requests(job_key, run_id), run.attempt)
