@@ -261,3 +261,32 @@ def test_a_group_declared_done_while_a_task_runs_ends_it_recorded_done(tmp_path:
     )
     verdict = classify_group(specs, results, declared_done="marked success in Airflow")
     assert verdict.kind == GroupEnd.DECLARED_DONE
+
+
+# --- findings of a hostile review --------------------------------------------------------------
+def test_a_group_stopped_before_any_task_started_does_not_claim_anything_was_stored(
+    render,
+) -> None:
+    specs, result = render
+    why = "not started: the group was stopped (on_kill)"
+    skipped = [result(s, TaskOutcome.SKIPPED, why) for s in specs]
+    verdict = classify_group(specs, skipped, stopped_by="on_kill (timeout)")
+    assert verdict.kind == GroupEnd.INTERRUPTED
+    assert verdict.message == "stopped by on_kill (timeout); no task had started: a retry runs them"
+
+
+def test_results_that_are_not_one_per_task_are_a_clear_error(render) -> None:
+    specs, result = render
+    with pytest.raises(ValueError, match=r"0 result\(s\) for 3 task\(s\)"):
+        classify_group(specs, [])
+
+
+def test_a_group_stop_refuses_what_is_not_a_stop(render) -> None:
+    from core import GroupStop
+
+    stop = GroupStop()
+    with pytest.raises(ValueError):
+        stop.stop("CANCEL")  # type: ignore[arg-type]  # the enum's value is "cancel"
+    with pytest.raises(ValueError, match="not a finite time"):
+        stop.stop(StopIntent.CANCEL, deadline=float("nan"))
+    stop.stop("cancel")  # type: ignore[arg-type]  # the value itself is taken

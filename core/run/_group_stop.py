@@ -6,6 +6,7 @@ keeping each ``TaskExecution`` to stop the next one too.
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -98,7 +99,14 @@ class GroupStop:
                 task must be gone (``TaskExecution.stop``).
             declared_done: the scheduler's user declared the tasks done, for this reason: a
                 running task's end record says it finished (``TaskExecution.stop``).
+
+        Raises:
+            ValueError: ``intent`` is not a ``StopIntent`` (or its value), or ``deadline`` is
+                not a finite number.
         """
+        intent = StopIntent(intent)  # ValueError: not a stop intent
+        if deadline is not None and not math.isfinite(deadline):
+            raise ValueError(f"GroupStop.stop: deadline {deadline!r} is not a finite time")
         asked = StopRequest(intent, force, deadline, declared_done)
         with self._lock:
             self._request = asked if self._request is None else self._request.fold(asked)

@@ -100,6 +100,9 @@ def classify_group(
 
     Returns:
         A ``GroupVerdict``.
+
+    Raises:
+        ValueError: ``results`` is not one per spec while ``error`` is None.
     """
     if declared_done is not None:
         return GroupVerdict(GroupEnd.DECLARED_DONE, declared_done)
@@ -109,7 +112,14 @@ def classify_group(
         return GroupVerdict(GroupEnd.REFUSED, str(error))
     if error is not None:
         return GroupVerdict(GroupEnd.FAILED, f"{type(error).__name__}: {error}")
+    if len(results) != len(specs):
+        raise ValueError(
+            f"classify_group: {len(results)} result(s) for {len(specs)} task(s); run_tasks "
+            "returns one per task (give error= when it raised)"
+        )
     kept = f"what the tasks reported is stored: {next_try} resumes from it"
+    if results and all(res.outcome == TaskOutcome.SKIPPED for res in results):
+        kept = f"no task had started: {next_try} runs them"
     if stopped_by is not None:
         return GroupVerdict(GroupEnd.INTERRUPTED, f"stopped by {stopped_by}; {kept}")
     if notice is not None:
