@@ -55,21 +55,7 @@ class GCSBackend(ObjectStoreBackend):
             )
         fs, root = open_fs(url, location)
         backend = cls(OSErrorsOnly(fs, gcs_errors), root, location, GCSObjects(fs))
-        bucket = backend.bucket()
-        if not bucket:
-            raise StoreError(
-                f"checkpoint store {location!r}: a gs:// store names its bucket "
-                "(gs://BUCKET or gs://BUCKET/PREFIX)"
-            )
-        try:
-            exists = backend.objects.bucket_exists(bucket)
-        except OSError as exc:
-            raise StoreError(f"checkpoint store {location!r}: {exc}") from None
-        if not exists:
-            raise StoreError(
-                f"checkpoint store {location!r}: the bucket {bucket!r} does not exist; "
-                "create it first: the store makes only its prefix"
-            )
+        backend.require_bucket("a gs://")
         return backend
 
 

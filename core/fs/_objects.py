@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from core._errors import StoreError
 from core.fs._backend import (
     ConditionalObjects,
     LeaseClaim,
@@ -92,6 +93,33 @@ class ObjectStoreBackend(FsspecBackend):
 
     def bucket(self) -> str:
         return self.root.strip("/").split("/", 1)[0]
+
+    def require_bucket(self, kind: str) -> None:
+        """Check that the location names a bucket and that it exists: a store never makes a
+        bucket (a typo in its name would make a new, empty one).
+
+        Args:
+            kind: the store's kind with its article, as a message says it (``an s3://``).
+
+        Raises:
+            StoreError: no bucket named, it does not exist, or it cannot be asked.
+        """
+        bucket = self.bucket()
+        scheme = kind.split()[-1]
+        if not bucket:
+            raise StoreError(
+                f"checkpoint store {self.location!r}: {kind} store names its bucket "
+                f"({scheme}BUCKET or {scheme}BUCKET/PREFIX)"
+            )
+        try:
+            exists = self.objects.bucket_exists(bucket)
+        except OSError as exc:
+            raise StoreError(f"checkpoint store {self.location!r}: {exc}") from None
+        if not exists:
+            raise StoreError(
+                f"checkpoint store {self.location!r}: the bucket {bucket!r} does not exist; "
+                "create it first: the store makes only its prefix"
+            )
 
     def conditional(self) -> ConditionalObjects | None:
         """The store's conditional writes if its server honours them. Probed once per process,

@@ -66,21 +66,7 @@ class S3Backend(ObjectStoreBackend):
         backend = cls(OSErrorsOnly(fs, os_errors), root, location, S3Objects(fs))
         # s3fs's makedirs of a bucket path creates the bucket: a typo in its name would make a
         # new bucket (and reading commands would say the store is empty).
-        bucket = backend.bucket()
-        if not bucket:
-            raise StoreError(
-                f"checkpoint store {location!r}: an s3:// store names its bucket "
-                "(s3://BUCKET or s3://BUCKET/PREFIX)"
-            )
-        try:
-            exists = backend.objects.bucket_exists(bucket)
-        except OSError as exc:
-            raise StoreError(f"checkpoint store {location!r}: {exc}") from None
-        if not exists:
-            raise StoreError(
-                f"checkpoint store {location!r}: the bucket {bucket!r} does not exist; "
-                "create it first: the store makes only its prefix"
-            )
+        backend.require_bucket("an s3://")
         return backend
 
 
