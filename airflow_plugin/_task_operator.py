@@ -187,10 +187,9 @@ class OpenJDTaskOperator(BaseOperator):
                 self.log.info("%s", line)
 
         def on_event(ex: core.TaskExecution, event: core.TaskEvent) -> None:
-            if event.kind == core.TaskEventKind.WARNING:
-                self.log.warning("%s: %s", ex.spec.label, event.value)
-            elif event.kind == core.TaskEventKind.CHECKPOINT_SAVED:
-                self.log.info("%s: checkpoint generation %s stored", ex.spec.label, event.value)
+            said = core.report.event_log_line(ex.spec.label, event.kind, event.value)
+            if said is not None:
+                (self.log.warning if said[0] else self.log.info)("%s", said[1])
             if event.kind in _SUMMARY_EVENTS:
                 report.write()
 

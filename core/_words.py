@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 __all__ = (
+    "event_log_line",
     "OUTCOME_WORDS",
     "describe_exit",
     "kept_words",
@@ -184,3 +185,14 @@ def outcome_sentence(
     if status == "failed" and failed:
         nxt = "fix what failed, then " + nxt
     return f"{summary}; {nxt}"
+
+
+def event_log_line(label: str, kind: str, value: object) -> tuple[bool, str] | None:
+    """What a framework's task log says of a task event (``TaskEvent.kind``, its ``value``):
+    ``(warning, text)``, ``warning`` True for a line at WARNING level; None for an event that
+    such a log does not show. The same words in Airflow's and Prefect's logs."""
+    if kind == "warning":
+        return True, f"{label}: {value}"
+    if kind == "checkpoint_saved":
+        return False, f"{label}: checkpoint generation {value} stored"
+    return None

@@ -11,12 +11,14 @@ the plain words for outcomes and statuses. Reading only: nothing here runs or st
 - ``describe_plan``, ``continuations``: what an attempt does with a step's original tasks, and
   which records continued which;
 - ``outcome_sentence``, ``outcome_key``, ``OUTCOME_WORDS``, ``result_words``,
-  ``run_status_words``, ``task_status_words``: outcomes and statuses in words.
+  ``run_status_words``, ``task_status_words``: outcomes and statuses in words;
+- ``event_log_line``: what a framework's task log says of a task event.
 """
 
 from core._records import KeptTask
 from core._words import (
     OUTCOME_WORDS,
+    event_log_line,
     kept_words,
     outcome_key,
     outcome_sentence,
@@ -42,6 +44,7 @@ from core.job import (
 )
 
 __all__ = (
+    "event_log_line",
     "OUTCOME_WORDS",
     "AttemptBar",
     "KeptTask",

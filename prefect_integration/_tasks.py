@@ -19,7 +19,7 @@ from prefect.states import Cancelled
 from prefect.transactions import get_transaction
 
 import core
-from core import CheckpointStore, PreparedJob, TaskEventKind, TaskSpec
+from core import CheckpointStore, PreparedJob, TaskSpec
 
 from ._artifacts import GroupProgress, flushed_here
 from ._report import flow_entrypoint, kept_line, quiet_finished_line, resume_hint
@@ -144,10 +144,9 @@ def run_group(
 
     def on_event(execution: core.TaskExecution, event: core.TaskEvent) -> None:
         progress.on_event(execution, event)
-        if event.kind == TaskEventKind.CHECKPOINT_SAVED:
-            logger.info("%s: checkpoint generation %s stored", execution.spec.label, event.value)
-        elif event.kind == TaskEventKind.WARNING:
-            logger.warning("%s: %s", execution.spec.label, event.value)
+        said = core.report.event_log_line(execution.spec.label, event.kind, event.value)
+        if said is not None:
+            (logger.warning if said[0] else logger.info)("%s", said[1])
 
     notices: list[core.Notice] = []
     try:

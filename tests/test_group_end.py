@@ -290,3 +290,14 @@ def test_a_group_stop_refuses_what_is_not_a_stop(render) -> None:
     with pytest.raises(ValueError, match="not a finite time"):
         stop.stop(StopIntent.CANCEL, deadline=float("nan"))
     stop.stop("cancel")  # type: ignore[arg-type]  # the value itself is taken
+
+
+def test_a_task_event_in_a_framework_log_says_the_same_words_everywhere() -> None:
+    from core import TaskEventKind, report
+
+    assert report.event_log_line("Render[Frame=1]", TaskEventKind.CHECKPOINT_SAVED, 7) == (
+        False,
+        "Render[Frame=1]: checkpoint generation 7 stored",
+    )
+    assert report.event_log_line("R", TaskEventKind.WARNING, "odd line") == (True, "R: odd line")
+    assert report.event_log_line("R", TaskEventKind.PROGRESS, 50.0) is None
