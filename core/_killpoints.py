@@ -29,6 +29,11 @@ held, not marked as being deleted yet), ``delete.marked`` (marked, none of its f
 yet) and ``delete.removing`` (one more of its files removed; a batch of up to 50 objects on a
 store other than a local folder).
 
+Two more are for the fencing tests' stalls only (a crash there loses nothing, so the crash
+harness leaves them out too): ``task.claiming`` (a task about to be claimed, this process's
+run lease just found held) and ``task.claimed`` (its lease taken, the run lease not yet looked
+at again).
+
 The variable is read once, at the first kill point a process passes; with it unset a kill
 point costs one comparison.
 """
@@ -37,6 +42,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 __all__ = ("KILL_AT_ENV", "kill_point")
 
@@ -73,3 +79,8 @@ def kill_point(name: str) -> None:
     passed = _PASSED[name] = _PASSED.get(name, 0) + 1
     if passed == target[1]:
         os.kill(os.getpid(), target[2])
+        if target[2] == signal.SIGSTOP:
+            # A stop sent to the process may take effect a little later than the call returns
+            # (seen: the next few lines ran first); this sleep is cut short by it, so the
+            # stall is here and not a few lines further on.
+            time.sleep(0.2)

@@ -490,7 +490,7 @@ def strace_job(workdir: Path, out: Path) -> subprocess.CompletedProcess[str]:
     (workdir / "ledger").mkdir(exist_ok=True)
     cmd = ["strace", "-f", "-y", "-ttt", "-T", "-s", "65536", "-e", f"trace={STRACE_CALLS}", "-o"]
     cmd += [str(out), *cli_command(template, str(workdir / "store"), workdir / "ledger")]
-    cmd += ["-p", "Tasks=3", "-p", "Saves=20"]
+    cmd += ["-p", "Tasks=3", "-p", "Saves=60"]  # enough for generation 4+ on a slow machine
     return subprocess.run(cmd, cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=300)
 
 

@@ -269,19 +269,25 @@ def _state(pid: int) -> str:
         return fh.read().rsplit(")", 1)[1].split()[0]
 
 
+@pytest.mark.parametrize(
+    "stall", ["task.ended-recorded@1", "task.claiming@2", "task.claimed@2"], ids=str
+)
 def test_a_holder_stalled_between_two_tasks_starts_no_task_once_woken(
-    tmp_path: Path, s3_store: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, s3_store: str, monkeypatch: pytest.MonkeyPatch, stall: str
 ) -> None:
-    """H1 stalls just after it stored T=1's end (``OPENJD_CHECKPOINT_KILL_AT=...:stop``), past
-    its lease; H2 takes the run over and runs T=2. Woken, H1 must not claim T=2 (nor wait for
-    its lease, held by H2): it lost the run, so it starts nothing, says so in one line and
-    exits 4. Before, its loop went on to claim the next task before its lease watcher noticed
-    the loss: it waited for T=2's lease, or took it and started T=2 where H2 had not yet."""
+    """H1 stalls (``OPENJD_CHECKPOINT_KILL_AT=...:stop``) past its lease just after it stored
+    T=1's end, or about to claim T=2 (its run lease just found held), or with T=2's lease just
+    taken; H2 takes the run over and runs T=2. Woken, H1 must not claim T=2 (nor wait for its
+    lease, held by H2), nor start it: it lost the run, so it starts nothing, says so in one
+    line and exits 4. Before, its loop went on to claim the next task before its lease
+    watcher noticed the loss: it waited for T=2's lease, or took it and started T=2 where H2
+    had not yet (found by CI, where the run lease was looked at before a stall that came from
+    T=1's end in another thread)."""
     template = tmp_path / "between.yaml"
     template.write_text(BETWEEN)
     h1 = h2 = None
     try:
-        monkeypatch.setenv("OPENJD_CHECKPOINT_KILL_AT", "task.ended-recorded@1:stop")
+        monkeypatch.setenv("OPENJD_CHECKPOINT_KILL_AT", f"{stall}:stop")
         h1 = Runner(template, s3_store, "host-a")
         monkeypatch.delenv("OPENJD_CHECKPOINT_KILL_AT")
         _wait("host-a stalled after T=1", lambda: _state(h1.proc.pid) == "T", 60, h1)

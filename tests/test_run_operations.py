@@ -340,6 +340,8 @@ def test_runner_killed_before_first_checkpoint_leaves_nothing_for_the_next_run(
         pid = _task_pid(store)
         first.send_signal(signal.SIGKILL)
         first.wait(10)
+        # paused, so that on a slow machine it cannot finish its 4 s before the next run looks
+        os.kill(pid, signal.SIGSTOP)
         assert psutil.pid_exists(pid)
         second = run_cli(*args, *(["--fresh"] if fresh else []), cwd=ROOT, timeout=60)
         assert second.returncode == 0, second.stderr

@@ -194,6 +194,9 @@ def _wait_for_task_lease(
         if lease is None:
             raise ResumeRefusedError(RefusalCode.ALREADY_RESUMED, refused)
         return lease, None
+    why = should_stop() if should_stop is not None else None
+    if why is not None:  # asked before a wait is announced (a holder woken after a stall)
+        raise NotStartedError(why)
     bound = held.ttl + LEASE_WAIT_MARGIN_SECONDS
     note(
         f"{spec.label}: its lease is held by {held.describe()}; waiting up to {bound:g} s "
