@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 
 from core._errors import StoreError
+from core._killpoints import kill_point
 from core._records import TaskRecord, TaskStatus
 from core.job import PreparedJob, TaskSpec, plan_tasks
 from core.process import kill_recorded_process, recorded_name
@@ -47,6 +48,7 @@ def claim_task(
     note: Callable[[str], None] | None = None,
     should_stop: Callable[[], str | None] | None = None,
     run_held: bool = False,
+    lost: Callable[[], str | None] | None = None,
 ) -> tuple[Lease, TaskRecord | None]:
     """Take the task's lease and make sure no earlier process of it is alive on this host.
 
@@ -64,6 +66,11 @@ def claim_task(
     ``run_held``: this process holds the run's lease (the CLI), so no delete can have begun:
     not looked at.
 
+    ``lost``: why this process may no longer start the run's tasks (it lost the run's lease;
+    None: it may). Asked before the claim, during a wait for the task's lease, and once it is
+    taken (then released again): a process stalled past its run lease at any of those points
+    (a SIGSTOP, a paused VM, a swapped-out host) starts nothing on waking.
+
     Returns the lease (release it when the task ends) and the task's stored record (None if it
     has none); what a person should know (a record rebuilt, an earlier process stopped) goes
     to ``note``.
@@ -72,16 +79,29 @@ def claim_task(
         ResumeRefusedError: ``already-resumed``: another live process holds the task (on a ttl
             store: still, after the wait), or the holder waited for ran it to its end;
             ``unknown-run``: the run has been deleted, or is being deleted.
-        NotStartedError: ``should_stop`` gave a reason during the wait.
+        NotStartedError: ``should_stop`` gave a reason during the wait, or ``lost`` one.
         StoreError: the store cannot be read or written.
     """
     tell = note or _ignore
+    why_lost = lost or _never
+    why = why_lost()
+    if why is not None:  # a runner woken after a stall past its run lease claims nothing
+        raise NotStartedError(why)
+    kill_point("task.claiming")
     lease = store.acquire_task_lease(
         job.job_key, run_id, spec.step_name, spec.task_key, wait_seconds=0.5
     )  # a reap that probes the lease lets go at once; a holder does not
     held = None
     if lease is None:
-        lease, held = _wait_for_task_lease(store, job, run_id, spec, tell, should_stop)
+        stop = should_stop or _never
+        lease, held = _wait_for_task_lease(
+            store, job, run_id, spec, tell, lambda: why_lost() or stop()
+        )
+    kill_point("task.claimed")
+    why = why_lost()
+    if why is not None:  # the stall came while the task's lease was taken
+        lease.release()
+        raise NotStartedError(why)
     if not run_held and store.removal.gone(job.job_key, run_id):
         lease.release()
         raise ResumeRefusedError(
@@ -224,6 +244,10 @@ def _wait_for_task_lease(
 
 def _ignore(_line: str) -> None:
     pass
+
+
+def _never() -> str | None:
+    return None
 
 
 def lease_expired_note(lease: Lease) -> str:

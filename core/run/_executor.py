@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from core._errors import RunError, StoreError
-from core._killpoints import kill_point
 from core._records import RunPhase, RunStatus, TaskRecord
 from core.job import PreparedJob, TaskFeed, TaskSpec, new_task_record
 from core.run._claim import NotStartedError, claim_task, lease_expired_note, planned_as_stored
@@ -563,10 +562,8 @@ class TaskExecutor:
         return out
 
     def _run_lease_lost(self) -> str | None:
-        """Why no task may start because this process lost the run's lease (None: it holds
-        it, or it drives no run). Asked before a task is claimed, during a wait for its lease
-        and once it is taken: a process stalled past its lease at any of those points (from
-        another thread's work, a SIGSTOP, a swapped-out host) starts nothing on waking."""
+        """Why no task may start: this process lost the run's lease (``claim_task``'s
+        ``lost``). None: it holds it, or drives no run."""
         if self._run_lease is not None and not self._watcher.still_held(self._run_lease):
             return "not started: this process lost the run's lease"
         return None
@@ -579,10 +576,6 @@ class TaskExecutor:
         errors: str,
         known: Mapping[TaskKey, TaskRecord] | None,
     ) -> tuple[TaskExecution, Lease, Session] | NotStartedError | str:
-        lost = self._run_lease_lost()
-        if lost is not None:  # a runner woken after a stall past its lease claims no next task
-            return NotStartedError(lost)
-        kill_point("task.claiming")
         try:
             lease, record = claim_task(
                 self.store,
@@ -590,16 +583,10 @@ class TaskExecutor:
                 self.run_id,
                 spec,
                 note=self.note,
-                should_stop=lambda: (
-                    self._run_lease_lost() or self.running.why_not_start(is_finally)
-                ),
+                should_stop=lambda: self.running.why_not_start(is_finally),
                 run_held=self._run_lease is not None,
+                lost=self._run_lease_lost,
             )
-            kill_point("task.claimed")
-            lost = self._run_lease_lost()
-            if lost is not None:  # the stall came while the task's lease was taken
-                lease.release()
-                return NotStartedError(lost)
             spec = planned_as_stored(
                 self.job, self.run_id, spec, record, lease, attempt=self.attempt, note=self.note
             )
