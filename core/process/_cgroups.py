@@ -404,6 +404,13 @@ def action_cgroup(name: str) -> str | None:
     return path
 
 
+def note_made(name: str) -> None:
+    """Count the cgroup ``name`` of this runner's folder as made by this process (a spare's
+    cgroup renamed to it: ``core.process._spares``)."""
+    with _LOCK:
+        _mine().made.add(name)
+
+
 def contained_here(name: str) -> bool:
     """True if this process made the cgroup of the actions marked ``name``: every process of
     theirs was born in it, so no walk over ``/proc`` is needed to find them."""

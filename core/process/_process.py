@@ -36,6 +36,7 @@ import psutil
 
 from core._host import host_id
 from core._messages import DEFAULT_MAX_LINE_BYTES
+from core._threads import DaemonJob, start_daemon
 from core.process._cgroups import (
     action_cgroup,
     contained_here,
@@ -46,6 +47,7 @@ from core.process._cgroups import (
     spawn_in,
 )
 from core.process._reaper import is_subreaper, kill_action_tree, reap_dead_children, start_sweeper
+from core.process._spares import reserve_spare, take_spare
 
 if TYPE_CHECKING:
     from core._records import ProcessInfo
@@ -146,7 +148,7 @@ class ActionProcess:
         self._on_lines = on_lines
         self._max = max_line_bytes
         self._popen: subprocess.Popen[bytes] | None = None
-        self._reader: threading.Thread | None = None
+        self._reader: DaemonJob | None = None
         self._exited = threading.Event()
         self._returncode: int | None = None
         self._line_no = 0
@@ -167,7 +169,36 @@ class ActionProcess:
             ValueError: ``$OPENJD_CHECKPOINT_CGROUPS`` is neither ``auto`` nor ``off``.
         """
         action_containment()  # the one log line, at the first action of this process
-        self._cgroup = action_cgroup(self._marker or f"action-{uuid.uuid4().hex}")
+        name = self._marker or f"action-{uuid.uuid4().hex}"
+        with _LEADERS_LOCK:  # registered before a sweep could see it exit
+            spare = take_spare(name, self._argv, self._cwd, self._env)
+            if spare is not None:  # a process already in a cgroup of its own becomes it
+                self._popen, self._cgroup = spare
+                _LEADERS.add(self._popen.pid)
+        if spare is None:
+            self._cgroup = action_cgroup(name)
+            self._spawn()
+        assert self._popen is not None
+        pid = self._popen.pid
+        if (
+            is_subreaper()
+        ):  # orphans re-parented here that exit during the action (core.process._reaper)
+            start_sweeper(_live_leaders, _LEADERS_LOCK)
+        self.identity = ProcessIdentity(pid=pid, pgid=pid, start_time=_create_time(pid))
+        # One thread reads the output and sees the exit (a pidfd beside the pipe, Linux 5.3);
+        # without pidfds a second thread waits for the exit.
+        try:
+            self._pidfd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            self._pidfd = -1
+        self._reader = start_daemon(self._read, f"openjd-output-{pid}")  # a reused thread
+        if self._pidfd < 0:
+            threading.Thread(target=self._wait, name=f"openjd-wait-{pid}", daemon=True).start()
+        return self.identity
+
+    def _spawn(self) -> None:
+        """Start the action as a new process, placed in its cgroup by the exec wrapper or a
+        ``preexec_fn`` (``spawn_in``). OSError: as ``start``."""
         try:
             with (
                 _LEADERS_LOCK,  # registered before a sweep could see it exit (core.process._reaper)
@@ -185,8 +216,7 @@ class ActionProcess:
                     close_fds=True,
                     preexec_fn=join,
                 )
-                pid = self._popen.pid
-                _LEADERS.add(pid)
+                _LEADERS.add(self._popen.pid)
         except subprocess.SubprocessError as exc:  # the preexec_fn could not join the cgroup
             if self._cgroup is not None:
                 release_cgroup(self._cgroup)
@@ -195,22 +225,6 @@ class ActionProcess:
             if self._cgroup is not None:
                 release_cgroup(self._cgroup)
             raise
-        if (
-            is_subreaper()
-        ):  # orphans re-parented here that exit during the action (core.process._reaper)
-            start_sweeper(_live_leaders, _LEADERS_LOCK)
-        self.identity = ProcessIdentity(pid=pid, pgid=pid, start_time=_create_time(pid))
-        # One thread reads the output and sees the exit (a pidfd beside the pipe, Linux 5.3);
-        # without pidfds a second thread waits for the exit.
-        try:
-            self._pidfd = os.pidfd_open(pid)
-        except (AttributeError, OSError):
-            self._pidfd = -1
-        self._reader = threading.Thread(target=self._read, name=f"openjd-output-{pid}", daemon=True)
-        self._reader.start()
-        if self._pidfd < 0:
-            threading.Thread(target=self._wait, name=f"openjd-wait-{pid}", daemon=True).start()
-        return self.identity
 
     @property
     def pid(self) -> int:
@@ -541,9 +555,12 @@ def new_marker() -> str:
     """A fresh value for ``MARKER_VARIABLE``. Its making time is remembered so that a scan for
     it reads the environment only of processes started since: a process that existed before a
     marker was made cannot carry it (its environment was fixed when it started, and the marker
-    is a random value it could not have known)."""
-    marker = uuid.uuid4().hex
-    margin = int(_MARKER_BIRTH_MARGIN_SECONDS * os.sysconf("SC_CLK_TCK"))
+    is a random value it could not have known). Where a spare action process is ready
+    (``core.process._spares``), the marker is the name of its cgroup, and its making time the
+    spare's: the action marked so becomes that spare (``ActionProcess.start``)."""
+    spare = reserve_spare()  # the name of a process already in a cgroup of that name
+    marker, age = spare if spare is not None else (uuid.uuid4().hex, 0.0)
+    margin = int((_MARKER_BIRTH_MARGIN_SECONDS + age) * os.sysconf("SC_CLK_TCK"))
     with _MARKER_BIRTHS_LOCK:
         _MARKER_BIRTHS[marker] = _boot_ticks() - margin
         while len(_MARKER_BIRTHS) > _MARKER_BIRTHS_KEPT:

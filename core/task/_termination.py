@@ -16,6 +16,7 @@ from enum import Enum
 
 from core._errors import RunError, StoreError
 from core._records import RunCondition, RunPhase, RunRecord, RunStatus, StopRequest
+from core._threads import DaemonJob, start_daemon
 from core._words import run_status_words
 from core.store import CheckpointStore, Lease, this_process
 from core.task._action import StopIntent
@@ -384,7 +385,7 @@ class RunWatcher:
         self._poll = poll_seconds
         self._renew = renew_seconds
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="openjd-run-watch", daemon=True)
+        self._thread: DaemonJob | None = None
         self.current = Termination()
         self.errors: list[str] = []
 
@@ -393,7 +394,7 @@ class RunWatcher:
         (``take``) until ``close``."""
         with _HERE_LOCK:
             _HERE.setdefault(self._here, set()).add(self)
-        self._thread.start()
+        self._thread = start_daemon(self._loop, "openjd-run-watch")  # a reused thread
         return self
 
     def check(self) -> Termination:
@@ -430,7 +431,7 @@ class RunWatcher:
                 if not mine:
                     del _HERE[self._here]
         self._stop.set()
-        if self._thread.is_alive():
+        if self._thread is not None and self._thread.is_alive():
             self._thread.join(5)
 
     def _loop(self) -> None:

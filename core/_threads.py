@@ -1,0 +1,120 @@
+"""Daemon threads that are started once and reused: each task run needs a few short-lived
+helpers (its output reader, its run's watcher), and ``threading.Thread.start`` waits until the
+new thread has run; in a process whose other threads hold the interpreter lock (Prefect's event
+loops, an API client) that wait is a switch interval (5 ms) or more, per thread, per task run.
+
+``start_daemon(fn, name)`` hands ``fn`` to an idle worker of this process if there is one
+(returning at once) and starts a new one otherwise; a worker that stays idle for
+``IDLE_SECONDS`` ends. The workers are daemon threads, as the helpers they replace were: at
+interpreter exit nothing waits for them (an output reader blocked on a pipe that a process
+outside our reach holds must not hold the exit up). That is what ``concurrent.futures``'
+``ThreadPoolExecutor`` lacks: its workers are joined at exit, and it has no per-job
+``join``/``is_alive``; so this small pool is ours.
+
+After a ``fork`` the child starts with no workers (those of the parent are not there).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+
+__all__ = ("IDLE_SECONDS", "DaemonJob", "start_daemon")
+
+IDLE_SECONDS = 30.0
+"""How long a worker waits for another job before it ends, in seconds."""
+
+
+class DaemonJob:
+    """One ``fn`` handed to a worker: ``join`` and ``is_alive`` as a ``threading.Thread``'s."""
+
+    def __init__(self, fn: Callable[[], object], name: str) -> None:
+        self.name = name
+        self._fn = fn
+        self._done = threading.Event()
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait up to ``timeout`` seconds (None: for ever) for ``fn`` to return."""
+        self._done.wait(timeout)
+
+    def is_alive(self) -> bool:
+        """True until ``fn`` has returned (or raised)."""
+        return not self._done.is_set()
+
+    def _run(self) -> None:
+        me = threading.current_thread()
+        me.name = self.name
+        try:
+            self._fn()
+        finally:
+            me.name = "openjd-idle"
+            self._done.set()
+
+
+class _Pool:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: list[_Worker] = []
+        self._pid = os.getpid()
+
+    def submit(self, job: DaemonJob) -> None:
+        with self._lock:
+            if self._pid != os.getpid():  # a forked child: the parent's workers are not here
+                self._idle, self._pid = [], os.getpid()
+            worker = self._idle.pop() if self._idle else None
+        if worker is not None:
+            worker.give(job)
+            return
+        _Worker(self, job).start()
+
+    def idle(self, worker: _Worker) -> None:
+        with self._lock:
+            self._idle.append(worker)
+
+    def leave(self, worker: _Worker) -> bool:
+        """An idle worker that timed out asks to end: False if a job was handed to it."""
+        with self._lock:
+            if worker in self._idle:
+                self._idle.remove(worker)
+                return True
+            return False
+
+
+class _Worker(threading.Thread):
+    def __init__(self, pool: _Pool, job: DaemonJob) -> None:
+        super().__init__(name=job.name, daemon=True)
+        self._pool = pool
+        self._job: DaemonJob | None = job
+        self._wake = threading.Condition()
+
+    def give(self, job: DaemonJob) -> None:
+        with self._wake:
+            self._job = job
+            self._wake.notify()
+
+    def run(self) -> None:
+        while True:
+            job = self._job
+            assert job is not None
+            self._job = None
+            job._run()
+            with self._wake:
+                self._pool.idle(self)
+                while self._job is None:
+                    if not self._wake.wait(IDLE_SECONDS) and self._job is None:
+                        if self._pool.leave(self):
+                            return
+
+
+_POOL = _Pool()
+
+
+def start_daemon(fn: Callable[[], object], name: str) -> DaemonJob:
+    """Run ``fn`` on a daemon thread of this process's pool (see the module docstring), named
+    ``name`` while it runs. Returns at once, without waiting for ``fn`` to begin. What ``fn``
+    raises is reported as an uncaught exception of its thread (``threading.excepthook``), and
+    the worker ends."""
+    job = DaemonJob(fn, name)
+    _POOL.submit(job)
+    return job

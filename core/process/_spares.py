@@ -1,0 +1,204 @@
+"""A spare action process, already in a cgroup of its own, for the next action to become.
+
+Moving a process into a cgroup (a write to ``cgroup.procs``) takes the kernel's
+``cgroup_threadgroup_rwsem`` for writing, which waits for an RCU grace period unless another
+move came just before: 0.06 ms for moves back to back, 10-15 ms for moves 20 ms apart (as
+Prefect task runs and Airflow task instances come), on the critical path of every action
+(``benchmarks/prefect_integration_costs.py`` prints both). Python's ``subprocess`` has no
+``CLONE_INTO_CGROUP`` (nor does glibc's ``posix_spawn`` before 2.39, which added
+``posix_spawnattr_setcgroup_np``), so the move cannot be skipped; it can be made early.
+
+A spare is ``/bin/sh`` started with an empty environment, its output on a pipe that becomes the
+action's, which moves itself into a cgroup of this runner's folder named as a marker
+(``new_marker``'s random hex: cgroup v2 does not rename cgroups, and an action's cgroup is found
+by its marker) and then sources its standard input. ``reserve_spare`` hands out the name of a
+spare that is in its cgroup as the next marker; ``take_spare`` then writes the action marked so
+to that spare's standard input as shell commands: go to the working directory, set the
+environment exactly (the exec wrapper's ``PWD`` rule, ``core.process._cgroups``), then ``exec``
+the program with its arguments, standard input ``/dev/null``. It is taken only where the exec
+wrapper itself would be used (the same checks: ``_sh_argv``); else the spare is killed and the
+action starts as before. One spare is kept ready per runner process, made again in the
+background after each reservation; spares not taken are killed at exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import shlex
+import subprocess
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+
+from core._threads import start_daemon
+from core.process._cgroups import (
+    _SH,
+    _pids,
+    _sh_argv,
+    containment,
+    kill_cgroup,
+    note_made,
+    release_cgroup,
+)
+
+__all__ = ("reserve_spare", "take_spare")
+
+_SCRIPT = 'echo 0 >"$0" || exit 125\n. /dev/stdin\n'
+"""The spare: ``$0`` its cgroup's ``cgroup.procs``; then the action (nothing, and an exit 0,
+when the runner closes the pipe without one)."""
+
+
+@dataclass
+class _Spare:
+    proc: subprocess.Popen[bytes]
+    cgroup: str
+    made: float
+    """``time.monotonic()`` before it was started."""
+
+
+class _Spares:
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.lock = threading.Lock()
+        self.ready: list[_Spare] = []
+        self.reserved: dict[str, _Spare] = {}
+        self.making = False
+        self.at_exit = False
+
+
+_STATE: list[_Spares] = []
+
+
+def _mine() -> _Spares:
+    if not _STATE or _STATE[0].pid != os.getpid():  # a forked child has none of the parent's
+        _STATE[:] = [_Spares()]
+    return _STATE[0]
+
+
+def reserve_spare() -> tuple[str, float] | None:
+    """The name of a spare that is in its cgroup (its cgroup's name, to be the next action's
+    marker) and how many seconds ago it was started; None when none is ready (one is then made
+    in the background). A reserved spare is used by ``take_spare`` with that name, or killed at
+    exit.
+
+    Raises:
+        ValueError: ``$OPENJD_CHECKPOINT_CGROUPS`` is neither ``auto`` nor ``off``.
+    """
+    found = containment()
+    if not found.cgroups or found.folder is None or found.launcher != "sh":
+        return None
+    state = _mine()
+    spare = None
+    with state.lock:
+        while state.ready and spare is None:
+            candidate = state.ready.pop()
+            if candidate.proc.poll() is not None:
+                _drop(candidate)
+            elif candidate.proc.pid in _pids(candidate.cgroup):
+                spare = candidate
+            else:  # still moving itself in: kept for a later action
+                state.ready.append(candidate)
+                break
+        if spare is not None:
+            state.reserved[os.path.basename(spare.cgroup)] = spare
+        if not state.ready and not state.making:
+            state.making = True
+            folder = found.folder
+            start_daemon(lambda: _make(folder, state), "openjd-spare")
+    if spare is None:
+        return None
+    return os.path.basename(spare.cgroup), time.monotonic() - spare.made
+
+
+def take_spare(
+    name: str, argv: list[str], cwd: str, env: dict[str, str]
+) -> tuple[subprocess.Popen[bytes], str] | None:
+    """Start ``argv`` (in ``cwd``, with exactly ``env``) as the spare reserved as ``name``
+    (``reserve_spare``): the ``Popen`` (standard output and error on ``stdout``, merged; a
+    session of its own; standard input ``/dev/null``) and its cgroup's path. None when no spare
+    was reserved as ``name``, or the action cannot be started as one (that spare is then killed
+    and its cgroup removed): start it as before."""
+    state = _mine()
+    with state.lock:
+        spare = state.reserved.pop(name, None)
+    if spare is None:
+        return None
+    if not os.path.isdir(cwd) or _sh_argv(argv, cwd, env, "") is None:
+        _drop(spare)
+        return None
+    assert spare.proc.stdin is not None
+    try:
+        spare.proc.stdin.write(_request(argv, cwd, env))
+        spare.proc.stdin.close()
+    except OSError:  # it died meanwhile: killed from outside
+        _drop(spare)
+        return None
+    return spare.proc, spare.cgroup
+
+
+def _request(argv: list[str], cwd: str, env: dict[str, str]) -> bytes:
+    """The shell commands that make the spare the action (see the module docstring)."""
+    lines = [f"cd -- {shlex.quote(cwd)} || exit 125", "unset OLDPWD"]  # cd sets it
+    pwd = env.get("PWD")
+    lines.append("unset PWD" if pwd is None else f"PWD={shlex.quote(pwd)}; export PWD")
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items() if k != "PWD"]
+    lines.append("exec </dev/null " + " ".join(shlex.quote(a) for a in argv))
+    return ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape")
+
+
+def _make(folder: str, state: _Spares) -> None:
+    """Start one spare (on a background thread): its cgroup, its shell, which moves itself in."""
+    name = uuid.uuid4().hex  # as new_marker's
+    cgroup = os.path.join(folder, name)
+    made = time.monotonic()
+    try:
+        os.mkdir(cgroup)
+        note_made(name)
+        proc = subprocess.Popen(
+            [_SH, "-c", _SCRIPT, os.path.join(cgroup, "cgroup.procs")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env={},
+            cwd="/",
+            start_new_session=True,
+            restore_signals=True,
+            close_fds=True,
+        )
+    except OSError:
+        with state.lock:
+            state.making = False
+        release_cgroup(cgroup)
+        return
+    with state.lock:
+        state.ready.append(_Spare(proc, cgroup, made))
+        state.making = False
+        if not state.at_exit:
+            state.at_exit = True
+            atexit.register(_close, state)
+
+
+def _drop(spare: _Spare) -> None:
+    where = spare.cgroup
+    kill_cgroup(where, timeout=2.0)
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+        spare.proc.wait(2.0)
+    for pipe in (spare.proc.stdin, spare.proc.stdout):
+        with contextlib.suppress(OSError):
+            if pipe is not None:
+                pipe.close()
+    release_cgroup(where)
+
+
+def _close(state: _Spares) -> None:
+    """At exit: kill the spares still waiting (their cgroups go with them)."""
+    if os.getpid() != state.pid:
+        return
+    with state.lock:
+        spares, state.ready = state.ready + list(state.reserved.values()), []
+        state.reserved = {}
+    for spare in spares:
+        _drop(spare)
