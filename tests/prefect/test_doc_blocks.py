@@ -7,6 +7,7 @@ when it ends."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -40,5 +41,21 @@ def test_a_prefect_block_runs_as_written(block, tmp_path: Path) -> None:
     [expected] = [want for key, want in CHECKS.items() if key in block.text]
     for text in expected:
         assert text in done.stdout, f"{block.where}: no {text!r} in:\n{done.stdout[-4000:]}"
-    assert "Traceback" not in done.stdout, done.stdout[-4000:]
+    assert "Traceback" not in _ours(done.stdout), done.stdout[-4000:]
     assert "progress artifact of" not in done.stdout, done.stdout[-4000:]  # none lost
+
+
+_SHUTDOWN = re.compile(
+    r"Traceback \(most recent call last\):\n(?:[ \t].*\n)*"
+    r"distributed\.comm\.core\.CommClosedError\n"
+)
+
+
+def _ours(out: str) -> str:
+    """``out`` without Dask's own shutdown noise: a worker stopped by the block's last line
+    while its batched send to the scheduler is in flight logs a ``CommClosedError`` traceback
+    (distributed's ``BatchedSend``), after the flow run has ended; any other traceback stays."""
+    tail = out.rfind("Received signal SIGTERM")
+    if tail < 0:
+        return out
+    return out[:tail] + _SHUTDOWN.sub("", out[tail:])
