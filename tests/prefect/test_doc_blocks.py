@@ -55,7 +55,7 @@ def _ours(out: str) -> str:
     """``out`` without Dask's own shutdown noise: a worker stopped by the block's last line
     while its batched send to the scheduler is in flight logs a ``CommClosedError`` traceback
     (distributed's ``BatchedSend``), after the flow run has ended; any other traceback stays."""
-    tail = out.rfind("Received signal SIGTERM")
+    tail = out.find("Received signal SIGTERM")  # the block stops its workers
     if tail < 0:
         return out
     return out[:tail] + _SHUTDOWN.sub("", out[tail:])
