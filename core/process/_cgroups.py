@@ -47,6 +47,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from core._threads import DaemonJob, start_daemon
+
 __all__ = (
     "CGROUPS_VARIABLE",
     "Containment",
@@ -56,6 +58,7 @@ __all__ = (
     "kill_cgroup",
     "kill_marker_cgroups",
     "release_cgroup",
+    "release_cgroup_later",
     "spawn_in",
 )
 
@@ -393,6 +396,10 @@ def action_cgroup(name: str) -> str | None:
     if not found.cgroups or found.folder is None:
         return None
     path = os.path.join(found.folder, name)
+    with _LOCK:
+        releasing = _RELEASING.get(path)
+    if releasing is not None:
+        releasing.join(10.0)
     try:
         os.mkdir(path)
     except FileExistsError:
@@ -583,6 +590,28 @@ def _rmdir(path: str) -> bool:
         return True
     except OSError:
         return False
+
+
+_RELEASING: dict[str, DaemonJob] = {}
+"""Cgroups being removed on a background thread (``release_cgroup_later``), by path."""
+
+
+def release_cgroup_later(cgroup: str) -> None:
+    """``release_cgroup`` on a reused daemon thread: removing a cgroup costs the kernel most of
+    a millisecond (its controllers' state goes after an RCU grace period), which need not be
+    on an action's critical path. ``action_cgroup`` waits for it before it makes the same
+    cgroup again (an environment's ``onExit`` runs in its ``onEnter``'s)."""
+
+    def release() -> None:
+        try:
+            release_cgroup(cgroup)
+        finally:
+            with _LOCK:
+                if _RELEASING.get(cgroup) is job:
+                    del _RELEASING[cgroup]
+
+    with _LOCK:
+        job = _RELEASING[cgroup] = start_daemon(release, "openjd-cgroup-release")
 
 
 def release_cgroup(cgroup: str) -> bool:

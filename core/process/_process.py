@@ -44,6 +44,7 @@ from core.process._cgroups import (
     kill_cgroup,
     kill_marker_cgroups,
     release_cgroup,
+    release_cgroup_later,
     spawn_in,
 )
 from core.process._reaper import is_subreaper, kill_action_tree, reap_dead_children, start_sweeper
@@ -257,7 +258,7 @@ class ActionProcess:
                 self._stop_reading.set()
                 self._reader.join(reader_grace)
         if self._cgroup is not None:  # removed once empty; an onEnter's daemons keep theirs
-            release_cgroup(self._cgroup)
+            release_cgroup_later(self._cgroup)
         assert self._returncode is not None
         return self._returncode
 
