@@ -10,7 +10,8 @@
    ephemeral server: the median task run time (Prefect's ``total_run_time``, seconds) and the
    whole flow run. Goal: at most 1.5x. When it is missed, one more flow run of ours, timed
    phase by phase (``_phases``), says where a task run's time goes; and, where actions run in
-   cgroups, what moving a process into one costs (back to back, and spaced as task runs are).
+   cgroups, what moving a process into one costs (back to back, and spaced as task runs are;
+   an action becomes a spare already moved in, ``core.process._spares``, when one is ready).
 
 Usage (in the Prefect virtualenv):
     .venv-prefect/bin/python benchmarks/prefect_integration_costs.py [TASKS]   (default 30)
@@ -146,9 +147,12 @@ def task_run_phases(ours_flow) -> tuple[PhaseTimes, list[float]]:
         ("record: the task's end (durable)", task_module.TaskExecution, "_finish"),
         ("fsync (of record writes)", os, "fsync"),
         ("make the action's cgroup", process, "action_cgroup"),
-        ("remove the action's cgroup", process, "release_cgroup"),
-        ("start the action (fork, exec)", subprocess.Popen, "_execute_child"),
-        ("start a thread (output reader, watchers)", threading.Thread, "start"),
+        ("remove the action's cgroup (handed to a thread)", process, "release_cgroup_later"),
+        ("draw a marker (reserve the spare)", process, "reserve_spare"),
+        ("hand the action to the spare", process, "take_spare"),
+        ("start the action (fork, exec; no spare ready)", subprocess.Popen, "_execute_child"),
+        ("start a thread (adapter's watchers)", threading.Thread, "start"),
+        ("hand a helper to a reused thread (output reader)", process, "start_daemon"),
         ("action running (its cgroup move, bash -c true)", task_module, "supervise"),
         ("collect the action (kill what is left)", process.ActionProcess, "finish"),
         ("the rest of the task's run (symbols, events)", task_module.TaskExecution, "run"),
