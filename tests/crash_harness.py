@@ -326,8 +326,13 @@ def check_attempt(job: Job, at: Attempt) -> list[str]:
     )
     if job.done:
         return bad
+    # the newest run's tasks: an attempt that refused an older run (it stored nothing) left
+    # that run's records beside the new run's, and run ids made in one second sort at random
+    runs = [(r.get("created_at", 0), p.rsplit("/", 1)[0]) for p, r in records.items()
+            if p.endswith("/run.json")]  # fmt: skip
+    newest = max(runs)[1] + "/" if runs else ""
     tasks = {int(r["parameters"]["T"]["value"]): r for p, r in records.items()
-             if re.search(r"/tasks/[0-9a-f-]+\.json$", p)}  # fmt: skip
+             if p.startswith(newest) and re.search(r"/tasks/[0-9a-f-]+\.json$", p)}  # fmt: skip
     for t, gen in job.acked.items():
         rec = tasks.get(t)
         held = ((rec or {}).get("checkpoint") or {}).get("generation", 0)
