@@ -11,7 +11,8 @@ outside our reach holds must not hold the exit up). That is what ``concurrent.fu
 ``ThreadPoolExecutor`` lacks: its workers are joined at exit, and it has no per-job
 ``join``/``is_alive``; so this small pool is ours.
 
-After a ``fork`` the child starts with no workers (those of the parent are not there).
+After a ``fork`` the child starts with a pool of its own, empty (the parent's workers are not
+there, and another thread may have held the pool's lock at the fork).
 """
 
 from __future__ import annotations
@@ -56,12 +57,9 @@ class _Pool:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._idle: list[_Worker] = []
-        self._pid = os.getpid()
 
     def submit(self, job: DaemonJob) -> None:
         with self._lock:
-            if self._pid != os.getpid():  # a forked child: the parent's workers are not here
-                self._idle, self._pid = [], os.getpid()
             worker = self._idle.pop() if self._idle else None
         if worker is not None:
             worker.give(job)
@@ -108,6 +106,15 @@ class _Worker(threading.Thread):
 
 
 _POOL = _Pool()
+
+
+def _after_fork() -> None:
+    global _POOL
+    _POOL = _Pool()  # another thread may have held the pool's lock at the fork
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 def start_daemon(fn: Callable[[], object], name: str) -> DaemonJob:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import select
+import signal
 import threading
 import time
 
@@ -107,4 +110,27 @@ def test_a_forked_child_starts_its_own_workers() -> None:
         assert os.read(read, 1) == b"1"
     finally:
         os.close(read)
+        os.waitpid(pid, 0)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_a_child_forked_while_the_pool_s_lock_was_held_can_start_jobs() -> None:
+    read, write = os.pipe()
+    with _threads._POOL._lock:  # as another thread handing out a job at the fork would hold it
+        pid = os.fork()
+        if pid == 0:
+            try:
+                done = threading.Event()
+                start_daemon(done.set, "child")
+                os.write(write, b"1" if done.wait(5) else b"0")
+            finally:
+                os._exit(0)
+    os.close(write)
+    try:
+        ready = select.select([read], [], [], 10)[0]
+        assert ready and os.read(read, 1) == b"1"  # before: the child hung on the copied lock
+    finally:
+        os.close(read)
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
