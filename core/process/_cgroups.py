@@ -128,6 +128,7 @@ _STATE: list[_State] = []
 def _after_fork() -> None:
     global _LOCK
     _LOCK = threading.RLock()  # another thread may have held it at the fork
+    _RELEASING.clear()  # the parent's threads that were removing cgroups are not here
 
 
 os.register_at_fork(after_in_child=_after_fork)
