@@ -295,7 +295,7 @@ def _probe(base: str) -> Containment:
     _sweep_dead(base, keep=folder)
     atexit.register(_remove_own, folder, os.getpid())
     how = "cgroup.kill" if os.path.exists(os.path.join(folder, "cgroup.kill")) else "freeze+kill"
-    placed = "exec wrapper" if launcher == "sh" else "preexec_fn"
+    placed = "exec wrapper, a spare moved in ahead" if launcher == "sh" else "preexec_fn"
     detail = f"cgroup v2, a cgroup per action under {folder} ({how}, {placed})"
     return Containment(True, folder, launcher, detail)
 
