@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from core.process import ActionProcess
+from core import CheckpointStore, TaskOutcome, begin_attempt, load_template, prepare_job, run_tasks
+from core.job import plan_tasks
+from core.process import ActionProcess, release_marker
 from core.process import _spares as spares
 from core.process._cgroups import containment
 
@@ -138,3 +140,84 @@ def test_the_spare_is_gone_with_its_cgroup_when_the_runner_exits(tmp_path: Path)
         time.sleep(0.02)
     assert not os.path.exists(f"/proc/{pid}") or "Z" in Path(f"/proc/{pid}/stat").read_text()
     assert not os.path.exists(cgroup)
+
+
+def test_the_working_directory_is_chdir_s_relative_and_through_a_link(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "real" / "sub").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "real" / "sub")
+    env = {"PATH": "/usr/bin:/bin"}
+    marker, spare = _spare()
+    # chdir follows the link, then goes to its target's parent; a logical 'cd' would not
+    proc, rc, out = _run(["/bin/pwd", "-P"], str(tmp_path / "link" / ".."), env, marker)
+    assert proc.pid == spare.proc.pid
+    assert (rc, out) == (0, str(tmp_path / "real").encode())
+    monkeypatch.chdir(tmp_path)
+    marker, spare = _spare()
+    proc, rc, out = _run(["/bin/pwd", "-P"], "real", env, marker)  # relative to this process's
+    assert proc.pid == spare.proc.pid
+    assert (rc, out) == (0, str(tmp_path / "real").encode())
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "error"),
+    [
+        (["/bin/echo", "a\0b"], {"PATH": "/bin"}, ValueError),
+        (["/bin/echo"], {"PATH": "/bin", "X": "a\0b"}, ValueError),
+        (["/bin/echo"], {"PATH": "/bin", "X": "a" * 200_000}, OSError),  # E2BIG
+    ],
+    ids=["nul-in-an-argument", "nul-in-a-value", "a-value-over-the-kernel-limit"],
+)
+def test_what_popen_refuses_is_refused_as_before_not_altered_by_the_shell(
+    tmp_path: Path, argv: list[str], env: dict[str, str], error: type[Exception]
+) -> None:
+    marker, spare = _spare()
+    proc = ActionProcess(argv, cwd=str(tmp_path), env=env, on_lines=lambda _: None, marker=marker)
+    with pytest.raises(error):  # the shell would drop the NUL, or start and exit 126
+        proc.start()
+    assert spare.proc.wait(5) is not None  # the spare was killed, not left waiting
+
+
+def test_a_released_marker_s_untaken_spare_is_killed_with_its_cgroup() -> None:
+    marker, spare = _spare()
+    release_marker(marker)
+    assert spare.proc.poll() is not None
+    assert not os.path.exists(spare.cgroup)
+    assert marker not in spares._mine().reserved
+    release_marker(marker)  # again, or for a marker whose spare was taken: nothing
+
+
+GROUP = """
+specificationVersion: 'jobtemplate-2023-09'
+name: spares
+steps:
+- name: S
+  parameterSpace:
+    taskParameterDefinitions:
+    - {name: F, type: INT, range: "1-2"}
+  stepEnvironments:
+  - name: Broken
+    script:
+      actions:
+        onEnter: {command: /bin/false}
+  script:
+    actions:
+      onRun: {command: /bin/true}
+"""
+
+
+def test_a_long_lived_runner_keeps_no_spare_for_tasks_whose_action_never_started(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "job.yaml").write_text(GROUP)
+    store = CheckpointStore(tmp_path / "store")
+    before = set(spares._mine().reserved)
+    for i in range(3):  # as a Prefect worker runs task runs, one group after another
+        job = prepare_job(load_template(str(tmp_path / "job.yaml")), {})
+        run_id = begin_attempt(store, job, external_key=f"group-{i}").run_id
+        results = run_tasks(store, job, run_id, plan_tasks(job, "S"))
+        assert {r.outcome for r in results} == {TaskOutcome.FAILED}  # onEnter failed
+    kept = [s for n, s in spares._mine().reserved.items() if n not in before]
+    live = [s for s in kept if s.proc.poll() is None]
+    assert live == []  # without release_marker: two more shells (and cgroups) per group

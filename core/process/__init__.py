@@ -13,6 +13,7 @@ from core.process._process import (
     kill_recorded_process,
     new_marker,
     recorded_name,
+    release_marker,
 )
 from core.process._reaper import become_child_subreaper
 
@@ -27,4 +28,5 @@ __all__ = (
     "OutputLine",
     "ProcessIdentity",
     "recorded_name",
+    "release_marker",
 )

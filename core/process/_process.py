@@ -48,7 +48,7 @@ from core.process._cgroups import (
     spawn_in,
 )
 from core.process._reaper import is_subreaper, kill_action_tree, reap_dead_children, start_sweeper
-from core.process._spares import reserve_spare, take_spare
+from core.process._spares import drop_spare, reserve_spare, take_spare
 
 if TYPE_CHECKING:
     from core._records import ProcessInfo
@@ -567,6 +567,13 @@ def new_marker() -> str:
         while len(_MARKER_BIRTHS) > _MARKER_BIRTHS_KEPT:
             _MARKER_BIRTHS.popitem(last=False)
     return marker
+
+
+def release_marker(marker: str) -> None:
+    """No more actions will be started with ``marker`` (``new_marker``): the spare action
+    process reserved for it (``core.process._spares``), if no action became it, is killed and
+    its cgroup removed. Call it when a task ends and when an environment has exited."""
+    drop_spare(marker)
 
 
 def _scan_proc(

@@ -44,7 +44,7 @@ from core.process._cgroups import (
     release_cgroup,
 )
 
-__all__ = ("reserve_spare", "take_spare")
+__all__ = ("drop_spare", "reserve_spare", "take_spare")
 
 _SCRIPT = 'echo 0 >"$0" || exit 125\n. /dev/stdin\n'
 """The spare: ``$0`` its cgroup's ``cgroup.procs``; then the action (nothing, and an exit 0,
@@ -126,7 +126,7 @@ def take_spare(
         spare = state.reserved.pop(name, None)
     if spare is None:
         return None
-    if not os.path.isdir(cwd) or _sh_argv(argv, cwd, env, "") is None:
+    if not os.path.isdir(cwd) or not _passable(argv, env) or _sh_argv(argv, cwd, env, "") is None:
         _drop(spare)
         return None
     assert spare.proc.stdin is not None
@@ -139,9 +139,42 @@ def take_spare(
     return spare.proc, spare.cgroup
 
 
+def drop_spare(name: str) -> None:
+    """No action will become the spare reserved as ``name`` (``reserve_spare``): its actions
+    are over, or never started. That spare, if no action took it, is killed and its cgroup
+    removed; nothing else is done. Without this a long-lived runner would keep one shell (and
+    one cgroup) per marker whose action never started (an ``onEnter`` that failed, a stop
+    before the task's action) until it exits."""
+    state = _mine()
+    with state.lock:
+        spare = state.reserved.pop(name, None)
+    if spare is not None:
+        _drop(spare)
+
+
+_MAX_ARG_STRLEN = 32 * 4096
+"""Linux's limit on one argument or ``NAME=value`` string of an ``execve``, in bytes."""
+
+
+def _passable(argv: list[str], env: dict[str, str]) -> bool:
+    """True if ``Popen`` would pass ``argv`` and ``env`` to ``execve`` as they are: no NUL
+    (``Popen`` raises ValueError; the shell would drop it) and well within the kernel's size
+    limits (``Popen`` raises ``E2BIG``; the shell would start and fail with 126). Else the
+    action starts as before, and fails as before."""
+    strings = [os.fsencode(a) for a in argv]
+    strings += [os.fsencode(k) + b"=" + os.fsencode(v) for k, v in env.items()]
+    if any(b"\0" in s or len(s) >= _MAX_ARG_STRLEN for s in strings):
+        return False
+    total = sum(len(s) + 1 + 8 for s in strings)  # the string, its NUL, its pointer
+    return total < os.sysconf("SC_ARG_MAX") // 2
+
+
 def _request(argv: list[str], cwd: str, env: dict[str, str]) -> bytes:
-    """The shell commands that make the spare the action (see the module docstring)."""
-    lines = [f"cd -- {shlex.quote(cwd)} || exit 125", "unset OLDPWD"]  # cd sets it
+    """The shell commands that make the spare the action (see the module docstring). ``cwd``
+    as ``chdir`` takes it: relative to this process's folder (the spare's is ``/``), and
+    ``..`` after a symbolic link is the link target's parent (``cd -P``)."""
+    where = cwd if os.path.isabs(cwd) else os.path.join(os.getcwd(), cwd)  # not normalised
+    lines = [f"cd -P -- {shlex.quote(where)} || exit 125", "unset OLDPWD"]  # cd sets it
     pwd = env.get("PWD")
     lines.append("unset PWD" if pwd is None else f"PWD={shlex.quote(pwd)}; export PWD")
     lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items() if k != "PWD"]

@@ -36,7 +36,7 @@ from core._errors import StoreError
 from core._host import host_id
 from core._records import SessionRecord
 from core.job import PreparedJob
-from core.process import kill_marked, new_marker
+from core.process import kill_marked, new_marker, release_marker
 from core.store import CheckpointStore, Lease
 from core.task._action import ActionHost, StopIntent
 from core.task._symbols import add_parameter, apply_let, base_symtab, embedded_files, map_value
@@ -269,6 +269,7 @@ class Session:
             if runner is not None:
                 failure = self._exit_one(runner, entered)
                 problem = problem or failure
+            release_marker(entered.marker)  # a spare no action of it took
             kill_marked([entered.marker])
         if self.working_dir is not None:
             remove_tree(self.working_dir)
@@ -403,6 +404,7 @@ class Session:
             entered = self._entered.pop()
             failure = self._exit_one(ex, entered)
             problem = problem or failure
+            release_marker(entered.marker)  # a spare no action of it took
             kill_marked([entered.marker])
             self.env = entered.env_before
         self._record_markers()

@@ -41,7 +41,7 @@ from core.job import (
     resolve_cancelation,
     resolve_int_field,
 )
-from core.process import MARKER_VARIABLE, ActionProcess, OutputLine, new_marker
+from core.process import MARKER_VARIABLE, ActionProcess, OutputLine, new_marker, release_marker
 from core.store import CheckpointStore, Lease
 from core.task._action import StopIntent, StopState, supervise
 from core.task._events import TaskEvent, TaskEventKind
@@ -195,12 +195,14 @@ class TaskExecution:
             on_output=None if on_output is None else (lambda texts: on_output(self, texts)),
             working_dir=lambda: self._session.working_dir if self._session is not None else None,
         )
+        self._marker = new_marker()
+        """Its processes' marker (``new_marker``), released when it ends."""
         self._actions = ActionRunner(
             job,
             self._output,
             self._recorder,
             self._stop,
-            marker=new_marker(),
+            marker=self._marker,
             max_line_bytes=max_line_bytes,
             warn=self._warn,
             emit=self._emit,
@@ -317,6 +319,7 @@ class TaskExecution:
         except Exception as exc:  # a bug or an OS error: fail the task, keep the store intact
             failed, message = True, f"{type(exc).__name__}: {exc}"
         finally:
+            release_marker(self._marker)  # a spare its action did not take (it never started)
             session.task_done(self)
             if private:
                 problem = session.close(self)
