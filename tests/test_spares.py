@@ -221,3 +221,27 @@ def test_a_long_lived_runner_keeps_no_spare_for_tasks_whose_action_never_started
     kept = [s for n, s in spares._mine().reserved.items() if n not in before]
     live = [s for s in kept if s.proc.poll() is None]
     assert live == []  # without release_marker: two more shells (and cgroups) per group
+
+
+def test_a_spare_being_made_as_the_runner_exits_is_not_left_behind() -> None:
+    script = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from core.process import ActionProcess, new_marker
+        from core.process._cgroups import containment
+        p = ActionProcess(["/bin/true"], cwd="/", env={{"PATH": "/usr/bin:/bin"}},
+                          on_lines=lambda lines: None, marker=new_marker())
+        p.start(); p.finish()
+        print(containment().folder, flush=True)
+        new_marker()  # takes the ready spare; the next is being made as this process exits
+        """
+    )
+    for _ in range(3):
+        done = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        folder = done.stdout.strip()
+        # at exit: the spares killed, then this runner's folder removed with its empty cgroups
+        assert not os.path.exists(folder), os.listdir(folder)

@@ -18,7 +18,9 @@ environment exactly (the exec wrapper's ``PWD`` rule, ``core.process._cgroups``)
 the program with its arguments, standard input ``/dev/null``. It is taken only where the exec
 wrapper itself would be used (the same checks: ``_sh_argv``); else the spare is killed and the
 action starts as before. One spare is kept ready per runner process, made again in the
-background after each reservation; spares not taken are killed at exit.
+background after each reservation. A reserved spare no action took is killed when its
+marker is released (``drop_spare``: its task ended, its environment exited); the rest at exit,
+with one still being made then.
 """
 
 from __future__ import annotations
@@ -66,6 +68,11 @@ class _Spares:
         self.ready: list[_Spare] = []
         self.reserved: dict[str, _Spare] = {}
         self.making = False
+        self.not_making = threading.Event()
+        """Set while no spare is being made (``_close`` waits for one being made)."""
+        self.not_making.set()
+        self.closed = False
+        """True from exit on (``_close``): a spare made then is killed at once."""
         self.at_exit = False
 
 
@@ -104,8 +111,12 @@ def reserve_spare() -> tuple[str, float] | None:
                 break
         if spare is not None:
             state.reserved[os.path.basename(spare.cgroup)] = spare
-        if not state.ready and not state.making:
+        if not state.ready and not state.making and not state.closed:
+            if not state.at_exit:
+                state.at_exit = True
+                atexit.register(_close, state)  # before the first is made: it may be at exit
             state.making = True
+            state.not_making.clear()
             folder = found.folder
             start_daemon(lambda: _make(folder, state), "openjd-spare")
     if spare is None:
@@ -202,20 +213,28 @@ def _make(folder: str, state: _Spares) -> None:
             close_fds=True,
         )
     except OSError:
+        release_cgroup(cgroup)
         with state.lock:
             state.making = False
-        release_cgroup(cgroup)
+            state.not_making.set()
         return
+    spare = _Spare(proc, cgroup, made)
     with state.lock:
-        state.ready.append(_Spare(proc, cgroup, made))
-        state.making = False
-        if not state.at_exit:
-            state.at_exit = True
-            atexit.register(_close, state)
+        closed = state.closed
+        if not closed:
+            state.ready.append(spare)
+            state.making = False
+            state.not_making.set()
+    if closed:  # made while this process exits (_close waits for it): not left behind
+        _drop(spare)
+        state.not_making.set()
 
 
 def _drop(spare: _Spare) -> None:
+    """Kill a spare no action took (it may not be in its cgroup yet), and remove its cgroup."""
     where = spare.cgroup
+    with contextlib.suppress(OSError):
+        spare.proc.kill()  # not reaped yet: the pid is still its own
     kill_cgroup(where, timeout=2.0)
     with contextlib.suppress(OSError, subprocess.TimeoutExpired):
         spare.proc.wait(2.0)
@@ -231,7 +250,9 @@ def _close(state: _Spares) -> None:
     if os.getpid() != state.pid:
         return
     with state.lock:
+        state.closed = True
         spares, state.ready = state.ready + list(state.reserved.values()), []
         state.reserved = {}
     for spare in spares:
         _drop(spare)
+    state.not_making.wait(5.0)  # one being made on a worker thread: it kills itself (_make)
