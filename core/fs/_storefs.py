@@ -341,6 +341,15 @@ class StoreFS:
         self.confined(path)
         self.backend.remove_file(path)
 
+    def remove_files(self, folder: str, names: list[str]) -> None:
+        """``remove_file`` of each of ``names`` (plain names, no ``/``) in ``folder``, whose way
+        is checked once. OSError is the caller's (the files before it are gone)."""
+        self.confined(folder, whole=True)
+        for name in names:
+            if "/" in name or name in ("", ".", ".."):
+                raise ValueError(f"not a file name: {name!r}")
+            self.backend.remove_file(posixpath.join(folder, name))
+
     def remove_tree(self, path: str) -> None:
         """Delete the folder ``path`` and everything in it (a link inside is removed, never
         followed; ``path`` itself must not be a link). OSError is the caller's."""

@@ -346,14 +346,24 @@ class Lease:
         self._leases.release(self._claim)
 
 
-def this_process(pgid: int | None = None) -> ProcessInfo:
-    import psutil
+_STARTED: dict[int, float] = {}
+"""This process's start time (psutil's ``create_time``, seconds since the epoch), by pid: read
+once (``/proc/PID/stat`` and ``/proc/stat``), not at every lease; a forked child has its own."""
 
+
+def this_process(pgid: int | None = None) -> ProcessInfo:
+    """This process as a lease's or a record's holder: its pid, process group (``pgid``, else
+    its own), start time and host id."""
     pid = os.getpid()
-    try:
-        started = psutil.Process(pid).create_time()
-    except psutil.Error:  # pragma: no cover
-        started = time.time()
+    started = _STARTED.get(pid)
+    if started is None:
+        import psutil
+
+        try:
+            started = psutil.Process(pid).create_time()
+        except psutil.Error:  # pragma: no cover
+            started = time.time()
+        _STARTED[pid] = started
     return ProcessInfo(
         pid=pid,
         pgid=pgid if pgid is not None else os.getpgid(pid),

@@ -302,9 +302,8 @@ class CheckpointStore:
         that tells a later resume the run already completed)."""
         path = self.layout.in_run(run.job_key, run.run_id, "tasks")
         try:
-            for name in self.fs.list_names(path):
-                if ".unreadable-" not in name:  # kept for a person to look at
-                    self.fs.remove_file(posixpath.join(path, name))
+            names = self.fs.list_names(path)  # (unreadable records: kept for a person)
+            self.fs.remove_files(path, [n for n in names if ".unreadable-" not in n])
         except OSError as exc:
             raise StoreError(f"cannot delete {self.fs.where(path)}: {os_reason(exc)}") from None
 
