@@ -80,45 +80,63 @@ class RecordFiles:
             StoreError: it is unreadable on a ``read_only`` store (left in place), or the
                 store cannot be read.
         """
+        raw: bytes | None = None
         try:
             raw = self.fs.read_bytes(path)
             if raw is None:
                 return None
-            obj = json.loads(raw.decode("utf-8"))
-            if (
-                isinstance(obj, dict)
-                and obj.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION
-            ):
-                raise StoreError(
-                    f"{self.fs.where(path)} has schema version {obj.get('schema_version')!r}, "
-                    f"this openjd-checkpoint reads version {SCHEMA_VERSION}"
-                )
-            rec = model.model_validate(obj)
-            parts = path.split("/")
-            folders: tuple[int, int] | None = None
-            if model is RunRecord:
-                folders = (-2, -4)
-            elif model is TaskRecord:
-                folders = (-3, -5)
-            if folders is not None:
-                for attr, index in zip(("run_id", "job_key"), folders, strict=True):
-                    if getattr(rec, attr) != parts[index]:
-                        raise ValueError(
-                            f"{attr} {getattr(rec, attr)!r} does not match its folder "
-                            f"{parts[index]!r}"
-                        )
-            return rec
+            return self._parse(raw, path, model)
         except (NotARecordError, ValueError, RecursionError, ValidationError) as exc:
             # ValueError covers UnicodeDecodeError, JSONDecodeError and over-long integers
-            if self.read_only:
-                raise StoreError(
-                    f"{self.fs.where(path)} is unreadable ({_short(exc)}); left as it is (the "
-                    "next run or resume sets it aside)"
-                ) from None
-            aside = self.fs.move_aside(path)
-            raise SetAsideError(
-                f"{self.fs.where(path)} is unreadable ({_short(exc)}); kept as {aside}"
+            first: Exception = exc
+        # Read again before calling it unreadable: a record rewritten while it was read is
+        # whole the second time (``core.fs._local._read_local`` already checks a local read).
+        if raw is not None:
+            try:
+                again = self.fs.read_bytes(path)
+                if again is None:
+                    return None
+                if again != raw:
+                    return self._parse(again, path, model)
+            except (NotARecordError, ValueError, RecursionError, ValidationError) as exc:
+                first = exc
+        if self.read_only:
+            raise StoreError(
+                f"{self.fs.where(path)} is unreadable ({_short(first)}); left as it is (the "
+                "next run or resume sets it aside)"
             ) from None
+        aside = self.fs.move_aside(path)
+        raise SetAsideError(
+            f"{self.fs.where(path)} is unreadable ({_short(first)}); kept as {aside}"
+        ) from None
+
+    def _parse(self, raw: bytes, path: str, model: type[Any]) -> Any:
+        """``read``'s record of type ``model`` from the bytes ``raw`` of ``path``.
+
+        Raises:
+            StoreError: another schema version.
+            NotARecordError, ValueError, RecursionError, ValidationError: not such a record.
+        """
+        obj = json.loads(raw.decode("utf-8"))
+        if isinstance(obj, dict) and obj.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.fs.where(path)} has schema version {obj.get('schema_version')!r}, "
+                f"this openjd-checkpoint reads version {SCHEMA_VERSION}"
+            )
+        rec = model.model_validate(obj)
+        parts = path.split("/")
+        folders: tuple[int, int] | None = None
+        if model is RunRecord:
+            folders = (-2, -4)
+        elif model is TaskRecord:
+            folders = (-3, -5)
+        if folders is not None:
+            for attr, index in zip(("run_id", "job_key"), folders, strict=True):
+                if getattr(rec, attr) != parts[index]:
+                    raise ValueError(
+                        f"{attr} {getattr(rec, attr)!r} does not match its folder {parts[index]!r}"
+                    )
+        return rec
 
     def read_own_task(self, path: str, tid: str) -> TaskRecord | None:
         """The task record at ``path``, which must be task ``tid``'s own: one that names another
