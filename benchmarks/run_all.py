@@ -803,7 +803,9 @@ WHY = {
         'an fsync of its folder; docs/decisions.md, "Which writes are durable"), and the '
         "task waits for it before it is reported ended, so that no task reported finished runs "
         "again after a crash of the machine; on a disk shared with other work one such write can "
-        "take longer than the whole task. Its start is written without an fsync, and one thread "
+        "take longer than the whole task. A record rewritten is a spare file of the runner "
+        "swapped in (renameat2 RENAME_EXCHANGE: no file made, none freed), but each task's "
+        "first record is a new file. Its start is written without an fsync, and one thread "
         "reads the output and sees the exit. Where cgroup v2 is writable each action starts in "
         "a cgroup of its own through an exec of /bin/sh (about 0.4 ms: docs/decisions.md, "
         '"Escaped processes"), killed whole when it ends; elsewhere escaped processes are found '
@@ -820,7 +822,8 @@ WHY = {
     "state_commit": (
         "A state-only commit is one durable write (the task record, which holds the checkpoint: "
         "a temporary file, an fsync, a rename and an fsync of the folder), the same as the "
-        "baseline, and one new file: the generation file beside it (history, not fsynced) is "
+        "baseline (the record written into a spare file swapped in, no new file), and the "
+        "generation file beside it (history, not fsynced) is "
         "the file of the generation the commit drops, renamed away, written over and renamed "
         "into place (creating it cost as much as a small file's fsync here). What is left: "
         "those two renames and a write (about 0.04 ms), and the Python around the writes "

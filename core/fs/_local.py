@@ -22,7 +22,6 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from core._errors import StoreError
-from core._killpoints import kill_point
 from core.fs._backend import (
     MAX_RECORD_BYTES,
     LeaseClaim,
@@ -33,6 +32,7 @@ from core.fs._backend import (
     where,
 )
 from core.fs._fsspec import open_fs
+from core.fs._replace import replace_local
 
 __all__ = ("FlockLeases", "LocalBackend")
 
@@ -110,10 +110,10 @@ class LocalBackend:
         self, path: str, body: bytes, *, durable: bool, reuse: str | None = None
     ) -> None:
         try:  # the folders exist for every write but the first in them
-            _replace_local(path, body, durable=durable, reuse=reuse)
+            replace_local(path, body, durable=durable, reuse=reuse)
         except FileNotFoundError:
             self.makedirs(posixpath.dirname(path))
-            _replace_local(path, body, durable=durable, reuse=reuse)
+            replace_local(path, body, durable=durable, reuse=reuse)
 
     def read_record(self, path: str) -> bytes:
         return _read_local(path)
@@ -163,11 +163,15 @@ class LocalBackend:
     def open_lock(self, path: str) -> int:
         """An open descriptor of the regular lock file ``path`` (made if missing, with its
         folders, none of which may be a link: ``makedirs``). OSError is the caller's; a link or
-        a non-file there is a StoreError."""
-        self.makedirs(posixpath.dirname(path))
-        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+        a non-file there is a StoreError. The callers pass ``StoreFS.confined`` paths (their
+        folders checked): the folders are made only when the open finds one missing."""
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
         try:
-            fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0), 0o600)
+            try:
+                fd = os.open(path, flags, 0o600)
+            except FileNotFoundError:
+                self.makedirs(posixpath.dirname(path))
+                fd = os.open(path, flags, 0o600)
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 raise StoreError(self.link_refused(path)) from None
@@ -259,100 +263,30 @@ class FlockLeases:
             os.close(fd)
 
 
-_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-_REWRITE = os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-
-
-def _new_tmp(parent: str) -> tuple[int, str]:
-    """A new temporary file ``.tmp-<random>`` in the folder ``parent`` (mode 0600, as
-    ``tempfile.mkstemp`` makes it): its descriptor and path. OSError is the caller's
-    (FileNotFoundError: the folder is missing)."""
-    while True:
-        tmp = posixpath.join(parent, ".tmp-" + os.urandom(6).hex())
-        try:
-            return os.open(tmp, _CREATE, 0o600), tmp
-        except FileExistsError:
-            continue
-
-
-def _reused_tmp(parent: str, reuse: str) -> tuple[int, str, int] | None:
-    """The file ``reuse`` (in ``parent``, one that is to be deleted anyway) renamed to a new
-    temporary name and opened to be rewritten (its descriptor, path and size), so that a write
-    needs no new file (on ext4 a file's creation costs about as much as a small file's fsync;
-    it is written over, then cut to its new size, never emptied first: freeing its block and
-    taking one again costs as much); None when there is none to
-    reuse: missing, or not a regular file of its own (a link, a file with other names, which
-    a write must never reach through), which is then left as it was or removed."""
-    tmp = posixpath.join(parent, ".tmp-" + os.urandom(6).hex())
-    try:
-        os.rename(reuse, tmp)  # (48 random bits: no other write's temporary name)
-    except OSError:
-        return None
-    kill_point("record.reused")
-    try:
-        fd = os.open(tmp, _REWRITE)
-    except OSError:
-        _unlink_quietly(tmp)  # a link, a FIFO, ...: what was to be deleted is deleted
-        return None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-        os.close(fd)
-        _unlink_quietly(tmp)
-        return None
-    return fd, tmp, st.st_size
-
-
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
-def _replace_local(path: str, body: bytes, *, durable: bool, reuse: str | None = None) -> None:
-    """Replace the local file ``path`` (its folders checked by the caller) with ``body`` all at
-    once: a temporary file in the same folder, renamed over it (a link at ``path`` itself is
-    replaced, never followed); when ``durable``, the file is fsynced before the rename and the
-    folder after it, so the new version survives a crash of the machine once this returns.
-    ``reuse``: a file in the same folder that is to be deleted anyway, whose inode becomes the
-    temporary file (``_reused_tmp``; a new one is made when it cannot be). OSError is the
-    caller's (FileNotFoundError: the folder is missing)."""
-    parent = posixpath.dirname(path)
-    made = None if reuse is None else _reused_tmp(parent, reuse)
-    fd, tmp, size = made or (*_new_tmp(parent), 0)
-    try:
-        try:
-            view = memoryview(body)
-            while view:
-                view = view[os.write(fd, view) :]
-            if size > len(body):
-                os.ftruncate(fd, len(body))
-            kill_point("record.tmp-written")
-            if durable:
-                os.fsync(fd)
-                kill_point("record.fsynced")
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        kill_point("record.renamed")
-    except BaseException:
-        _unlink_quietly(tmp)
-        raise
-    if durable:
-        dfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-        kill_point("record.stored")
-
-
 def _read_local(path: str) -> bytes:
-    """The bytes of the local record file ``path``, opened without following a link.
+    """The bytes of the local record file ``path``, opened without following a link: one
+    version whole. A record's file is rewritten in place only once it is no longer at its path
+    (a spare of ``core.fs._replace``), so a read whose file moved or changed while it was read
+    (its inode, size, mtime or ctime differ after the read, or another file is now at
+    ``path``) is read again (at most ``_READ_TRIES`` times; then the last bytes, which the
+    record's parse judges).
 
     Raises:
         NotARecordError: not a regular file, or larger than ``MAX_RECORD_BYTES`` (never read).
         OSError: it cannot be read (FileNotFoundError: there is none)."""
+    for _ in range(_READ_TRIES - 1):
+        body, whole = _read_once(path)
+        if whole:
+            return body
+    return _read_once(path)[0]
+
+
+_READ_TRIES = 20
+
+
+def _read_once(path: str) -> tuple[bytes, bool]:
+    """``_read_local``'s one try: the bytes, and whether the file was at ``path`` unchanged
+    from before the read to after it."""
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags)
@@ -376,9 +310,23 @@ def _read_local(path: str) -> bytes:
             size += len(chunk)
             if size > MAX_RECORD_BYTES:
                 raise NotARecordError(too_large(size))
-        return b"".join(chunks)
+        after = os.fstat(fd)
     finally:
         os.close(fd)
+    try:
+        now = os.lstat(path)
+    except OSError:
+        now = None
+    whole = (
+        _version(st) == _version(after)
+        and now is not None
+        and (now.st_ino, now.st_dev) == (st.st_ino, st.st_dev)
+    )
+    return b"".join(chunks), whole
+
+
+def _version(st: os.stat_result) -> tuple[int, int, int, int]:
+    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 def _kind(mode: int) -> str:
