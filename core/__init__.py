@@ -30,7 +30,14 @@ with _interrupts.held():  # a Ctrl-C during these imports is delivered after the
     from core import report
     from core._errors import RunError, StoreError, TemplateError
     from core._host import FileDataFlow, FileSettings, host_id
-    from core._records import CheckpointData, RunPhase, RunRecord, RunStatus, TaskRecord
+    from core._records import (
+        CheckpointData,
+        InterruptionCause,
+        RunPhase,
+        RunRecord,
+        RunStatus,
+        TaskRecord,
+    )
     from core.job import (
         JOB_STATUS_PARAMETER,
         CheckpointJobTemplate,
@@ -47,6 +54,7 @@ with _interrupts.held():  # a Ctrl-C during these imports is delivered after the
         prepare_job,
     )
     from core.run import (
+        DEFAULT_INTERRUPTION_RETRIES,
         RELEASE_WAIT_SECONDS,
         Attempt,
         GroupEnd,
@@ -62,6 +70,7 @@ with _interrupts.held():  # a Ctrl-C during these imports is delivered after the
         classify_group,
         declare_done,
         finish_attempt,
+        interruptions_so_far,
         plan_group,
         plan_step,
         prepare_run_job,
@@ -94,6 +103,7 @@ __all__ = (
     "CheckpointStore",
     "classify_group",
     "declare_done",
+    "DEFAULT_INTERRUPTION_RETRIES",
     "default_store_location",
     "FileDataFlow",
     "FileSettings",
@@ -106,6 +116,8 @@ __all__ = (
     "GroupStop",
     "GroupVerdict",
     "host_id",
+    "InterruptionCause",
+    "interruptions_so_far",
     "JOB_STATUS_PARAMETER",
     "load_template",
     "Notice",

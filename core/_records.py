@@ -20,6 +20,7 @@ __all__ = (
     "CheckpointData",
     "CheckpointsKept",
     "GenerationFile",
+    "InterruptionCause",
     "KeptCheckpoint",
     "KeptTask",
     "ProcessInfo",
@@ -61,6 +62,19 @@ class RunPhase(str, Enum):
     """Its finally steps run (FINALLY extension, TEP-0058)."""
     ENDED = "ended"
     """The attempt has ended (``finish_attempt``)."""
+
+
+class InterruptionCause(str, Enum):
+    """What stopped a task attempt before its end (``AttemptSpan.cause``)."""
+
+    NOTICE = "notice"
+    """An interruption notice (a spot reclaim, a maintenance event): ``core.run.Notice``."""
+    STOP = "stop"
+    """A stop request: the run's termination request, the framework's kill or cancel."""
+    TIMEOUT = "timeout"
+    """A time budget ran out (the step's or the run's, or the framework's timeout)."""
+    WORKER_LOST = "worker_lost"
+    """The process running it died without an end (a lost host or worker)."""
 
 
 class TaskStatus(str, Enum):
@@ -111,6 +125,10 @@ class CheckpointData(_Model):
     file_bytes: int | None = None
     """Managed file data flow: bytes of this generation's files in the store (the manifest's
     file sizes, summed); None in shared mode, and in generations stored by earlier versions."""
+    commit_seconds: float | None = None
+    """How long the commit took, in seconds: from the ``openjd_checkpoint_save`` line read to
+    the generation durably stored (files uploaded, record written); None in generations stored
+    by earlier versions. The commit latency of ``core.run.METRICS``."""
 
 
 class TaskIdentity(_Model):
@@ -151,6 +169,15 @@ class AttemptSpan(_Model):
     """When that checkpoint was saved (seconds since the epoch): the work before it was kept."""
     outcome: str | None = None
     """The task's status when it ended (``TaskStatus`` value); None while it runs."""
+    cause: InterruptionCause | None = None
+    """What asked it to stop (None: nothing did)."""
+    stopped_at: float | None = None
+    """When the first stop request reached it (seconds since the epoch); None: none did."""
+    stored_after_stop_at: float | None = None
+    """When the first checkpoint stored after that request was (seconds since the epoch)."""
+    saved_at: float | None = None
+    """When the last checkpoint of this attempt was stored (seconds since the epoch); None:
+    none was."""
 
 
 class KeptCheckpoint(_Model):

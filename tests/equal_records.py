@@ -21,9 +21,10 @@ equal field for field:
 
 - ``run_id`` (every record): a random id; written ``<run>`` (every record of the store names
   its one run). ``job_key`` is kept: it is a hash of the template's name, equal everywhere.
-- ``created_at``, ``updated_at`` (run, task), ``saved_at`` (checkpoint, generation),
-  ``requested_at`` (stop request), a notice's ``received_at``, ``deadline`` and
-  ``stopped_after``, a stop request's ``deadline``: moments and durations of this one run.
+- ``created_at``, ``updated_at`` (run, task), ``saved_at`` and ``commit_seconds``
+  (checkpoint, generation), ``requested_at`` (stop request), a notice's ``received_at``,
+  ``deadline`` and ``stopped_after``, a stop request's ``deadline``: moments and durations of
+  this one run.
 - ``runner`` (run), ``process`` (task), ``requested_by`` (stop request): pid, process group,
   start time and host of the process that held the run or task or asked for the stop; the
   ``host`` and ``pid`` of an open session record, the ``host`` that last ran a task, and a
@@ -81,7 +82,7 @@ GOLDEN = DATA / "records.json"
 MODE = "CancelledRunFinally"
 REGEN = "OPENJD_REGEN_EQUAL_RECORDS"
 
-_MOMENTS = ("created_at", "updated_at", "saved_at", "requested_at")
+_MOMENTS = ("created_at", "updated_at", "saved_at", "requested_at", "commit_seconds")
 _NOTICE_MOMENTS = ("received_at", "deadline", "stopped_after")
 _PROCESSES = ("runner", "process", "requested_by")
 _EXTERNAL_IDS = ("external_key", "attempt_key")

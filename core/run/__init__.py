@@ -41,9 +41,17 @@ from core.run._phases import (
     start_finally,
 )
 from core.run._steps import StepTurn, StepWalk
-from core.run._verdict import GroupEnd, GroupVerdict, classify_group
+from core.run._verdict import (
+    DEFAULT_INTERRUPTION_RETRIES,
+    GroupEnd,
+    GroupVerdict,
+    classify_group,
+    interruptions_so_far,
+)
 
 __all__ = (
+    "DEFAULT_INTERRUPTION_RETRIES",
+    "interruptions_so_far",
     "Attempt",
     "begin_attempt",
     "classify_group",

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from core._errors import RunError, StoreError
-from core._records import RunPhase, RunStatus, TaskRecord
+from core._records import InterruptionCause, RunPhase, RunStatus, TaskRecord
 from core.job import PreparedJob, TaskFeed, TaskSpec, new_task_record
 from core.run._claim import NotStartedError, claim_task, lease_expired_note, planned_as_stored
 from core.run._group_stop import GroupStop, StopRequest
@@ -186,7 +186,12 @@ class RunningTasks:
                 term.mode, is_finally=is_finally, finally_timed_out=self.timed_out[True]
             )
             if intent is not None:
-                execution.stop(intent, force=term.force, deadline=term.deadline)
+                execution.stop(
+                    intent,
+                    force=term.force,
+                    deadline=term.deadline,
+                    cause=InterruptionCause.STOP if notice is None else InterruptionCause.NOTICE,
+                )
         for session in self._sessions.all():  # reaches an onExit still running
             session.stop(force=force_reaches(term, phase), deadline=term.deadline)
         return previous
@@ -200,7 +205,7 @@ class RunningTasks:
             self.timed_out[is_finally] = True
             active = [ex for ex, fin in self._active.items() if fin == is_finally]
         for execution in active:
-            execution.stop(StopIntent.CANCEL)
+            execution.stop(StopIntent.CANCEL, cause=InterruptionCause.TIMEOUT)
         return True
 
     def noticed(self, notice: Notice) -> bool:

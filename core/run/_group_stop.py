@@ -11,6 +11,7 @@ import threading
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from core._records import InterruptionCause
 from core.task import StopIntent, TaskExecution
 
 __all__ = ("GroupStop", "StopRequest")
@@ -27,6 +28,8 @@ class StopRequest:
     deadline: float | None = None
     """Seconds since the epoch (``time.time()``) by which every process of a task is gone."""
     declared_done: str | None = None
+    cause: InterruptionCause = InterruptionCause.STOP
+    """What asked (the metrics' interruption cause); the first request's stays."""
 
     def fold(self, other: StopRequest) -> StopRequest:
         deadlines = [d for d in (self.deadline, other.deadline) if d is not None]
@@ -43,7 +46,11 @@ class StopRequest:
     def apply(self, execution: TaskExecution) -> None:
         """Stop ``execution`` as asked (``TaskExecution.stop``)."""
         execution.stop(
-            self.intent, force=self.force, deadline=self.deadline, declared_done=self.declared_done
+            self.intent,
+            force=self.force,
+            deadline=self.deadline,
+            declared_done=self.declared_done,
+            cause=self.cause,
         )
 
     def describe(self) -> str:
@@ -89,6 +96,7 @@ class GroupStop:
         force: bool = False,
         deadline: float | None = None,
         declared_done: str | None = None,
+        cause: InterruptionCause | str = InterruptionCause.STOP,
     ) -> None:
         """Stop the running task and every task of the call still to come.
 
@@ -99,15 +107,17 @@ class GroupStop:
                 task must be gone (``TaskExecution.stop``).
             declared_done: the scheduler's user declared the tasks done, for this reason: a
                 running task's end record says it finished (``TaskExecution.stop``).
+            cause: what asks (``notice``: the host is going away; ``stop``; ``timeout``), for
+                the metrics and for whether the framework counts the try (``GroupVerdict``).
 
         Raises:
-            ValueError: ``intent`` is not a ``StopIntent`` (or its value), or ``deadline`` is
-                not a finite number.
+            ValueError: ``intent`` is not a ``StopIntent`` (or its value), ``cause`` not an
+                ``InterruptionCause``, or ``deadline`` is not a finite number.
         """
         intent = StopIntent(intent)  # ValueError: not a stop intent
         if deadline is not None and not math.isfinite(deadline):
             raise ValueError(f"GroupStop.stop: deadline {deadline!r} is not a finite time")
-        asked = StopRequest(intent, force, deadline, declared_done)
+        asked = StopRequest(intent, force, deadline, declared_done, InterruptionCause(cause))
         with self._lock:
             self._request = asked if self._request is None else self._request.fold(asked)
             targets = list(self._targets)

@@ -11,12 +11,26 @@ from dataclasses import dataclass
 from enum import Enum
 
 from core._errors import RunError
+from core._records import InterruptionCause, TaskRecord
 from core._words import result_words
 from core.job import TaskSpec
 from core.run._notices import Notice
 from core.task import ResumeRefusedError, TaskOutcome, TaskResult
 
-__all__ = ("GroupEnd", "GroupVerdict", "classify_group")
+__all__ = (
+    "DEFAULT_INTERRUPTION_RETRIES",
+    "GroupEnd",
+    "GroupVerdict",
+    "classify_group",
+    "interruptions_so_far",
+)
+
+DEFAULT_INTERRUPTION_RETRIES = 10
+"""How many interruptions (notices, lost workers) a framework unit resumes from without using
+a retry meant for errors, unless its settings say otherwise (Airflow's operators, Prefect's
+tasks: ``interruption_retries``)."""
+
+_HOST_GONE = (InterruptionCause.NOTICE, InterruptionCause.WORKER_LOST)
 
 
 class GroupEnd(str, Enum):
@@ -60,11 +74,21 @@ class GroupVerdict:
         tasks: ``label: words`` of each task that decided it (for ``FAILED``: each failed
             task's message and exit code; for ``STOPPED`` and ``SKIPPED``: each task that did
             not succeed, in ``core.report.result_words``); empty for the other kinds.
+        cause: for ``INTERRUPTED``, what stopped the tasks (``notice``, ``stop``,
+            ``timeout``); None for the other kinds.
     """
 
     kind: GroupEnd
     message: str
     tasks: tuple[str, ...] = ()
+    cause: InterruptionCause | None = None
+
+    @property
+    def interruption(self) -> bool:
+        """True for an end the host's going away caused (``INTERRUPTED`` by an interruption
+        notice or a lost worker), not an error: the framework resumes it without using a retry
+        meant for errors, within its interruption budget (``interruptions_so_far``)."""
+        return self.kind == GroupEnd.INTERRUPTED and self.cause in _HOST_GONE
 
 
 _FAILING = (TaskOutcome.FAILED, TaskOutcome.NOT_STORED)
@@ -79,6 +103,7 @@ def classify_group(
     notice: Notice | None = None,
     declared_done: str | None = None,
     next_try: str = "a retry",
+    stop_cause: InterruptionCause | str = InterruptionCause.STOP,
 ) -> GroupVerdict:
     """Classify how a group of tasks run by ``run_tasks`` ends, once for every framework.
 
@@ -97,6 +122,8 @@ def classify_group(
         declared_done: why the group was declared done, when it was.
         next_try: the framework's next try of the unit, in its words (``the next try of this
             task instance``): the ``INTERRUPTED`` message says it resumes from what was stored.
+        stop_cause: what ``stopped_by`` was (``notice``: the framework saw the host going
+            away, as Airflow's worker shutdown): the verdict's ``cause``.
 
     Returns:
         A ``GroupVerdict``.
@@ -121,10 +148,16 @@ def classify_group(
     if results and all(res.outcome == TaskOutcome.SKIPPED for res in results):
         kept = f"no task had started: {next_try} runs them"
     if stopped_by is not None:
-        return GroupVerdict(GroupEnd.INTERRUPTED, f"stopped by {stopped_by}; {kept}")
+        return GroupVerdict(
+            GroupEnd.INTERRUPTED,
+            f"stopped by {stopped_by}; {kept}",
+            cause=InterruptionCause(stop_cause),
+        )
     if notice is not None:
         return GroupVerdict(
-            GroupEnd.INTERRUPTED, f"stopped by an interruption notice ({notice.describe()}); {kept}"
+            GroupEnd.INTERRUPTED,
+            f"stopped by an interruption notice ({notice.describe()}); {kept}",
+            cause=InterruptionCause.NOTICE,
         )
     labelled = list(zip((s.label for s in specs), results, strict=True))
     failed = tuple(
@@ -148,4 +181,18 @@ def classify_group(
         GroupEnd.STOPPED,
         "stopped by the run's termination request: " + "; ".join(not_done),
         not_done,
+    )
+
+
+def interruptions_so_far(records: Sequence[TaskRecord], run_attempt: int) -> int:
+    """How many times the host's going away (a notice, a lost worker) stopped these tasks in
+    the run's attempt ``run_attempt``: their attempt spans with such a cause, counted from the
+    records' ``history`` (which keeps a task's latest ``MAX_SPANS`` spans). An adapter compares
+    it with its interruption budget (``DEFAULT_INTERRUPTION_RETRIES``) before it resumes a
+    ``GroupVerdict.interruption`` without using an error retry."""
+    return sum(
+        1
+        for rec in records
+        for span in rec.history
+        if span.run_attempt == run_attempt and span.cause in _HOST_GONE
     )

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 from openjd.model import FormatStringError, SymbolTable
 
+from core._records import InterruptionCause
 from core.job import ActionCheckpointSpec, CancelMethod
 from core.process import ActionProcess
 
@@ -73,6 +74,10 @@ class StopState:
         self.declared_done: str | None = None
         """Why the scheduler's user declared the task done (Airflow's "mark success"), or None:
         the task's end record then says finished, written under its lease."""
+        self.cause: InterruptionCause | None = None
+        """What asked first (the metrics' interruption cause), or None while not stopped."""
+        self.requested_at: float | None = None
+        """When the first request came (seconds since the epoch), or None."""
 
     def request(
         self,
@@ -81,9 +86,14 @@ class StopState:
         force: bool = False,
         deadline: float | None = None,
         declared_done: str | None = None,
+        cause: InterruptionCause = InterruptionCause.STOP,
     ) -> None:
-        """Fold one more request in (see the class). Returns at once."""
+        """Fold one more request in (see the class); the first request's ``cause`` and time
+        stay. Returns at once."""
         with self._lock:
+            if self.requested_at is None:
+                self.requested_at = time.time()
+                self.cause = InterruptionCause(cause)
             if self.intent is None or intent == StopIntent.CANCEL:
                 self.intent = intent
             if declared_done is not None:

@@ -4,7 +4,11 @@ attempts, interruptions and resumes (``core.job._summary.task_timeline``).
 
 The record keeps the latest ``MAX_SPANS`` spans, so that a task retried without end does not
 grow its record (a span is about 150 bytes of JSON). A span whose process died stays open (no
-end time, no outcome): a timeline shows it cut off where the next attempt starts.
+end time, no outcome): a timeline shows it cut off where the next attempt starts, and the
+metrics count it as an interruption by a lost worker (``core.run._metrics``).
+
+Each span also keeps what the checkpoint metrics need (``core.run._metrics``): what stopped
+it and when, when its last checkpoint and the first one after the stop were stored.
 """
 
 from __future__ import annotations
@@ -12,9 +16,9 @@ from __future__ import annotations
 import time
 
 from core._host import host_id
-from core._records import AttemptSpan, CheckpointData, TaskRecord
+from core._records import AttemptSpan, CheckpointData, InterruptionCause, TaskRecord
 
-__all__ = ("MAX_SPANS", "close_span", "open_span")
+__all__ = ("MAX_SPANS", "close_span", "note_stored", "open_span")
 
 MAX_SPANS = 20
 """Attempt spans a task record keeps (the latest)."""
@@ -36,8 +40,30 @@ def open_span(rec: TaskRecord, resume: CheckpointData | None) -> None:
     del rec.history[:-MAX_SPANS]
 
 
-def close_span(rec: TaskRecord) -> None:
-    """``rec``'s open attempt ends now, with the record's status as its outcome."""
+def note_stored(rec: TaskRecord, saved_at: float, stopped_at: float | None) -> AttemptSpan | None:
+    """A checkpoint of ``rec``'s open attempt is stored at ``saved_at``, with the record; the
+    task was asked to stop at ``stopped_at`` (None: it was not). Returns the span as it was
+    (to put back if the write fails), None when no attempt is open."""
+    if not rec.history or rec.history[-1].ended_at is not None:
+        return None
+    span = rec.history[-1]
+    before = span.model_copy()
+    span.saved_at = saved_at
+    if stopped_at is not None and span.stored_after_stop_at is None:
+        span.stored_after_stop_at = saved_at
+    return before
+
+
+def close_span(
+    rec: TaskRecord,
+    cause: InterruptionCause | None = None,
+    stopped_at: float | None = None,
+) -> None:
+    """``rec``'s open attempt ends now, with the record's status as its outcome; ``cause`` and
+    ``stopped_at``: what asked it to stop, and when (None: nothing did)."""
     if rec.history and rec.history[-1].ended_at is None:
-        rec.history[-1].ended_at = time.time()
-        rec.history[-1].outcome = rec.status.value
+        span = rec.history[-1]
+        span.ended_at = time.time()
+        span.outcome = rec.status.value
+        if stopped_at is not None:
+            span.cause, span.stopped_at = cause, stopped_at

@@ -29,6 +29,7 @@ from core.process import ProcessIdentity
 from core.store import CheckpointStore, Lease, run_file_flow
 from core.task._action import StopState
 from core.task._events import TaskEventKind
+from core.task._history import note_stored
 from core.task._task_files import TaskFiles
 
 __all__ = ("TaskRecorder", "TaskWrites")
@@ -121,7 +122,8 @@ class TaskRecorder:
     made, and what is called once it is lost (``TaskWrites``);
     ``resumable``, False for a task of a template that does not declare the CHECKPOINT
     extension: its saves and file declarations are refused (nothing of them could ever be
-    used) and no file is captured."""
+    used) and no file is captured; ``stopped_at`` says when the task was first asked to stop
+    (None: not yet), for its attempt span (``note_stored``)."""
 
     def __init__(
         self,
@@ -134,8 +136,10 @@ class TaskRecorder:
         fence: Lease | None = None,
         on_lost: Callable[[str], None] | None = None,
         resumable: bool = True,
+        stopped_at: Callable[[], float | None] = lambda: None,
     ) -> None:
         self.record = record
+        self._stopped_at = stopped_at
         self.store = store
         self.attempt = attempt
         self._warn = warn
@@ -149,6 +153,7 @@ class TaskRecorder:
         """Guards ``record`` and everything below."""
         self._dirty = False
         self._pending_save: CheckpointSave | None = None
+        self._save_read_at = 0.0  # when the pending save's line was read (time.monotonic())
         self._saved = False  # a save was taken (pending, being stored, or committed)
         # The checkpoint's file dataset so far, as insertion-ordered sets. The record's
         # pending_files/pending_dirs are synced from them when a checkpoint is committed and
@@ -325,6 +330,7 @@ class TaskRecorder:
             )
         with self.lock:
             self._pending_save, self._save_dataset, self._saved = event, None, True
+            self._save_read_at = time.monotonic()
         return None
 
     def _unresumable(self, kind: str) -> str | None:
@@ -384,16 +390,17 @@ class TaskRecorder:
             return
         with self.lock:
             self._pending_save = None
+            read_at = self._save_read_at
             files, dirs = self._save_dataset or (list(self._files), list(self._dirs))
             self._save_dataset = None
             if self._capture is not None:
 
                 def commit(manifest: str, file: str | None, file_bytes: int) -> None:
-                    self._commit(save, file, files, dirs, manifest, file_bytes)
+                    self._commit(save, file, files, dirs, manifest, read_at, file_bytes)
 
                 self._capture.save(save.file, files, dirs, commit)
                 return
-        self._commit(save, save.file, files, dirs, None)
+        self._commit(save, save.file, files, dirs, None, read_at)
 
     def _commit(
         self,
@@ -402,9 +409,13 @@ class TaskRecorder:
         files: list[str],
         dirs: list[str],
         manifest: str | None,
+        read_at: float,
         file_bytes: int | None = None,
     ) -> None:
-        """Store the next checkpoint generation (the generation file, then the record)."""
+        """Store the next checkpoint generation (the generation file, then the record).
+        ``read_at``: when the save's line was read (``time.monotonic()``); the commit's
+        duration (``CheckpointData.commit_seconds``) counts from there to the record's write,
+        as the generation's own write cannot hold its own duration."""
         with self.lock:
             rec = self.record
             gen = (rec.checkpoint.generation if rec.checkpoint else 0) + 1
@@ -418,18 +429,23 @@ class TaskRecorder:
                 attempt=self.attempt,
                 manifest=manifest,
                 file_bytes=file_bytes,
+                commit_seconds=round(time.monotonic() - read_at, 6),
             )
+            span_before = note_stored(rec, data.saved_at, self._stopped_at())
             self._sync_dataset()
             if self.writes is not None:
                 try:
                     self.writes.checkpoint(rec, data)
-                except LeaseLostError:
-                    return
-                except StoreError as exc:
-                    self._warn(f"checkpoint generation {gen} was not stored: {exc}")
+                except (LeaseLostError, StoreError) as exc:
+                    if span_before is not None:  # not stored: the span says what it said
+                        rec.history[-1] = span_before
+                    if isinstance(exc, StoreError):
+                        self._warn(f"checkpoint generation {gen} was not stored: {exc}")
                     return
             else:
                 rec.checkpoint = data
+            # to the durable write: the next record write (at the latest the end's) keeps it
+            data.commit_seconds = round(time.monotonic() - read_at, 6)
             self._dirty = False
         self._emit(TaskEventKind.CHECKPOINT_SAVED, gen)
 

@@ -26,7 +26,7 @@ from openjd.model import ParameterValueType, SymbolTable
 
 from core._killpoints import kill_point
 from core._messages import DEFAULT_MAX_LINE_BYTES, DEFAULT_MAX_STATE_BYTES, MessageContext
-from core._records import TaskRecord, TaskStatus
+from core._records import InterruptionCause, TaskRecord, TaskStatus
 from core._words import describe_exit, suspended_words
 from core.files import CaptureStats
 from core.job import (
@@ -253,6 +253,7 @@ class TaskExecution:
         force: bool = False,
         deadline: float | None = None,
         declared_done: str | None = None,
+        cause: InterruptionCause = InterruptionCause.STOP,
     ) -> None:
         """Ask the task to stop. Thread-safe, idempotent, returns at once.
 
@@ -272,8 +273,12 @@ class TaskExecution:
                 success"), for this reason: its end record says it finished (all its frames
                 count), written under the task's lease, so no reader ever sees it unfinished
                 between its end and a later ``record_task_done``.
+            cause: what asks (an interruption notice, a stop, a timeout), recorded in the
+                attempt's span for the metrics (``core.run.METRICS``); the first one stays.
         """
-        self._stop.request(intent, force=force, deadline=deadline, declared_done=declared_done)
+        self._stop.request(
+            intent, force=force, deadline=deadline, declared_done=declared_done, cause=cause
+        )
 
     # --- running ----------------------------------------------------------------------------------
     def run(self) -> TaskResult:
@@ -393,7 +398,7 @@ class TaskExecution:
                         set(rec.completed_frames) | self.spec.chunk_frames
                     )
                 message = f"{message}; recorded as done ({done})"
-            close_span(rec)
+            close_span(rec, self._stop.cause, self._stop.requested_at)
             unknown = self._ran_resume and rec.resume_status is None and exit_code is not None
             if unknown:
                 rec.resume_status = "UNKNOWN"
