@@ -22,8 +22,10 @@ from core.process import action_containment, become_child_subreaper
 from core.run import (
     DEFAULT_GC_GRACE_SECONDS,
     EXIT_CODES,
+    METRICS,
     NOTICE_POLL_ENV,
     NOTICES_ENV,
+    SUGGESTED_INTERVAL_VARIABLE,
     Escalation,
     StepRun,
     TaskExecutor,
@@ -33,6 +35,7 @@ from core.run import (
     finish_interrupted_deletes,
     iter_attempt_records,
     mark_timed_out,
+    run_figures,
 )
 from core.store import run_files_mode
 from core.task import clean_stale_sessions, no_run_words, runner_lost
@@ -49,6 +52,9 @@ __all__ = (
     "enter_finally",
     "Escalation",
     "EXIT_CODES",
+    "METRICS",
+    "run_figures",
+    "SUGGESTED_INTERVAL_VARIABLE",
     "finish_interrupted_deletes",
     "iter_attempt_records",
     "iter_plan",

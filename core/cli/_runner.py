@@ -390,7 +390,7 @@ class JobRunner:
         else:
             budget, message = self.timeout_seconds, "the run's {:g} s timeout expired"
         deadline = time.monotonic() + budget if budget is not None else None
-        walk = StepWalk(self.job, phase, stopping=lambda: executor.stopping(is_finally))
+        walk = StepWalk(self.job, phase, stopping=lambda: executor.running.stopping(is_finally))
         for turn in walk:
             if turn.blocked is not None:
                 result.skipped.extend(self._describe_plan(turn.step, records))

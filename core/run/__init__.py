@@ -20,6 +20,19 @@ from core.run._escalation import Escalation, StopEscalation
 from core.run._executor import StepRun, TaskExecutor, run_tasks
 from core.run._gc import DEFAULT_GC_GRACE_SECONDS, collect_file_garbage
 from core.run._group_stop import GroupStop, StopRequest
+from core.run._metrics import (
+    METRICS,
+    SUGGESTED_INTERVAL_VARIABLE,
+    Figure,
+    Metric,
+    MetricKind,
+    MetricSink,
+    OpenTelemetrySink,
+    RunFigures,
+    default_sinks,
+    run_figures,
+    suggested_interval,
+)
 from core.run._notice_settings import NoticeSettings
 from core.run._notices import (
     NOTICE_POLL_ENV,
@@ -50,6 +63,17 @@ from core.run._verdict import (
 )
 
 __all__ = (
+    "METRICS",
+    "SUGGESTED_INTERVAL_VARIABLE",
+    "Figure",
+    "Metric",
+    "MetricKind",
+    "MetricSink",
+    "OpenTelemetrySink",
+    "RunFigures",
+    "default_sinks",
+    "run_figures",
+    "suggested_interval",
     "DEFAULT_INTERRUPTION_RETRIES",
     "interruptions_so_far",
     "Attempt",

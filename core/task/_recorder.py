@@ -267,7 +267,7 @@ class TaskRecorder:
         """Add an ``openjd_checkpoint_files`` message to the dataset, or say why it is refused."""
         if not self.resumable:
             return self._unresumable("openjd_checkpoint_files")
-        refused = self._files_refusal(event.files, event.dirs, working_dir)
+        refused = _files_refusal(self._capture, event.files, event.dirs, working_dir)
         if refused is not None:
             return f"openjd_checkpoint_files names {refused}; the message was ignored"
         if self._capture is not None:
@@ -356,30 +356,6 @@ class TaskRecorder:
         with self.lock:
             self.record.resume_status = status
             self._dirty = True
-
-    def _files_refusal(
-        self, files: tuple[str, ...], dirs: tuple[str, ...], working_dir: str | None
-    ) -> str | None:
-        """Why an ``openjd_checkpoint_files`` message is refused whole, or None: in managed
-        mode a path the store may not capture; in shared mode a path inside the session working
-        directory, which is deleted when the task ends."""
-        if self._capture is not None:
-            for path in [*files, *dirs]:
-                problem = self._capture.refusal(path)
-                if problem is not None:
-                    return f"{path!r}, which a managed store does not capture: {problem}"
-            return None
-        if working_dir is None:
-            return None
-        real_dir = os.path.realpath(working_dir)
-        for path in [*files, *dirs]:
-            real = os.path.realpath(path)
-            if real == real_dir or real.startswith(real_dir + os.sep):
-                return (
-                    f"{path!r} in the session working directory, which is deleted when the "
-                    "task ends (use a managed store, --files managed, to keep such files)"
-                )
-        return None
 
     # --- the one commit path ----------------------------------------------------------------------
     def flush(self) -> None:
@@ -525,3 +501,31 @@ class TaskRecorder:
             pass
         except StoreError as exc:
             self._warn(f"early outputs not stored: {exc}")
+
+
+def _files_refusal(
+    capture: FileCapture | None,
+    files: tuple[str, ...],
+    dirs: tuple[str, ...],
+    working_dir: str | None,
+) -> str | None:
+    """Why an ``openjd_checkpoint_files`` message is refused whole, or None: in managed
+    mode a path the store may not capture; in shared mode a path inside the session working
+    directory, which is deleted when the task ends."""
+    if capture is not None:
+        for path in [*files, *dirs]:
+            problem = capture.refusal(path)
+            if problem is not None:
+                return f"{path!r}, which a managed store does not capture: {problem}"
+        return None
+    if working_dir is None:
+        return None
+    real_dir = os.path.realpath(working_dir)
+    for path in [*files, *dirs]:
+        real = os.path.realpath(path)
+        if real == real_dir or real.startswith(real_dir + os.sep):
+            return (
+                f"{path!r} in the session working directory, which is deleted when the "
+                "task ends (use a managed store, --files managed, to keep such files)"
+            )
+    return None
