@@ -232,6 +232,9 @@ class CheckpointsKept(_Model):
     """Task attempts that resumed from a checkpoint."""
     saved_seconds: float = 0.0
     """Seconds of work the resumes did not do again, over every task."""
+    figures: dict[str, Any] | None = None
+    """The run's checkpoint metrics (``core._figures.RunFigures.as_json``); None in runs kept
+    by earlier versions."""
     tasks: list[KeptTask] = Field(default_factory=list)
     left_out: int = 0
 

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cli_read")]
 RUN_FIELDS = {
     "run_id", "job", "parameters", "status", "stored_status", "reason", "message", "attempts",
     "started_at", "started_time", "updated_at", "duration_seconds", "tasks",
-    "tasks_with_checkpoints", "tasks_resumable", "template",
+    "tasks_with_checkpoints", "tasks_resumable", "template", "metrics",
 }  # fmt: skip
 CHECKPOINT_FIELDS = {
     "run_id", "job", "step", "task", "task_status", "generation", "saved_at", "saved_time",

@@ -48,6 +48,7 @@ from core.cli._options import (
     seconds_value,
     version_text,
 )
+from core.cli._otel import metrics_from_environment
 from core.cli._pipes import closed_pipe_exit, flush_stdout
 from core.cli._progress import make_progress
 from core.cli._progress import write as _write
@@ -624,7 +625,11 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(complete(parser, words[1:])))
             return 0
         args = parser.parse_args(argv)
-        code: int = args.func(args)
+        shutdown = metrics_from_environment(lambda line: _write(sys.stderr, line + "\n"))
+        try:
+            code: int = args.func(args)
+        finally:
+            shutdown()
         flush_stdout()
         return code
     except BrokenPipeError:  # '| head' read what it wanted: end quietly, as 'yes | head' does

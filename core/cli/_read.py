@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from core import CheckpointStore, RunRecord, TaskRecord, TemplateError, report
-from core.local import run_files_mode, runner_lost
+from core.local import run_figures, run_files_mode, runner_lost
 
 __all__ = (
     "JSON_SCHEMA_VERSION",
@@ -125,7 +125,16 @@ def run_summary(store: CheckpointStore, run: RunRecord, tasks: list[TaskRecord])
         "tasks_with_checkpoints": sum(1 for t in tasks if t.checkpoint is not None),
         "tasks_resumable": sum(1 for t in tasks if report.summarize_task(t).resumable),
         "template": run.template_path,
+        "metrics": _figures(run, tasks),
     }
+
+
+def _figures(run: RunRecord, tasks: list[TaskRecord]) -> dict[str, Any] | None:
+    """The run's checkpoint metrics: from its task records, or, once a succeeded run deleted
+    them, what it kept (None for a run kept by an earlier version)."""
+    if not tasks and run.kept is not None:
+        return run.kept.figures
+    return run_figures(tasks).as_json()
 
 
 def _runs_and_tasks(
@@ -160,12 +169,20 @@ def cmd_runs(args: argparse.Namespace, store: CheckpointStore) -> int:
     if not rows:
         print(f"no stored runs in {store.location}")
         return 0
-    print(f"{'RUN':<24} {'STATUS':<11} {'ATTEMPTS':>8}  {'STARTED':<19} {'DURATION':>9}  JOB")
+    print(
+        f"{'RUN':<24} {'STATUS':<11} {'ATTEMPTS':>8}  {'STARTED':<19} {'DURATION':>9}  "
+        f"{'INTERRUPTED':>11} {'WORK LOST':>9}  JOB"
+    )
     for row in rows:
         params = " ".join(f"{k}={v}" for k, v in row["parameters"].items())
+        figures = row["metrics"] or {}
+        stopped = sum((figures.get("interruptions") or {}).values()) if figures else None
+        lost = (figures.get("work_lost_seconds") or {}).get("total") if figures else None
         print(
             f"{row['run_id']:<24} {row['status']:<11} {row['attempts']:>8}  "
             f"{_local(row['started_at']):<19} {_duration(row['duration_seconds']):>9}  "
+            f"{'-' if stopped is None else stopped:>11} "
+            f"{'-' if lost is None else _duration(lost):>9}  "
             f"{row['job']}" + (f" ({params})" if params else "")
         )
     return 0
@@ -247,6 +264,7 @@ def show_document(
         td["files_mode"] = summary.files_mode
         td["continued"] = continued.get((t.step, t.task_key))
         data["tasks"].append(td)
+    data["metrics"] = _figures(run, tasks)
     data["file_data_flow"] = files_mode
     data["outputs"] = store.outputs.read_outputs(run.job_key, run.run_id, warnings)
     data["warnings"] = warnings
@@ -275,6 +293,8 @@ def cmd_show(args: argparse.Namespace, store: CheckpointStore) -> int:
     if run.condition.message:
         print(f"  {run.condition.message}")
     print(f"  checkpoint files: {data['file_data_flow']}")
+    for line in report.figures_words(data["metrics"] or {}) if data["metrics"] else ():
+        print(f"  {line}")
     if not data["tasks"]:
         if run.kept is None:
             print("  no task records kept (a finished run deletes them)")

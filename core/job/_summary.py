@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+from core._figures import RunFigures
 from core._records import (
     AttemptSpan,
     CheckpointData,
@@ -433,6 +434,7 @@ class KeptCollector:
         self._busy: list[TaskRecord] = []  # with a checkpoint or more than one attempt
         self._plain: list[TaskRecord] = []
         self._seen = 0
+        self._figures = RunFigures()
 
     def add(self, rec: TaskRecord) -> None:
         """Count one task record (its latest checkpoint, its attempts and what resumes saved)."""
@@ -449,6 +451,7 @@ class KeptCollector:
         t.interruptions += sum(1 for s in spans[:-1] if s.outcome in (None, "interrupted"))
         t.resumes += sum(1 for s in spans if s.resumed_from is not None)
         t.saved_seconds += task_timeline(rec).saved_seconds
+        self._figures.add(rec)
         busy = ck is not None or len(spans) > 1
         keep = self._busy if busy else self._plain
         if len(keep) < MAX_KEPT_TASKS:
@@ -483,7 +486,12 @@ class KeptCollector:
                 )
             )
         return self._totals.model_copy(
-            update={"at": at, "tasks": tasks, "left_out": self._seen - len(tasks)}
+            update={
+                "at": at,
+                "tasks": tasks,
+                "left_out": self._seen - len(tasks),
+                "figures": self._figures.as_json(),
+            }
         )
 
 

@@ -7,6 +7,16 @@ runs and collecting managed files (``_delete``, ``_gc``), and the interruption n
 (``_notices``) and settings (``_notice_settings``). Above ``task``; the top floor of core.
 """
 
+from core._figures import (
+    METRICS,
+    SUGGESTED_INTERVAL_VARIABLE,
+    Figure,
+    Metric,
+    MetricKind,
+    RunFigures,
+    run_figures,
+    suggested_interval,
+)
 from core.run._attempt import (
     Attempt,
     begin_attempt,
@@ -20,19 +30,7 @@ from core.run._escalation import Escalation, StopEscalation
 from core.run._executor import StepRun, TaskExecutor, run_tasks
 from core.run._gc import DEFAULT_GC_GRACE_SECONDS, collect_file_garbage
 from core.run._group_stop import GroupStop, StopRequest
-from core.run._metrics import (
-    METRICS,
-    SUGGESTED_INTERVAL_VARIABLE,
-    Figure,
-    Metric,
-    MetricKind,
-    MetricSink,
-    OpenTelemetrySink,
-    RunFigures,
-    default_sinks,
-    run_figures,
-    suggested_interval,
-)
+from core.run._metrics import MetricSink, OpenTelemetrySink, default_sinks
 from core.run._notice_settings import NoticeSettings
 from core.run._notices import (
     NOTICE_POLL_ENV,

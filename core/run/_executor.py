@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from core._errors import RunError, StoreError
+from core._figures import interval_env
 from core._records import RunPhase, RunStatus, TaskRecord
 from core.job import PreparedJob, TaskFeed, TaskSpec, new_task_record
 from core.run._claim import NotStartedError, claim_task, lease_expired_note, planned_as_stored
@@ -466,12 +467,13 @@ class TaskExecutor:
             return str(exc)
         try:
             session = self.sessions.take(job_status if is_finally else None)
+            record = record or (known or {}).get((spec.step_name, spec.task_key))
             execution = TaskExecution(
                 self.job,
                 spec,
                 run_id=self.run_id,
                 store=self.store,
-                record=record or (known or {}).get((spec.step_name, spec.task_key)),
+                record=record,
                 attempt=self.attempt,
                 on_output=self._on_output,
                 on_event=self._on_event,
@@ -479,6 +481,7 @@ class TaskExecutor:
                 job_status=session.job_status,
                 session=session,
                 lease=lease,
+                task_env=interval_env(record),
             )
         except BaseException:
             lease.release()

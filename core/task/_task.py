@@ -141,6 +141,7 @@ class TaskExecution:
         lease: the task's lease (``claim_task``), under which every write of its record is
             made (fencing): once it is lost the task is canceled and writes nothing more
             (``TaskOutcome.NOT_STORED``). None: writes are not fenced.
+        task_env: variables added to the task action's environment (``interval_env``).
     """
 
     def __init__(
@@ -162,6 +163,7 @@ class TaskExecution:
         job_status: str | None = None,
         session: Session | None = None,
         lease: Lease | None = None,
+        task_env: dict[str, str] | None = None,
     ) -> None:
         self.job = job
         self.job_status = job_status
@@ -174,6 +176,7 @@ class TaskExecution:
         self._on_event = on_event
         self._working_root = working_root
         self._os_env = dict(os.environ if os_env is None else os_env)
+        self._task_env = task_env or {}
         self._stop = StopState()
         self._recorder = TaskRecorder(
             record or new_task_record(job, spec, run_id),
@@ -184,6 +187,7 @@ class TaskExecution:
             fence=lease,
             on_lost=self._lease_lost,
             resumable="CHECKPOINT" in job.template.extensions,
+            stopped_at=lambda: self._stop.requested_at,
         )
         self._output = TaskOutput(
             self._recorder,
@@ -446,7 +450,7 @@ class TaskExecution:
         except ValueError as exc:  # a let binding or a file's data (EXPR) cannot be evaluated
             return 1, f"steps[{idx}].script: {exc}"
         session_dir = session.open()
-        env = dict(session.env)
+        env = dict(session.env, **self._task_env)
         recorder = self._recorder
         recorder.start_capture(session_dir, self.job.job_key, self.run_id)
         resume, checkpoint_file = recorder.resume_from(self.spec.resume, session_dir)

@@ -1,0 +1,434 @@
+"""Checkpoint metrics: the one definition of each figure a person can watch and alert on,
+computed from what the store keeps (a task record's attempt spans and its checkpoint:
+``core._records.AttemptSpan``, ``CheckpointData.commit_seconds``), whether a figure is sent as
+it happens (``core.run._metrics.MetricsObserver``) or read back later (``run_figures``: the
+CLI's ``runs`` and ``checkpoints show``, and the summary a finished run keeps).
+
+=========================================  =========  =====  ==========================
+name                                       kind       unit   labels
+=========================================  =========  =====  ==========================
+``openjd_checkpoint.checkpoint.age``       gauge      s      job, step, task
+``openjd_checkpoint.work_lost``            histogram  s      job, step, cause
+``openjd_checkpoint.stop_to_stored``       histogram  s      job, step, cause
+``openjd_checkpoint.commit.duration``      histogram  s      job, step
+``openjd_checkpoint.stored``               counter    By     job, step
+``openjd_checkpoint.resumes``              counter    1      job, step, status
+``openjd_checkpoint.interruptions``        counter    1      job, step, cause
+=========================================  =========  =====  ==========================
+
+The suggested save interval (``suggested_interval``) is Young's first-order formula over the
+same figures. docs/metrics.md says where each runner sends them.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from core._records import AttemptSpan, InterruptionCause, TaskRecord, TaskStatus
+
+__all__ = (
+    "CHECKPOINT_AGE",
+    "COMMIT_DURATION",
+    "INTERRUPTIONS",
+    "METRICS",
+    "RESUMES",
+    "STOP_TO_STORED",
+    "STORED_BYTES",
+    "SUGGESTED_INTERVAL_VARIABLE",
+    "WORK_LOST",
+    "Figure",
+    "Metric",
+    "MetricKind",
+    "RunFigures",
+    "Stat",
+    "attempt_figures",
+    "checkpoint_figures",
+    "figures_words",
+    "interval_env",
+    "run_figures",
+    "running_age",
+    "suggested_interval",
+)
+
+SUGGESTED_INTERVAL_VARIABLE = "OPENJD_CHECKPOINT_SUGGESTED_INTERVAL"
+"""The environment variable a task reads the suggested save interval from (seconds, advice)."""
+
+
+class MetricKind(str, Enum):
+    """How a metric adds up: a counter (sums), a histogram (a distribution of values), a gauge
+    (the last value)."""
+
+    COUNTER = "counter"
+    HISTOGRAM = "histogram"
+    GAUGE = "gauge"
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric: its name (OpenTelemetry's dotted form), kind, unit (UCUM: ``s``, ``By``,
+    ``1``), label names and what it says."""
+
+    name: str
+    kind: MetricKind
+    unit: str
+    labels: tuple[str, ...]
+    description: str
+
+
+CHECKPOINT_AGE = Metric(
+    "openjd_checkpoint.checkpoint.age",
+    MetricKind.GAUGE,
+    "s",
+    ("job", "step", "task"),
+    "Seconds of a running task's work no stored checkpoint covers: since its attempt's last "
+    "durable checkpoint, or since the attempt started when it stored none (what losing the "
+    "host now would cost). Sent at each checkpoint (0), with progress (at most every 10 s) and "
+    "when the attempt ends.",
+)
+WORK_LOST = Metric(
+    "openjd_checkpoint.work_lost",
+    MetricKind.HISTOGRAM,
+    "s",
+    ("job", "step", "cause"),
+    "Per interruption: the task's time from its attempt's last stored checkpoint (or the "
+    "attempt's start) to its end. For a lost worker, to when the next attempt started (an upper "
+    "bound: when the process died is not known).",
+)
+STOP_TO_STORED = Metric(
+    "openjd_checkpoint.stop_to_stored",
+    MetricKind.HISTOGRAM,
+    "s",
+    ("job", "step", "cause"),
+    "From an interruption notice or stop request reaching the task to its first checkpoint "
+    "stored after it (not sent when none was stored).",
+)
+COMMIT_DURATION = Metric(
+    "openjd_checkpoint.commit.duration",
+    MetricKind.HISTOGRAM,
+    "s",
+    ("job", "step"),
+    "From an openjd_checkpoint_save line read to the generation durably stored (managed files "
+    "uploaded, record written).",
+)
+STORED_BYTES = Metric(
+    "openjd_checkpoint.stored",
+    MetricKind.COUNTER,
+    "By",
+    ("job", "step"),
+    "Bytes of each stored checkpoint generation: its state (UTF-8) plus its managed files.",
+)
+RESUMES = Metric(
+    "openjd_checkpoint.resumes",
+    MetricKind.COUNTER,
+    "1",
+    ("job", "step", "status"),
+    "Attempts that ran onCheckpointResume, by what the task said: RESUMED, DISCARDED, or "
+    "UNKNOWN when it never said.",
+)
+INTERRUPTIONS = Metric(
+    "openjd_checkpoint.interruptions",
+    MetricKind.COUNTER,
+    "1",
+    ("job", "step", "cause"),
+    "Attempts that ended before their task did, by cause: notice (an interruption notice), "
+    "stop (a stop request, the framework's kill or cancel), timeout, worker_lost.",
+)
+METRICS = (
+    CHECKPOINT_AGE,
+    WORK_LOST,
+    STOP_TO_STORED,
+    COMMIT_DURATION,
+    STORED_BYTES,
+    RESUMES,
+    INTERRUPTIONS,
+)
+"""Every metric, in the order the docs' table lists them."""
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One value of a metric: ``value`` in the metric's unit, its ``labels`` (every name of
+    ``metric.labels``), and ``at``, when it was true (seconds since the epoch)."""
+
+    metric: Metric
+    value: float
+    labels: Mapping[str, str]
+    at: float = field(default_factory=time.time)
+
+
+# --- the one definition of each figure ------------------------------------------------------------
+def _stopped_early(span: AttemptSpan) -> bool:
+    return span.cause is not None and span.outcome not in (
+        TaskStatus.SUCCEEDED.value,
+        TaskStatus.FAILED.value,
+    )
+
+
+def checkpoint_figures(job: str, rec: TaskRecord, *, at: float | None = None) -> list[Figure]:
+    """The figures of the checkpoint ``rec`` just stored: its commit duration and bytes, and
+    the task's checkpoint age (0)."""
+    cp = rec.checkpoint
+    if cp is None:
+        return []
+    at = cp.saved_at if at is None else at
+    step = {"job": job, "step": rec.step}
+    out = [Figure(CHECKPOINT_AGE, 0.0, {**step, "task": rec.task_key}, at)]
+    if cp.commit_seconds is not None:
+        out.append(Figure(COMMIT_DURATION, cp.commit_seconds, step, at))
+    size = len((cp.state or "").encode()) + (cp.file_bytes or 0)
+    out.append(Figure(STORED_BYTES, float(size), step, at))
+    return out
+
+
+def _lost_end(rec: TaskRecord, index: int) -> float | None:
+    """When span ``index`` of ``rec`` ended: its end; for an open span followed by another (its
+    process died), when the next one started; None while it runs."""
+    span = rec.history[index]
+    if span.ended_at is not None:
+        return span.ended_at
+    if index + 1 < len(rec.history):
+        return rec.history[index + 1].started_at
+    return None
+
+
+def attempt_figures(job: str, rec: TaskRecord, index: int = -1) -> list[Figure]:
+    """The figures of ``rec``'s attempt span ``index`` (default: the latest), once it ended:
+    an interruption (its cause; a span left open and followed by another is a lost worker),
+    the work it lost, its stop-to-stored time, its resume status, and the checkpoint age it
+    ended with."""
+    if not rec.history:
+        return []
+    index = index % len(rec.history)
+    span = rec.history[index]
+    end = _lost_end(rec, index)
+    if end is None:
+        return []
+    step = {"job": job, "step": rec.step}
+    lost_worker = span.ended_at is None
+    out: list[Figure] = []
+    covered = max(span.started_at, span.saved_at or span.started_at)
+    if lost_worker or _stopped_early(span):
+        cause = (InterruptionCause.WORKER_LOST if lost_worker else span.cause) or "stop"
+        labels = {**step, "cause": InterruptionCause(cause).value}
+        out.append(Figure(INTERRUPTIONS, 1.0, labels, end))
+        out.append(Figure(WORK_LOST, max(0.0, end - covered), labels, end))
+        if span.stopped_at is not None and span.stored_after_stop_at is not None:
+            wait = max(0.0, span.stored_after_stop_at - span.stopped_at)
+            out.append(Figure(STOP_TO_STORED, wait, labels, end))
+    if span.resumed_from is not None and not lost_worker:
+        status = rec.resume_status if index == len(rec.history) - 1 else None
+        if status is not None:
+            out.append(Figure(RESUMES, 1.0, {**step, "status": status}, end))
+    if not lost_worker:
+        age = max(0.0, end - covered)
+        out.append(Figure(CHECKPOINT_AGE, age, {**step, "task": rec.task_key}, end))
+    return out
+
+
+def running_age(rec: TaskRecord, now: float | None = None) -> float | None:
+    """The checkpoint age of ``rec``'s running attempt now (None: no attempt runs)."""
+    if not rec.history or rec.history[-1].ended_at is not None:
+        return None
+    span = rec.history[-1]
+    now = time.time() if now is None else now
+    return max(0.0, now - max(span.started_at, span.saved_at or span.started_at))
+
+
+def suggested_interval(commit_seconds: float, mean_seconds_between: float) -> float:
+    """Young's first-order optimum save interval, in seconds: ``sqrt(2 * C * M)`` for a
+    checkpoint that costs ``C`` seconds and interruptions ``M`` seconds apart on average
+    (J. W. Young, 1974; Daly, 2006, shows it is the first-order term of the optimum). It
+    minimises the expected work lost plus checkpoint cost; it is advice.
+
+    Raises:
+        ValueError: a figure is not a positive finite number of seconds.
+    """
+    for name, v in (
+        ("commit_seconds", commit_seconds),
+        ("mean_seconds_between", mean_seconds_between),
+    ):
+        if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+            raise ValueError(
+                f"suggested_interval: {name} must be a positive number of seconds, got {v!r}"
+            )
+    return math.sqrt(2.0 * commit_seconds * mean_seconds_between)
+
+
+@dataclass
+class Stat:
+    """A figure's values summed up: how many, their sum and their largest (in its unit)."""
+
+    count: int = 0
+    total: float = 0.0
+    largest: float = 0.0
+
+    def add(self, value: float) -> None:
+        self.count += 1
+        self.total += value
+        self.largest = max(self.largest, value)
+
+    @property
+    def mean(self) -> float | None:
+        return self.total / self.count if self.count else None
+
+    def as_json(self) -> dict[str, float | int]:
+        return {"count": self.count, "total": round(self.total, 6), "max": round(self.largest, 6)}
+
+
+@dataclass
+class RunFigures:
+    """A run's figures, read back from its task records (``run_figures``, or ``add`` one record
+    at a time: memory does not grow with the task count but for ``ages``).
+
+    Attributes:
+        interruptions: attempts stopped before their task's end, by cause value.
+        work_lost: the work each interruption lost, in seconds.
+        stop_to_stored: each stop-to-stored time, in seconds.
+        commit: each task's latest commit duration, in seconds.
+        stored_bytes: bytes of each task's latest checkpoint.
+        resumes: resumed attempts by the status the task said.
+        ages: ``step task_key`` -> checkpoint age in seconds, of each attempt running now.
+        run_seconds: attempt time summed over the tasks (a running attempt's to now).
+    """
+
+    interruptions: dict[str, int] = field(default_factory=dict)
+    work_lost: Stat = field(default_factory=Stat)
+    stop_to_stored: Stat = field(default_factory=Stat)
+    commit: Stat = field(default_factory=Stat)
+    stored_bytes: Stat = field(default_factory=Stat)
+    resumes: dict[str, int] = field(default_factory=dict)
+    ages: dict[str, float] = field(default_factory=dict)
+    run_seconds: float = 0.0
+
+    def add(self, rec: TaskRecord, now: float | None = None) -> None:
+        """Count one task record's figures (each attempt span once)."""
+        now = time.time() if now is None else now
+        for index, span in enumerate(rec.history):
+            end = _lost_end(rec, index)
+            self.run_seconds += max(0.0, (end if end is not None else now) - span.started_at)
+            for fig in attempt_figures("", rec, index):
+                if fig.metric is INTERRUPTIONS:
+                    cause = fig.labels["cause"]
+                    self.interruptions[cause] = self.interruptions.get(cause, 0) + 1
+                elif fig.metric is WORK_LOST:
+                    self.work_lost.add(fig.value)
+                elif fig.metric is STOP_TO_STORED:
+                    self.stop_to_stored.add(fig.value)
+                elif fig.metric is RESUMES:
+                    status = fig.labels["status"]
+                    self.resumes[status] = self.resumes.get(status, 0) + 1
+        for fig in checkpoint_figures("", rec):
+            if fig.metric is COMMIT_DURATION:
+                self.commit.add(fig.value)
+            elif fig.metric is STORED_BYTES:
+                self.stored_bytes.add(fig.value)
+        age = running_age(rec, now)
+        if age is not None:
+            self.ages[f"{rec.step} {rec.task_key}"] = age
+
+    @property
+    def suggested_interval(self) -> float | None:
+        """The save interval that minimises expected lost work plus checkpoint cost
+        (``suggested_interval``) from these figures, in seconds: ``C`` the mean commit
+        duration, ``M`` the attempt time per interruption; None without at least one
+        interruption and one commit duration."""
+        count = sum(self.interruptions.values())
+        cost = self.commit.mean
+        if not count or cost is None or self.run_seconds <= 0:
+            return None
+        return suggested_interval(max(cost, 1e-6), self.run_seconds / count)
+
+    def as_json(self) -> dict[str, Any]:
+        """As ``runs --json`` and ``checkpoints show --json`` give it (``metrics``), and as a
+        finished run keeps it (``CheckpointsKept.figures``): seconds and bytes."""
+        interval = self.suggested_interval
+        return {
+            "interruptions": dict(sorted(self.interruptions.items())),
+            "work_lost_seconds": self.work_lost.as_json(),
+            "stop_to_stored_seconds": self.stop_to_stored.as_json(),
+            "commit_seconds": self.commit.as_json(),
+            "stored_bytes": self.stored_bytes.as_json(),
+            "resumes": dict(sorted(self.resumes.items())),
+            "checkpoint_age_seconds": {k: round(v, 3) for k, v in self.ages.items()},
+            "attempt_seconds": round(self.run_seconds, 3),
+            "suggested_interval_seconds": None if interval is None else round(interval, 3),
+        }
+
+
+def run_figures(records: Iterable[TaskRecord], now: float | None = None) -> RunFigures:
+    """Every figure of a run's task records (each attempt span once), for a report."""
+    out = RunFigures()
+    for rec in records:
+        out.add(rec, now)
+    return out
+
+
+def interval_env(record: TaskRecord | None) -> dict[str, str]:
+    """The task action's ``SUGGESTED_INTERVAL_VARIABLE`` (whole seconds, at least 1), from the
+    task's own history (``run_figures`` of its record: its interruptions and commit cost so
+    far); empty while it has none of either (its first attempt, or no checkpoint stored)."""
+    if record is None:
+        return {}
+    if record.history and record.history[-1].ended_at is None:  # its process died: lost
+        record = record.model_copy(deep=True)
+        record.history.append(AttemptSpan(attempt=record.attempt + 1, started_at=time.time()))
+    interval = run_figures([record]).suggested_interval
+    if interval is None:
+        return {}
+    return {SUGGESTED_INTERVAL_VARIABLE: str(max(1, round(interval)))}
+
+
+def _seconds(value: float) -> str:
+    if value < 1:
+        return f"{value * 1000:.3g} ms"
+    return f"{value:.3g} s" if value < 100 else f"{value:,.0f} s"
+
+
+def figures_words(doc: Mapping[str, Any]) -> list[str]:
+    """A run's figures (``RunFigures.as_json``) in words, a line each, for ``checkpoints show``
+    and ``runs``: interruptions and the work they lost, stop-to-stored, commits, resumes, the
+    suggested save interval, and the work no checkpoint covers in attempts running now."""
+    out = []
+    causes = doc.get("interruptions") or {}
+    lost = doc.get("work_lost_seconds") or {}
+    if causes:
+        each = ", ".join(f"{c} {n}" for c, n in causes.items())
+        text = f"interruptions: {sum(causes.values())} ({each})"
+        if lost.get("count"):
+            text += f"; work lost {_seconds(lost['total'])} (at most {_seconds(lost['max'])})"
+        out.append(text)
+    else:
+        out.append("interruptions: none")
+    waited = doc.get("stop_to_stored_seconds") or {}
+    if waited.get("count"):
+        mean = waited["total"] / waited["count"]
+        out.append(
+            f"stop to checkpoint stored: {_seconds(mean)} on average over {waited['count']} "
+            f"(at most {_seconds(waited['max'])})"
+        )
+    commit = doc.get("commit_seconds") or {}
+    stored = doc.get("stored_bytes") or {}
+    if commit.get("count"):
+        mean = commit["total"] / commit["count"]
+        out.append(
+            f"commits: {_seconds(mean)} on average (latest of {commit['count']} task(s)); "
+            f"{int(stored.get('total', 0)):,} bytes in the latest checkpoints"
+        )
+    resumes = doc.get("resumes") or {}
+    if resumes:
+        out.append("resumes: " + ", ".join(f"{s} {n}" for s, n in resumes.items()))
+    interval = doc.get("suggested_interval_seconds")
+    if interval is not None:
+        out.append(
+            f"suggested save interval: {_seconds(interval)} (Young's sqrt(2 x commit x time "
+            f"between interruptions); advice, also in ${SUGGESTED_INTERVAL_VARIABLE})"
+        )
+    ages = doc.get("checkpoint_age_seconds") or {}
+    for task, age in sorted(ages.items(), key=lambda kv: -kv[1])[:5]:
+        out.append(f"running {task}: {_seconds(age)} of work since its last checkpoint")
+    return out

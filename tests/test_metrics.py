@@ -1,0 +1,317 @@
+"""Checkpoint metrics (issue 39): the one definition of each figure (``core._figures``), read
+back from a real OpenTelemetry exporter (the CLI's OTLP/HTTP export to a receiver this test
+runs on 127.0.0.1) and checked against the run's records; the suggested save interval against
+Young's formula; the per-run figures ``runs`` and ``checkpoints show`` print."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import math
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from core import CheckpointStore, TaskRecord
+from core._figures import (
+    INTERRUPTIONS,
+    RESUMES,
+    STOP_TO_STORED,
+    WORK_LOST,
+    attempt_figures,
+    interval_env,
+    run_figures,
+    suggested_interval,
+)
+from core._records import AttemptSpan, CheckpointData, InterruptionCause
+
+REPO = Path(__file__).resolve().parent.parent
+FIB = REPO / "examples" / "fibonacci" / "fibonacci-fast.yaml"
+CLI = [sys.executable, "-m", "core.cli"]
+POLL = 0.5
+
+
+def _record(*spans: AttemptSpan, checkpoint: CheckpointData | None = None) -> TaskRecord:
+    rec = TaskRecord(job_key="0" * 16, run_id="r", step="S", task_key="{}", parameters={})
+    rec.history = list(spans)
+    rec.checkpoint = checkpoint
+    return rec
+
+
+# --- the definitions, on records made by hand ---------------------------------------------------
+def test_a_notice_gives_an_interruption_its_lost_work_and_its_stop_to_stored_time() -> None:
+    span = AttemptSpan(
+        attempt=1,
+        started_at=100.0,
+        ended_at=160.0,
+        outcome="interrupted",
+        cause=InterruptionCause.NOTICE,
+        stopped_at=150.0,
+        stored_after_stop_at=152.5,
+        saved_at=152.5,
+    )
+    figures = {f.metric.name: f for f in attempt_figures("J", _record(span))}
+    assert figures[INTERRUPTIONS.name].labels == {"job": "J", "step": "S", "cause": "notice"}
+    assert figures[WORK_LOST.name].value == pytest.approx(160.0 - 152.5)
+    assert figures[STOP_TO_STORED.name].value == pytest.approx(2.5)
+
+
+def test_an_attempt_that_saved_nothing_lost_all_its_time_and_a_success_is_no_interruption() -> None:
+    stopped = AttemptSpan(
+        attempt=1,
+        started_at=10.0,
+        ended_at=70.0,
+        outcome="interrupted",
+        cause=InterruptionCause.STOP,
+        stopped_at=65.0,
+    )
+    figures = {f.metric.name: f for f in attempt_figures("J", _record(stopped))}
+    assert figures[WORK_LOST.name].value == pytest.approx(60.0)
+    assert STOP_TO_STORED.name not in figures  # nothing was stored after the stop
+    done = AttemptSpan(attempt=1, started_at=10.0, ended_at=70.0, outcome="succeeded")
+    names = {f.metric.name for f in attempt_figures("J", _record(done))}
+    assert INTERRUPTIONS.name not in names and WORK_LOST.name not in names
+
+
+def test_a_span_left_open_and_followed_by_another_is_a_lost_worker() -> None:
+    lost = AttemptSpan(attempt=1, started_at=0.0, saved_at=40.0)  # its process died
+    nxt = AttemptSpan(attempt=2, started_at=100.0, ended_at=130.0, outcome="succeeded",
+                      resumed_from=3)  # fmt: skip
+    rec = _record(lost, nxt)
+    rec.resume_status = "RESUMED"
+    first = {f.metric.name: f for f in attempt_figures("J", rec, 0)}
+    assert first[INTERRUPTIONS.name].labels["cause"] == "worker_lost"
+    assert first[WORK_LOST.name].value == pytest.approx(60.0)  # an upper bound: to the next start
+    second = {f.metric.name: f for f in attempt_figures("J", rec, 1)}
+    assert second[RESUMES.name].labels["status"] == "RESUMED"
+    assert attempt_figures("J", _record(AttemptSpan(attempt=1, started_at=0.0))) == []  # running
+
+
+def test_the_suggested_interval_is_youngs_formula_over_the_recorded_figures() -> None:
+    """Two tasks: 3 interruptions over 900 s of attempts, commits of 2 s and 4 s: C = 3 s,
+    M = 300 s, so sqrt(2 * 3 * 300) = 42.43 s."""
+    a = _record(
+        AttemptSpan(
+            attempt=1,
+            started_at=0.0,
+            ended_at=300.0,
+            outcome="interrupted",
+            cause=InterruptionCause.NOTICE,
+            saved_at=290.0,
+        ),  # fmt: skip
+        AttemptSpan(
+            attempt=2,
+            started_at=400.0,
+            ended_at=600.0,
+            outcome="interrupted",
+            cause=InterruptionCause.NOTICE,
+            saved_at=590.0,
+        ),  # fmt: skip
+        checkpoint=CheckpointData(generation=4, saved_at=590.0, attempt=1, commit_seconds=2.0),
+    )
+    b = _record(
+        AttemptSpan(
+            attempt=1,
+            started_at=0.0,
+            ended_at=400.0,
+            outcome="interrupted",
+            cause=InterruptionCause.STOP,
+            saved_at=380.0,
+        ),  # fmt: skip
+        checkpoint=CheckpointData(generation=1, saved_at=380.0, attempt=1, commit_seconds=4.0),
+    )
+    figures = run_figures([a, b], now=1000.0)
+    assert figures.run_seconds == pytest.approx(900.0)
+    assert sum(figures.interruptions.values()) == 3
+    assert figures.suggested_interval == pytest.approx(math.sqrt(2 * 3.0 * 300.0))
+    assert suggested_interval(3.0, 300.0) == pytest.approx(42.426, abs=1e-3)
+    assert interval_env(a) == {
+        "OPENJD_CHECKPOINT_SUGGESTED_INTERVAL": str(round(math.sqrt(2 * 2.0 * 250.0)))
+    }
+    assert interval_env(_record()) == {}  # no history: no advice
+    for bad in (0.0, -1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="positive number of seconds"):
+            suggested_interval(bad, 10.0)
+
+
+# --- read back from a real OTLP receiver ----------------------------------------------------------
+class _Receiver(http.server.BaseHTTPRequestHandler):
+    got: list[dict[str, Any]] = []
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        from google.protobuf.json_format import MessageToDict
+        from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+            ExportMetricsServiceRequest,
+        )
+
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        request = ExportMetricsServiceRequest()
+        request.ParseFromString(body)
+        type(self).got.append(MessageToDict(request))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def receiver() -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    pytest.importorskip("opentelemetry.sdk", reason="the [otel] extra (in [test]) is installed")
+    got: list[dict[str, Any]] = []
+    handler = type("Receiver", (_Receiver,), {"got": got})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", got
+    finally:
+        server.shutdown()
+
+
+def _points(got: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Metric name -> its data points (every export, in order)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for request in got:
+        for rm in request.get("resourceMetrics", []):
+            for sm in rm.get("scopeMetrics", []):
+                for m in sm.get("metrics", []):
+                    body = m.get("histogram") or m.get("sum") or m.get("gauge") or {}
+                    out.setdefault(m["name"], []).extend(body.get("dataPoints", []))
+    return out
+
+
+def _labels(point: dict[str, Any]) -> dict[str, str]:
+    return {a["key"]: a["value"]["stringValue"] for a in point.get("attributes", [])}
+
+
+def _run(store: Path, endpoint: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, PYTHONPATH=str(REPO))
+    return subprocess.run(
+        [*CLI, "run", str(FIB), "--store", str(store), *extra],
+        env=env, capture_output=True, text=True, timeout=120, cwd=REPO,
+    )  # fmt: skip
+
+
+def test_the_cli_exports_each_figure_as_the_records_say(
+    tmp_path: Path, receiver: tuple[str, list[dict[str, Any]]]
+) -> None:
+    """A notice written at a known time: the exported interruption, lost work, stop-to-stored,
+    commit and bytes figures equal what the run's records hold, and the stop-to-stored time is
+    within the notice poll period of the notice's writing."""
+    endpoint, got = receiver
+    store, notice = tmp_path / "store", tmp_path / "notice"
+    env = dict(os.environ, OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen(
+        [*CLI, "run", str(FIB), "--store", str(store), "--interruption-notices",
+         f"file:{notice}", "--notice-poll-seconds", str(POLL)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+    )  # fmt: skip
+    st = CheckpointStore(store)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # wait for the first stored checkpoint
+        runs = st.list_runs()[0]
+        tasks = st.read_tasks(runs[0].job_key, runs[0].run_id)[0] if runs else []
+        if tasks and tasks[0].checkpoint is not None:
+            break
+        time.sleep(0.05)
+    else:
+        proc.kill()
+        pytest.fail("no checkpoint was stored within 60 s")
+    noticed_at = time.time()
+    notice.write_text("{}")
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 75, out  # suspended: resumable
+    assert "suspended by an interruption notice" in out
+
+    run = st.list_runs()[0][0]
+    (rec,) = st.read_tasks(run.job_key, run.run_id)[0]
+    span = rec.history[-1]
+    assert span.cause == InterruptionCause.NOTICE and span.stopped_at is not None
+    assert span.stored_after_stop_at is not None and rec.checkpoint is not None
+    generations = st.list_generations(rec)
+    points = _points(got)
+
+    (stopped,) = points["openjd_checkpoint.interruptions"]
+    assert _labels(stopped)["cause"] == "notice" and stopped["asDouble"] == 1
+    (lost,) = points["openjd_checkpoint.work_lost"]
+    assert float(lost["sum"]) == pytest.approx(span.ended_at - span.saved_at, abs=1e-6)
+    (waited,) = points["openjd_checkpoint.stop_to_stored"]
+    figure = float(waited["sum"])
+    assert figure == pytest.approx(span.stored_after_stop_at - span.stopped_at, abs=1e-6)
+    since_notice = span.stored_after_stop_at - noticed_at
+    assert 0 <= figure <= since_notice <= figure + POLL + 1.0, (figure, since_notice)
+    (commits,) = points["openjd_checkpoint.commit.duration"]
+    assert int(commits["count"]) == len(generations) >= 2
+    assert float(commits["sum"]) >= rec.checkpoint.commit_seconds > 0
+    (stored,) = points["openjd_checkpoint.stored"]
+    assert stored["asDouble"] == sum(len((g.state or "").encode()) for g in generations)
+    assert points["openjd_checkpoint.checkpoint.age"], "no checkpoint age was sent"
+
+    # the same figures, read back by the CLI
+    shown = subprocess.run(
+        [*CLI, "checkpoints", "show", run.run_id, "--store", str(store), "--json"],
+        env=env, capture_output=True, text=True, timeout=60, cwd=REPO, check=True,
+    )  # fmt: skip
+    doc = json.loads(shown.stdout)["metrics"]
+    assert doc["interruptions"] == {"notice": 1}
+    assert doc["work_lost_seconds"]["total"] == pytest.approx(float(lost["sum"]), abs=1e-5)
+    assert doc["stop_to_stored_seconds"]["total"] == pytest.approx(figure, abs=1e-5)
+    text = subprocess.run(
+        [*CLI, "checkpoints", "show", run.run_id, "--store", str(store)],
+        env=env, capture_output=True, text=True, timeout=60, cwd=REPO, check=True,
+    ).stdout  # fmt: skip
+    assert "interruptions: 1 (notice 1); work lost" in text
+    assert "stop to checkpoint stored:" in text and "suggested save interval:" in text
+
+    # the resume: a RESUMED status; the finished run keeps its figures when its records go
+    got.clear()
+    done = _run(store, endpoint)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (resumed,) = _points(got)["openjd_checkpoint.resumes"]
+    assert _labels(resumed)["status"] == "RESUMED"
+    rows = subprocess.run(
+        [*CLI, "runs", "--store", str(store), "--json"],
+        env=env, capture_output=True, text=True, timeout=60, cwd=REPO, check=True,
+    ).stdout  # fmt: skip
+    (row,) = json.loads(rows)["runs"]
+    assert row["stored_status"] == "succeeded"
+    assert row["metrics"]["interruptions"] == {"notice": 1}
+    assert row["metrics"]["resumes"] == {"RESUMED": 1}
+
+
+def test_without_the_sdk_or_an_endpoint_nothing_is_exported_and_the_run_is_unchanged(
+    tmp_path: Path,
+) -> None:
+    """No endpoint: no provider is set, so the executor computes no figure (``default_sinks``
+    is empty); an endpoint nobody listens on: the run still succeeds, with a warning at most."""
+    from core import default_sinks
+
+    assert default_sinks() == []
+    done = _run(tmp_path / "store", "http://127.0.0.1:9", "--param", "N=3")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_docs_table_names_every_metric_as_core_defines_it() -> None:
+    """docs/metrics.md's table: one row per metric of ``core._figures.METRICS``, with its
+    kind, unit and labels as defined."""
+    from core._figures import METRICS
+
+    rows = {}
+    for line in (REPO / "docs" / "metrics.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and cells[0].startswith("`openjd_checkpoint."):
+            rows[cells[0].strip("`")] = (
+                cells[1],
+                cells[2],
+                tuple(c.strip() for c in cells[3].split(",")),
+            )
+    assert rows == {m.name: (m.kind.value, m.unit, m.labels) for m in METRICS}
