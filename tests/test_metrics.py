@@ -315,3 +315,78 @@ def test_the_docs_table_names_every_metric_as_core_defines_it() -> None:
                 tuple(c.strip() for c in cells[3].split(",")),
             )
     assert rows == {m.name: (m.kind.value, m.unit, m.labels) for m in METRICS}
+
+
+PROBE = """\
+specificationVersion: 'jobtemplate-2023-09'
+extensions: [CHECKPOINT]
+name: interval-probe
+steps:
+- name: Work
+  script:
+    actions:
+      onRun:
+        command: python3
+        args: ['{{Task.File.Work}}', '0']
+        checkpointCancelation: {mode: NOTIFY_THEN_TERMINATE, notifyPeriodInSeconds: 20,
+                                signalToNotify: SIGUSR1}
+      onCheckpointResume:
+        command: python3
+        args: ['{{Task.File.Work}}', '{{Task.Checkpoint.State}}']
+    embeddedFiles:
+    - name: Work
+      type: TEXT
+      filename: work.py
+      data: |
+        import os, signal, sys, time
+        n = int(sys.argv[1])
+        v = os.environ.get("OPENJD_CHECKPOINT_SUGGESTED_INTERVAL", "none")
+        print("suggested=" + v, flush=True)
+        if n:
+            print('openjd_checkpoint_resume_status: {"status": "RESUMED"}', flush=True)
+            sys.exit(0)
+        def save_and_go(*_):
+            print('openjd_checkpoint_save: {"state": "5"}', flush=True)
+            sys.exit(1)
+        signal.signal(signal.SIGUSR1, save_and_go)
+        print('openjd_checkpoint_save: {"state": "1"}', flush=True)
+        while True:
+            time.sleep(0.05)
+"""
+
+
+def test_a_task_resumed_after_an_interruption_reads_the_suggested_interval(
+    tmp_path: Path,
+) -> None:
+    """The first attempt has no history (no variable); interrupted by a notice once, its
+    resume reads ``$OPENJD_CHECKPOINT_SUGGESTED_INTERVAL`` as ``interval_env`` computes it
+    from the task's record."""
+    template, store, notice = tmp_path / "probe.yaml", tmp_path / "store", tmp_path / "notice"
+    template.write_text(PROBE)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+    proc = subprocess.Popen(
+        [*CLI, "run", str(template), "--store", str(store), "--interruption-notices",
+         f"file:{notice}", "--notice-poll-seconds", str(POLL)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:  # the task's output, as the CLI shows it
+        seen.append(line)
+        if "generation 1 stored" in line:
+            notice.write_text("{}")
+            break
+    out = "".join(seen) + proc.communicate(timeout=60)[0]
+    assert proc.returncode == 75, out
+    assert "suggested=none" in out
+    st = CheckpointStore(store)
+    run = st.list_runs()[0][0]
+    (rec,) = st.read_tasks(run.job_key, run.run_id)[0]
+    expected = interval_env(rec)["OPENJD_CHECKPOINT_SUGGESTED_INTERVAL"]
+    again = subprocess.run(
+        [*CLI, "run", str(template), "--store", str(store)],
+        env=env, capture_output=True, text=True, timeout=120, cwd=REPO,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"suggested={expected}" in again.stdout + again.stderr
