@@ -788,6 +788,12 @@ _LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d")
 """A framework's log line (Airflow's and Prefect's start with an ISO timestamp)."""
 
 WHY = {
+    "metrics": (
+        "With metrics exported, each task's events are turned into figures (a copy of its "
+        "record at each checkpoint) and given to the OpenTelemetry SDK; the export itself runs "
+        "on the SDK's thread. Without an endpoint no meter provider is set and no figure is "
+        "computed."
+    ),
     "work_saved": (
         "Compare the steps computed: when they equal the uninterrupted run's, no work was done "
         "twice (the task saved its state on the notify signal, checkpointCancelation "
@@ -912,6 +918,28 @@ def write_markdown(path: Path, report: Report, command: str, machine: list[str],
     path.write_text("\n".join(lines) + "\n")
 
 
+def metrics_cost(report: Report, quick: bool) -> None:
+    """Per task with the checkpoint metrics exported over OTLP vs without (benchmarks/
+    metrics_cost.py)."""
+    from benchmarks.metrics_cost import measure
+
+    n = 100 if quick else 300
+    print(f"7. checkpoint metrics ({n} tasks saving one checkpoint each, 5 pairs)", flush=True)
+    on, off = measure(n, pairs=5)
+    report.add(
+        Row(
+            "7. checkpoint metrics",
+            "a task storing a checkpoint, metrics exported over OTLP vs none",
+            f"{on * 1000:.2f} ms",
+            f"{off * 1000:.2f} ms (no metrics)",
+            on / off,
+            "at most 1.05x (issue 39)",
+            on / off <= 1.05,
+            "" if on / off <= 1.05 else "metrics",
+        )
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks", description=__doc__.split("\n")[0]
@@ -927,7 +955,7 @@ def main() -> None:
     parser.add_argument(
         "--only",
         action="append",
-        choices=("work", "tasks", "output", "commit", "state-commit", "scale"),
+        choices=("work", "tasks", "output", "commit", "state-commit", "scale", "metrics"),
     )
     args = parser.parse_args()
     command = ".venv/bin/python -m benchmarks" + "".join(
@@ -936,7 +964,7 @@ def main() -> None:
     machine = _machine()
     started = time.perf_counter()
     report = Report()
-    only = set(args.only or ("work", "tasks", "output", "commit", "scale"))
+    only = set(args.only or ("work", "tasks", "output", "commit", "scale", "metrics"))
     if "work" in only:
         work_saved(report, args.quick)
     if "tasks" in only:
@@ -949,6 +977,8 @@ def main() -> None:
         state_commit_latency(report, args.quick)
     if "scale" in only:
         scale(report, args.quick)
+    if "metrics" in only:
+        metrics_cost(report, args.quick)
     frameworks(report, args.with_airflow, args.with_prefect)
     took = time.perf_counter() - started
     partial = args.quick or args.only
