@@ -184,6 +184,7 @@ class TaskExecution:
             fence=lease,
             on_lost=self._lease_lost,
             resumable="CHECKPOINT" in job.template.extensions,
+            stopped_at=lambda: self._stop.requested_at,
         )
         self._output = TaskOutput(
             self._recorder,
