@@ -22,6 +22,7 @@ import core
 from core import CheckpointStore, PreparedJob, TaskSpec
 
 from ._artifacts import GroupProgress, flushed_here
+from ._events import PrefectEvents
 from ._report import flow_entrypoint, kept_line, quiet_finished_line, resume_hint
 from ._task_options import TaskInterrupted
 
@@ -145,7 +146,10 @@ def run_group(
         warn=logger.warning,
     ).start()
 
+    events = PrefectEvents(job.job.name, job.job_key, run_id, warn=logger.warning)
+
     def on_event(execution: core.TaskExecution, event: core.TaskEvent) -> None:
+        events.on_event(execution, event)  # the figures the core just gave it, as events
         progress.on_event(execution, event)
         said = core.report.event_log_line(execution.spec.label, event.kind, event.value)
         if said is not None:
@@ -164,6 +168,7 @@ def run_group(
             notices=notice_settings.sources,
             notice_poll_seconds=notice_settings.poll_seconds,
             on_notice=notices.append,
+            metrics=[*core.default_sinks(), events],
         )
     except BaseException:
         progress.close("stopped by an error")
