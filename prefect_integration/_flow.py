@@ -83,6 +83,7 @@ from ._report import (
     under_runner,
 )
 from ._stopping import Stopping, wait_all
+from ._task_options import check_retries, requirements, task_run_options
 from ._tasks import cache_key, remember_job, run_group
 
 __all__ = (
@@ -114,6 +115,7 @@ class _Config:
     host_requirements: dict[str, list[str]] = field(default_factory=dict)
     task_retries: int = 0
     task_retry_delay_seconds: float = 0.0
+    interruption_retries: int = core.DEFAULT_INTERRUPTION_RETRIES
     result_storage: Any = None
     artifact_key: str = "openjd-run"
     interruption_notices: str | None = None
@@ -200,20 +202,18 @@ def _submit_step(
 ) -> list[PrefectFuture[Any]]:
     originals = plan_tasks(job, step)
     attempt_part = attempt if job.template.is_finally(step) else None  # see group_result_key
-    tags = sorted(
-        {t for r in _requirements(job, step) for t in config.host_requirements.get(r, [])}
-    )
     futures = []
     for group in core.group_tasks(originals, config.max_task_runs_per_step):
-        options: dict[str, Any] = {
-            "task_run_name": core.group_label(group),
-            "retries": config.task_retries,
-            "retry_delay_seconds": config.task_retry_delay_seconds,
-        }
-        if tags:
-            options["tags"] = tags
-        if config.result_storage is not None:
-            options["result_storage"] = config.result_storage
+        options = task_run_options(
+            job,
+            step,
+            group,
+            host_requirements=config.host_requirements,
+            task_retries=config.task_retries,
+            task_retry_delay_seconds=config.task_retry_delay_seconds,
+            interruption_retries=config.interruption_retries,
+            result_storage=config.result_storage,
+        )
         futures.append(
             run_group.with_options(**options).submit(
                 job.job_key,
@@ -231,16 +231,6 @@ def _submit_step(
             )
         )
     return futures
-
-
-def _requirements(job: PreparedJob, step: str) -> list[str]:
-    """The names of a step's host requirements (``amount.*``, ``attr.*``)."""
-    reqs = getattr(job.step(step), "hostRequirements", None)
-    if reqs is None:
-        return []
-    names = [a.name for a in (getattr(reqs, "amounts", None) or [])]
-    names += [a.name for a in (getattr(reqs, "attributes", None) or [])]
-    return names
 
 
 def _run_steps(
@@ -382,7 +372,7 @@ def _flow_body(
         for line in attempt.notes:
             logger.info(line)
         for step in job.step_order():
-            unmapped = [r for r in _requirements(job, step) if r not in config.host_requirements]
+            unmapped = [r for r in requirements(job, step) if r not in config.host_requirements]
             for req in unmapped:
                 logger.warning(
                     "step %s: host requirement %s has no mapping; not applied", step, req
@@ -554,6 +544,7 @@ def _build(
     host_requirements: Mapping[str, Sequence[str]] | None,
     task_retries: int,
     task_retry_delay_seconds: float,
+    interruption_retries: int,
     result_storage: Any,
     flow_options: dict[str, Any],
     interruption_notices: str | None = None,
@@ -564,6 +555,7 @@ def _build(
     if max_task_runs_per_step < 1:
         raise ValueError(f"max_task_runs_per_step must be 1 or more, not {max_task_runs_per_step}")
     runner = _task_runner(task_runner, max_workers)
+    check_retries(task_retries, interruption_retries)
     files, roots = _file_settings(store, files, file_roots)
     if isinstance(store, CheckpointStoreBlock):
         if interruption_notices is None:
@@ -591,6 +583,7 @@ def _build(
         host_requirements={k: list(v) for k, v in (host_requirements or {}).items()},
         task_retries=task_retries,
         task_retry_delay_seconds=task_retry_delay_seconds,
+        interruption_retries=interruption_retries,
         result_storage=result_storage,
         artifact_key=f"openjd-{_slug(flow_name)}"[:60].rstrip("-"),
         interruption_notices=interruption_notices,
@@ -632,6 +625,7 @@ def flow_from_template(
     host_requirements: Mapping[str, Sequence[str]] | None = None,
     task_retries: int = 0,
     task_retry_delay_seconds: float = 0.0,
+    interruption_retries: int = core.DEFAULT_INTERRUPTION_RETRIES,
     result_storage: Any = None,
     interruption_notices: str | None = None,
     notice_poll_seconds: float | None = None,
@@ -684,6 +678,9 @@ def flow_from_template(
             limits); a requirement with no mapping is logged as a warning, never dropped
             silently.
         task_retries / task_retry_delay_seconds: Prefect task retries of a failed task run.
+        interruption_retries: how many interruptions (a notice: the host going away) a task
+            run resumes from by a retry that uses none of its ``task_retries`` (default
+            ``core.DEFAULT_INTERRUPTION_RETRIES``, 10); its Prefect ``retries`` is the sum.
         result_storage: where task run results go (a block, a block slug, a ``pathlib.Path``);
             default Prefect's (``$PREFECT_HOME/storage``).
         interruption_notices: notice sources for every task run, as the CLI's
@@ -691,8 +688,8 @@ def flow_from_template(
             is refused when the task run starts, since task runs run in worker threads).
             Default: the block's ``interruption_notices``, else
             ``$OPENJD_CHECKPOINT_INTERRUPTION_NOTICES`` of the task run's process. A notice
-            checkpoints the task run's running task with the notice's deadline and fails the
-            task run: a task retry (``task_retries``) or a flow retry resumes it.
+            checkpoints the task run's running task with the notice's deadline, and a retry
+            that counts against ``interruption_retries`` resumes it.
         notice_poll_seconds: at most one request per source this often (default: the block's,
             else ``$OPENJD_CHECKPOINT_NOTICE_POLL_SECONDS``, else 5 s).
         flow_options: passed to ``prefect.Flow`` (``retries``, ``retry_delay_seconds``,
@@ -721,6 +718,7 @@ def flow_from_template(
         host_requirements=host_requirements,
         task_retries=task_retries,
         task_retry_delay_seconds=task_retry_delay_seconds,
+        interruption_retries=interruption_retries,
         result_storage=result_storage,
         flow_options=flow_options,
         interruption_notices=interruption_notices,
@@ -742,6 +740,7 @@ def openjd_flow(
     host_requirements: Mapping[str, Sequence[str]] | None = None,
     task_retries: int = 0,
     task_retry_delay_seconds: float = 0.0,
+    interruption_retries: int = core.DEFAULT_INTERRUPTION_RETRIES,
     result_storage: Any = None,
     interruption_notices: str | None = None,
     notice_poll_seconds: float | None = None,
@@ -781,6 +780,7 @@ def openjd_flow(
             host_requirements=host_requirements,
             task_retries=task_retries,
             task_retry_delay_seconds=task_retry_delay_seconds,
+            interruption_retries=interruption_retries,
             result_storage=result_storage,
             flow_options=flow_options,
             interruption_notices=interruption_notices,

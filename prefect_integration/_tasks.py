@@ -22,7 +22,9 @@ import core
 from core import CheckpointStore, PreparedJob, TaskSpec
 
 from ._artifacts import GroupProgress, flushed_here
+from ._events import PrefectEvents
 from ._report import flow_entrypoint, kept_line, quiet_finished_line, resume_hint
+from ._task_options import TaskInterrupted
 
 __all__ = ("job_for", "remember_job", "run_group")
 
@@ -110,9 +112,11 @@ def run_group(
     is stopping.
 
     Raises:
-        RuntimeError: a task failed, or an interruption notice stopped the group (the message
-            says which): the task run fails, and a Prefect task retry resumes from what the
-            core stored.
+        TaskInterrupted: an interruption notice stopped the group (the host is going away):
+            a retry resumes from what the core stored, counted against the flow's
+            ``interruption_retries``, not its ``task_retries`` (``RetryRule``).
+        RuntimeError: a task failed (the message says which): the task run fails, and a
+            Prefect task retry resumes from what the core stored.
         ValueError: a bad notice setting (naming it), or a ``signal:`` source (a task run
             runs in a worker thread, where no signal handler can be installed).
         RunError, ResumeRefusedError, StoreError: from the core operations.
@@ -142,7 +146,10 @@ def run_group(
         warn=logger.warning,
     ).start()
 
+    events = PrefectEvents(job.job.name, job.job_key, run_id, warn=logger.warning)
+
     def on_event(execution: core.TaskExecution, event: core.TaskEvent) -> None:
+        events.on_event(execution, event)  # the figures the core just gave it, as events
         progress.on_event(execution, event)
         said = core.report.event_log_line(execution.spec.label, event.kind, event.value)
         if said is not None:
@@ -161,6 +168,7 @@ def run_group(
             notices=notice_settings.sources,
             notice_poll_seconds=notice_settings.poll_seconds,
             on_notice=notices.append,
+            metrics=[*core.default_sinks(), events],
         )
     except BaseException:
         progress.close("stopped by an error")
@@ -179,7 +187,11 @@ def run_group(
     verdict = core.classify_group(
         specs, results, notice=notices[0] if notices else None, next_try=_NEXT_TRY
     )
-    if verdict.kind.retry:  # a task failed, or a notice stopped them: the retry resumes
+    if verdict.interruption:  # the host is going away: not an error (RetryRule)
+        raise TaskInterrupted(
+            f"interrupted, not failed: {verdict.message}", _interruptions(store, job, run_id, specs)
+        )
+    if verdict.kind.retry:  # a task failed (or a stop of this process): the retry resumes
         raise RuntimeError(verdict.message)
     if verdict.kind in (core.GroupEnd.STOPPED, core.GroupEnd.SKIPPED):
         txn = get_transaction()
@@ -190,6 +202,21 @@ def run_group(
             quiet_finished_line(ctx.task_run.id)  # a stop asked for is not an error
         return Cancelled(message="; ".join(verdict.tasks), name="Stopped")
     return {"step": step, "ran": ran}
+
+
+def _interruptions(
+    store: CheckpointStore, job: PreparedJob, run_id: str, specs: Sequence[TaskSpec]
+) -> int:
+    """How many times the host's going away stopped these tasks in the run's current attempt
+    (``core.interruptions_so_far`` over their task records; 0 when they cannot be read)."""
+    try:
+        run = store.read_run(job.job_key, run_id)
+        records, _ = store.read_tasks(job.job_key, run_id)
+    except Exception:  # the count is advice for RetryRule, which also counts by itself
+        return 0
+    keys = {(s.step_name, s.task_key) for s in specs}
+    mine = [r for r in records if (r.step, r.task_key) in keys]
+    return core.interruptions_so_far(mine, run.attempt) if run is not None else 0
 
 
 def _ending(results: Sequence[core.TaskResult]) -> str:
