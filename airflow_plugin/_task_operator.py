@@ -23,6 +23,7 @@ import core
 from ._config import BEGIN_TASK_ID, notice_settings
 from ._inputs import group_originals, open_op_store, read_attempt, run_job, say_still_running
 from ._kill import DONE_MESSAGE, KILL_BUDGET_SECONDS, Kill
+from ._metrics import task_sinks
 from ._summary import GroupReport
 
 __all__ = ("INTERRUPTION_DELAY_SECONDS", "OpenJDTaskOperator", "check_interruption_args")
@@ -245,6 +246,7 @@ class OpenJDTaskOperator(BaseOperator):
                     notice_poll_seconds=poll,
                     on_notice=on_notice,
                     stop=self._kill.stop,
+                    metrics=task_sinks(),
                 )
             except BaseException as exc:
                 box["error"] = exc
