@@ -363,3 +363,43 @@ def test_checkpoint_metrics_reach_statsd(
     task = normalize_name_for_stats(rec.task_key, log_warning=False)  # "{}" is tagged "__"
     ages = values("checkpoint.age", "g", **step, task=task)
     assert ages and 0.0 in ages and all(age >= 0 for age in ages), ages
+
+
+def test_task_sinks_follow_airflows_metrics_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With Airflow's StatsD on, the figures go through ``Stats``; with Airflow's OpenTelemetry
+    on (which sets the process's meter provider as its backend is made), only through the
+    core's OpenTelemetry sink, so that Airflow's exporter gets each figure once."""
+    from airflow.sdk.observability import stats
+    from airflow.sdk.observability.metrics import stats_utils
+    from opentelemetry import metrics
+
+    from airflow_plugin._metrics import StatsSink, task_sinks
+
+    listener = StatsdListener()
+    try:
+        monkeypatch.setenv("AIRFLOW__METRICS__STATSD_ON", "True")
+        monkeypatch.setenv("AIRFLOW__METRICS__STATSD_PORT", str(listener.port))
+        stats.initialize(factory=stats_utils.get_stats_factory(), export_legacy_names=False)
+        assert [type(s) for s in task_sinks()] == [StatsSink]  # no meter provider set
+        monkeypatch.delenv("AIRFLOW__METRICS__STATSD_ON")
+        monkeypatch.setenv("AIRFLOW__METRICS__OTEL_ON", "True")
+        monkeypatch.setenv("AIRFLOW__METRICS__OTEL_HOST", "127.0.0.1")
+        monkeypatch.setenv("AIRFLOW__METRICS__OTEL_PORT", str(listener.port))  # nothing listens
+        stats.initialize(factory=stats_utils.get_stats_factory(), export_legacy_names=False)
+        sinks = task_sinks()
+        assert [type(s).__name__ for s in sinks] == ["OpenTelemetrySink"], sinks
+        provider = metrics.get_meter_provider()
+        assert type(provider).__name__ == "MeterProvider"  # the one Airflow's backend set
+    finally:
+        monkeypatch.undo()
+        # No meter provider left for the session's later tests (its exporter would send to a
+        # port nobody reads): Airflow's own way to set one again (get_otel_logger).
+        provider = metrics.get_meter_provider()
+        if type(provider).__name__ == "MeterProvider":
+            provider.shutdown(timeout_millis=1000)
+            import opentelemetry.metrics._internal as internal
+
+            internal._METER_PROVIDER_SET_ONCE._done = False
+            internal._METER_PROVIDER = None
+        stats.initialize(factory=stats_utils.get_stats_factory(), export_legacy_names=True)
+        listener.sock.close()
