@@ -97,7 +97,8 @@ class OpenJDTaskOperator(BaseOperator):
             them (``aws,gcp,azure,file:PATH,signal:NAME``; None: the worker's
             ``[openjd_checkpoint] interruption_notices``, else
             ``$OPENJD_CHECKPOINT_INTERRUPTION_NOTICES``). A notice checkpoints the running
-            task with the notice's deadline and the operator raises: Airflow's retry resumes.
+            task with the notice's deadline and the task instance is rescheduled (within
+            ``interruption_retries``): it resumes as the same try.
         notice_poll_seconds: at most one request per notice source this often (None: the
             worker's ``[openjd_checkpoint] notice_poll_seconds``, else 5 s).
         interruption_retries: how many interruptions by the host going away (notices, worker
