@@ -54,7 +54,9 @@ class Kill:
         checkpoint with the action's full notify period."""
         self.at = time.time()
         self.reason = f"{type(exc).__name__}: {exc}"
-        self.stop.stop(core.StopIntent.CHECKPOINT)
+        timeout = type(exc).__name__ == "AirflowTaskTimeout"
+        cause = core.InterruptionCause.TIMEOUT if timeout else core.InterruptionCause.STOP
+        self.stop.stop(core.StopIntent.CHECKPOINT, cause=cause)
 
     def killed(self, context: Any, budget_seconds: float) -> None:
         """``on_kill``: ask Airflow why from a worker thread, for at most
@@ -82,16 +84,23 @@ class Kill:
             return None
         return f"on_kill ({self.reason or 'reason unknown'})"
 
-    def _stop(self) -> None:
+    def cause(self) -> core.InterruptionCause:
+        """What the stop that reached the group was (``core.GroupStop``'s first request: the
+        cause its tasks' records keep), for ``core.classify_group``'s ``stop_cause``."""
+        request = self.stop.request
+        return request.cause if request is not None else core.InterruptionCause.STOP
+
+    def _stop(self, cause: core.InterruptionCause = core.InterruptionCause.STOP) -> None:
         """Stop the group as the kill's reason asks (once known: see ``killed``): a task
         instance marked success is canceled and recorded done as it ends (``declared_done``),
-        never left readable as stopped; any other reason, or none in time, checkpoints."""
+        never left readable as stopped; any other reason, or none in time, checkpoints, with
+        ``cause`` (``notice``: the worker is shutting down)."""
         if self.marked_success:
             self.stop.stop(
                 core.StopIntent.CANCEL, deadline=self.deadline, declared_done=DONE_MESSAGE
             )
         else:
-            self.stop.stop(core.StopIntent.CHECKPOINT, deadline=self.deadline)
+            self.stop.stop(core.StopIntent.CHECKPOINT, deadline=self.deadline, cause=cause)
 
     def _find_reason(self, context: Any) -> None:
         if context is None:
@@ -119,12 +128,19 @@ class Kill:
         }.get(task_state, f"task instance {task_state}")
         if task_state == "failed" and run_state == "failed":
             reason = "the task instance or the DAG run was marked failed"
+        cause = core.InterruptionCause.STOP
         if task_state == "running":
-            reason = "worker shutdown or timeout (the task instance is still running)"
+            # Every kill Airflow decides (marked failed or success, cleared, the run failed, a
+            # heartbeat refused) changes the task instance's state first, and the supervisor
+            # signals the task once it sees that change; a task instance still running was
+            # signalled from outside: its worker is shutting down (the supervisor forwards
+            # the SIGTERM it got). The host going away: resumed without using a retry.
+            reason = "worker shutdown (the task instance is still running)"
+            cause = core.InterruptionCause.NOTICE
         if task_state == "success":
             # Marked success: the work is declared done, so nothing needs keeping.
             self.marked_success = True
-        self._stop()
+        self._stop(cause)
         self.reason = f"{reason}; task {task_state}, DAG run {run_state}"
         asked = "recorded as done" if self.marked_success else "checkpoint requested"
         self.log.warning("on_kill: %s; %s", self.reason, asked)

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import (
     AirflowException,
     AirflowFailException,
+    AirflowRescheduleException,
     AirflowSkipException,
 )
 
@@ -21,12 +23,34 @@ import core
 from ._config import BEGIN_TASK_ID, notice_settings
 from ._inputs import group_originals, open_op_store, read_attempt, run_job, say_still_running
 from ._kill import DONE_MESSAGE, KILL_BUDGET_SECONDS, Kill
+from ._metrics import task_sinks
 from ._summary import GroupReport
 
-__all__ = ("OpenJDTaskOperator",)
+__all__ = ("INTERRUPTION_DELAY_SECONDS", "OpenJDTaskOperator", "check_interruption_args")
 
 _NEXT_TRY = "the next try of this task instance (a retry, or clearing it)"
 """What resumes a group an interruption stopped, in Airflow's words (``classify_group``)."""
+_RESUMED_LATER = "the task instance, rescheduled (not a retry),"
+"""What resumes a group the host's going away stopped, within its interruption budget."""
+INTERRUPTION_DELAY_SECONDS = 5.0
+"""How long after an interruption the task instance is rescheduled (``AirflowRescheduleException``):
+long enough for a worker that is going away to stop taking work."""
+
+
+def check_interruption_args(retries: Any, delay_seconds: Any) -> None:
+    """Check ``interruption_retries`` (an int, 0 or more) and ``interruption_delay_seconds``
+    (a number of seconds, 0 to a day).
+
+    Raises:
+        ValueError: naming the argument.
+    """
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ValueError(f"interruption_retries must be an int, 0 or more; got {retries!r}")
+    ok = isinstance(delay_seconds, (int, float)) and not isinstance(delay_seconds, bool)
+    if not ok or not 0 <= delay_seconds <= 86400:
+        raise ValueError(
+            f"interruption_delay_seconds must be 0 to 86400 seconds; got {delay_seconds!r}"
+        )
 
 
 class OpenJDTaskOperator(BaseOperator):
@@ -42,10 +66,14 @@ class OpenJDTaskOperator(BaseOperator):
 
     Airflow states, as ``core.classify_group`` says (``core.GroupEnd``): all tasks succeeded
     (or nothing left to run) -> success; a task failed -> the operator raises and Airflow
-    retries; stopped by ``on_kill`` or an interruption notice -> raises (Airflow decides the
-    state; the checkpoint is kept for the next try); stopped, or some not started, because of
-    a termination request -> failed without retry (``Cancelled`` and friends); none started
-    -> skipped.
+    retries; stopped by an interruption notice, or by ``on_kill`` because the worker shuts
+    down (the host going away: ``GroupVerdict.interruption``) -> up for reschedule
+    (``AirflowRescheduleException``, ``interruption_delay_seconds`` later): the same try
+    resumes, using none of ``retries``, for ``interruption_retries`` such interruptions of the
+    run's attempt, after which the next one raises as below; stopped by any other ``on_kill``
+    or an ``execution_timeout`` -> raises (Airflow decides the state; the checkpoint is kept
+    for the next try); stopped, or some not started, because of a termination request ->
+    failed without retry (``Cancelled`` and friends); none started -> skipped.
 
     ``on_kill`` (task marked failed or success, run marked failed, a running task cleared,
     worker shutdown: SIGTERM, with SIGKILL 5 s later) asks the running task to checkpoint
@@ -69,9 +97,16 @@ class OpenJDTaskOperator(BaseOperator):
             them (``aws,gcp,azure,file:PATH,signal:NAME``; None: the worker's
             ``[openjd_checkpoint] interruption_notices``, else
             ``$OPENJD_CHECKPOINT_INTERRUPTION_NOTICES``). A notice checkpoints the running
-            task with the notice's deadline and the operator raises: Airflow's retry resumes.
+            task with the notice's deadline and the task instance is rescheduled (within
+            ``interruption_retries``): it resumes as the same try.
         notice_poll_seconds: at most one request per notice source this often (None: the
             worker's ``[openjd_checkpoint] notice_poll_seconds``, else 5 s).
+        interruption_retries: how many interruptions by the host going away (notices, worker
+            shutdowns) of the run's attempt this group resumes from without using a retry
+            (``core.interruptions_so_far`` counts them over the group's task records); the
+            next one uses a retry, as an error does.
+        interruption_delay_seconds: how long after such an interruption the task instance
+            is rescheduled.
     """
 
     ui_color = "#cfe2f3"
@@ -89,10 +124,15 @@ class OpenJDTaskOperator(BaseOperator):
         kill_budget_seconds: float = KILL_BUDGET_SECONDS,
         interruption_notices: str | None = None,
         notice_poll_seconds: float | None = None,
+        interruption_retries: int = core.DEFAULT_INTERRUPTION_RETRIES,
+        interruption_delay_seconds: float = INTERRUPTION_DELAY_SECONDS,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("do_xcom_push", False)
         super().__init__(**kwargs)
+        check_interruption_args(interruption_retries, interruption_delay_seconds)
+        self.interruption_retries = interruption_retries
+        self.interruption_delay_seconds = float(interruption_delay_seconds)
         self.interruption_notices = interruption_notices
         self.notice_poll_seconds = notice_poll_seconds
         self._notice: core.Notice | None = None
@@ -161,7 +201,7 @@ class OpenJDTaskOperator(BaseOperator):
             raise AirflowFailException(f"the interruption notice settings: {exc}") from None
         box = self._run(store, job, run_id, specs, report, sources, poll)
         self._kill.wait_reason()  # why on_kill was called, within the budget
-        self._end(box, store, job, run_id, originals, specs, report)
+        self._end(box, store, job, attempt, originals, specs, report)
 
     def _run(
         self,
@@ -207,6 +247,7 @@ class OpenJDTaskOperator(BaseOperator):
                     notice_poll_seconds=poll,
                     on_notice=on_notice,
                     stop=self._kill.stop,
+                    metrics=task_sinks(),
                 )
             except BaseException as exc:
                 box["error"] = exc
@@ -234,32 +275,77 @@ class OpenJDTaskOperator(BaseOperator):
         box: dict[str, Any],
         store: core.CheckpointStore,
         job: core.PreparedJob,
-        run_id: str,
+        attempt: core.Attempt,
         originals: list[core.TaskSpec],
         specs: list[core.TaskSpec],
         report: GroupReport,
     ) -> None:
         """Report the group's end, then end the try as ``core.classify_group`` says."""
         self._report(box, specs, report)
+        results = box.get("results", [])
         verdict = core.classify_group(
             specs,
-            box.get("results", []),
+            results,
             error=box.get("error"),
             stopped_by=self._kill.stopped_by(),
             notice=self._notice,
             declared_done=DONE_MESSAGE if self._kill.marked_success else None,
             next_try=_NEXT_TRY,
+            stop_cause=self._kill.cause(),
         )
         kind = verdict.kind
+        run_id = attempt.run_id
         if kind == core.GroupEnd.DECLARED_DONE:
             for line in core.declare_done(store, job, run_id, originals, verdict.message):
                 (self.log.warning if line.startswith("warning: ") else self.log.info)("%s", line)
         elif kind == core.GroupEnd.SKIPPED:
             raise AirflowSkipException(verdict.message)
+        elif verdict.interruption:
+            self._interrupted(verdict, store, attempt, originals, results)
         elif kind.retry:
             raise AirflowException(verdict.message)
         elif kind != core.GroupEnd.SUCCEEDED:  # stopped by the run, or the run is gone
             raise AirflowFailException(verdict.message)
+
+    def _interrupted(
+        self,
+        verdict: core.GroupVerdict,
+        store: core.CheckpointStore,
+        attempt: core.Attempt,
+        originals: list[core.TaskSpec],
+        results: Sequence[core.TaskResult],
+    ) -> None:
+        """The host's going away stopped the group (``verdict.interruption``): reschedule this
+        try (``AirflowRescheduleException``: Airflow keeps its try number) while the
+        interruptions of the run's attempt are within ``interruption_retries``; past it, raise
+        as an error does, so that the next one uses a retry."""
+        records = [r.record for r in results]
+        try:  # every record of the group, those of tasks finished in an earlier try included
+            family, _ = store.read_task_family(
+                attempt.job_key, attempt.run_id, self.step, [s.task_key for s in originals]
+            )
+            records = family or records
+        except core.StoreError as exc:
+            self.log.warning("interruptions counted from this try's tasks only: %s", exc)
+        # At least this try's reschedules and this one: a notice that stops the group before
+        # any task started leaves no span to count, and must not reschedule it forever.
+        rescheduled = int((self._context or {}).get("task_reschedule_count", 0) or 0)
+        count = max(core.interruptions_so_far(records, attempt.attempt), rescheduled + 1)
+        budget = self.interruption_retries
+        if count > budget:
+            raise AirflowException(
+                f"{verdict.message}; the interruption budget is spent ({count} interruptions "
+                f"of this run attempt, interruption_retries={budget}): this one uses a retry"
+            )
+        when = datetime.now(timezone.utc) + timedelta(seconds=self.interruption_delay_seconds)
+        self.log.warning(
+            "%s; interruption %d of %d that resume without using a retry: rescheduled for %s",
+            verdict.message.replace(_NEXT_TRY, _RESUMED_LATER),
+            count,
+            budget,
+            when.isoformat(timespec="seconds"),
+        )
+        raise AirflowRescheduleException(when)
 
     def _report(self, box: dict[str, Any], specs: list[core.TaskSpec], report: GroupReport) -> None:
         report.end(

@@ -41,6 +41,7 @@ from ._config import (
     check_files_mode,
     task_id_for,
 )
+from ._task_operator import INTERRUPTION_DELAY_SECONDS, check_interruption_args
 from .operators import (
     OpenJDBeginOperator,
     OpenJDFinishOperator,
@@ -185,6 +186,8 @@ def dag_from_template(
     max_map_length: int | None = None,
     interruption_notices: str | None = None,
     notice_poll_seconds: float | None = None,
+    interruption_retries: int = core.DEFAULT_INTERRUPTION_RETRIES,
+    interruption_delay_seconds: float = INTERRUPTION_DELAY_SECONDS,
     **dag_kwargs: Any,
 ) -> DAG:
     """Make an Airflow DAG that runs an OpenJD job template with checkpoints and resume.
@@ -215,6 +218,13 @@ def dag_from_template(
             else ``$OPENJD_CHECKPOINT_INTERRUPTION_NOTICES``. Checked here.
         notice_poll_seconds: at most one request per source this often (None: the workers'
             ``[openjd_checkpoint] notice_poll_seconds``, else 5 s).
+        interruption_retries: how many times the host going away (an interruption notice, a
+            worker shutting down) may stop an OpenJD task instance in a run attempt and have it
+            rescheduled, resuming without using one of its ``retries``; the next time uses a
+            retry, as an error does (default ``core.DEFAULT_INTERRUPTION_RETRIES``, 10; 0:
+            every interruption uses a retry).
+        interruption_delay_seconds: how long after such an interruption the task instance is
+            rescheduled (default 5 s).
         **dag_kwargs: passed to ``airflow.sdk.DAG`` (``schedule`` defaults to None;
             ``default_args["retries"]`` defaults to 1, because a retry is how a killed task
             resumes; ``params`` are merged after the job parameters).
@@ -226,13 +236,16 @@ def dag_from_template(
         core.TemplateError: the template is invalid (the core's message, naming the field).
         ValueError: a job parameter is named ``resume``, a host requirements mapping gives
             an unsupported argument, ``files`` is not ``shared`` or ``managed``, a file root
-            is not an absolute path, or ``interruption_notices`` or ``notice_poll_seconds`` is
-            bad (naming it).
+            is not an absolute path, or ``interruption_notices``, ``notice_poll_seconds``,
+            ``interruption_retries`` or ``interruption_delay_seconds`` is bad (naming it).
     """
     core.NoticeSettings.given(interruption_notices, notice_poll_seconds)  # checked now
+    check_interruption_args(interruption_retries, interruption_delay_seconds)
     notice_args = {
         "interruption_notices": interruption_notices,
         "notice_poll_seconds": notice_poll_seconds,
+        "interruption_retries": interruption_retries,
+        "interruption_delay_seconds": interruption_delay_seconds,
     }
     if files is not None:
         files = check_files_mode(files, "files=")

@@ -1,14 +1,17 @@
 """Interruption notices on a live Airflow (the session's stack): a notice from a test metadata
 server on 127.0.0.1 (Google Cloud) reaches a running OpenJD task instance, which checkpoints
-and fails its try; Airflow's retry resumes it."""
+and is rescheduled (up for reschedule: not a retry); its next run, the same try, resumes it."""
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 from pathlib import Path
 
 import airflow_helpers as ah
-from test_live import FIBONACCI, TASK, fib, running_record, task_records
+import psutil
+from test_live import FIBONACCI, TASK, computed, fib, running_record, task_records
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -22,7 +25,7 @@ dag = dag_from_template({template!r}, dag_id={dag_id!r}, store={store!r},
 """
 
 
-def test_a_notice_checkpoints_the_task_and_the_retry_resumes(
+def test_a_notice_checkpoints_the_task_and_the_rescheduled_try_resumes(
     airflow_live: ah.AirflowStack, tmp_path: Path
 ) -> None:
     client = airflow_live.client
@@ -51,18 +54,61 @@ def test_a_notice_checkpoints_the_task_and_the_retry_resumes(
         run = client.wait_dag_run(dag_id, run_id, timeout=120)
         assert run["state"] == "success"
         ti = client.task_instance(dag_id, run_id, TASK, 0)
-        assert ti["try_number"] == 2
-        log1 = client.task_log(dag_id, run_id, TASK, 1, map_index=0)
-        assert "interruption notice from gcp" in log1, log1[-3000:]
-        assert "stopped by an interruption notice" in log1
-        assert "tasks asked to checkpoint and stopped in" in log1
-        log2 = client.task_log(dag_id, run_id, TASK, 2, map_index=0)
-        assert "resuming from checkpoint generation 1" in log2
-        assert f"Final answer: Fibonacci number {n} is {fib(n)}" in log2
-        assert "Fibonacci number 0 is 0" not in log2
+        assert ti["try_number"] == 1  # rescheduled, no retry used
+        log = client.task_log(dag_id, run_id, TASK, 1, map_index=0)  # both runs of try 1
+        assert "interruption notice from gcp" in log, log[-3000:]
+        assert "stopped by an interruption notice" in log
+        assert "tasks asked to checkpoint and stopped in" in log
+        assert "interruption 1 of 10 that resume without using a retry: rescheduled" in log
+        resumed = log.split("resuming from checkpoint generation 1", 1)
+        assert len(resumed) == 2, log[-3000:]
+        assert f"Final answer: Fibonacci number {n} is {fib(n)}" in resumed[1]
+        assert "Fibonacci number 0 is 0" not in resumed[1]
         assert not server.rejected, server.rejected
     finally:
         server.close()
+
+
+SHUTDOWN_DAG_FILE = """
+from airflow_plugin import dag_from_template
+
+dag = dag_from_template({template!r}, dag_id={dag_id!r}, store={store!r},
+                        interruption_delay_seconds=1)
+"""
+
+
+def test_a_worker_shutdown_checkpoints_and_reschedules(
+    airflow_live: ah.AirflowStack, tmp_path: Path
+) -> None:
+    """The worker's supervisor gets SIGTERM (a worker shutting down: it forwards the signal to
+    the task's process, whose on_kill runs while the task instance is still running): the task
+    checkpoints, the task instance is rescheduled with its try number kept, and resumes."""
+    client = airflow_live.client
+    dag_id = "live_fibonacci_shutdown"
+    store = tmp_path / "store"
+    source = SHUTDOWN_DAG_FILE.format(template=str(FIBONACCI), dag_id=dag_id, store=str(store))
+    airflow_live.add_dag(f"{dag_id}.py", source, dag_id=dag_id)
+    n = 80
+    run_id = client.trigger(dag_id, conf={"N": n, "StepSeconds": 0.1, "CheckpointSeconds": 600})
+    rec = running_record(store)
+    computed(client, dag_id, run_id)  # its SIGUSR1 handler is in place
+    action = psutil.Process(rec["process"]["pid"])
+    runner = action.parent()  # the task runner: the operator's process
+    supervisor = runner.parent()  # the LocalExecutor worker that supervises it
+    assert "airflow" in " ".join(supervisor.cmdline()), supervisor.cmdline()
+    os.kill(supervisor.pid, signal.SIGTERM)
+
+    run = client.wait_dag_run(dag_id, run_id, timeout=120)
+    assert run["state"] == "success"
+    ti = client.task_instance(dag_id, run_id, TASK, 0)
+    assert ti["try_number"] == 1  # rescheduled, no retry used
+    log = client.task_log(dag_id, run_id, TASK, 1, map_index=0)
+    assert "on_kill: worker shutdown (the task instance is still running)" in log, log[-3000:]
+    assert "interruption 1 of 10 that resume without using a retry: rescheduled" in log
+    resumed = log.split("resuming from checkpoint generation 1", 1)
+    assert len(resumed) == 2, log[-3000:]
+    assert f"Final answer: Fibonacci number {n} is {fib(n)}" in resumed[1]
+    assert supervisor.is_running()  # the worker forwarded the signal and went on
 
 
 def test_notice_settings_come_from_the_config_section(monkeypatch) -> None:
