@@ -301,3 +301,28 @@ def test_a_task_event_in_a_framework_log_says_the_same_words_everywhere() -> Non
     )
     assert report.event_log_line("R", TaskEventKind.WARNING, "odd line") == (True, "R: odd line")
     assert report.event_log_line("R", TaskEventKind.PROGRESS, 50.0) is None
+
+
+def test_interruptions_so_far_counts_notices_and_lost_workers_of_the_run_attempt() -> None:
+    """Spans stopped by a notice, and spans left open and followed by another (a lost worker),
+    of the run attempt asked; not stops, timeouts, successes, other attempts or a running one."""
+    from core import InterruptionCause, TaskRecord, interruptions_so_far
+    from core._records import AttemptSpan
+
+    def span(run_attempt: int, cause: InterruptionCause | None, ended: bool = True) -> AttemptSpan:
+        return AttemptSpan(attempt=1, run_attempt=run_attempt, started_at=1.0,
+                           ended_at=2.0 if ended else None, cause=cause)  # fmt: skip
+
+    rec = TaskRecord(job_key="0" * 16, run_id="r", step="S", task_key="{}", parameters={})
+    rec.history = [
+        span(1, InterruptionCause.NOTICE),
+        span(1, None, ended=False),  # lost: another span follows
+        span(1, InterruptionCause.STOP),
+        span(1, InterruptionCause.TIMEOUT),
+        span(2, InterruptionCause.NOTICE),
+        span(1, None),
+        span(1, None, ended=False),  # running: the last span
+    ]
+    assert interruptions_so_far([rec], 1) == 2
+    assert interruptions_so_far([rec, rec], 1) == 4
+    assert interruptions_so_far([rec], 2) == 1

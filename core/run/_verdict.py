@@ -186,13 +186,16 @@ def classify_group(
 
 def interruptions_so_far(records: Sequence[TaskRecord], run_attempt: int) -> int:
     """How many times the host's going away (a notice, a lost worker) stopped these tasks in
-    the run's attempt ``run_attempt``: their attempt spans with such a cause, counted from the
-    records' ``history`` (which keeps a task's latest ``MAX_SPANS`` spans). An adapter compares
-    it with its interruption budget (``DEFAULT_INTERRUPTION_RETRIES``) before it resumes a
-    ``GroupVerdict.interruption`` without using an error retry."""
-    return sum(
-        1
-        for rec in records
-        for span in rec.history
-        if span.run_attempt == run_attempt and span.cause in _HOST_GONE
-    )
+    the run's attempt ``run_attempt``: their attempt spans with such a cause, and spans left
+    open and followed by another (their process died: a lost worker, as ``core._figures``
+    counts it), from the records' ``history`` (which keeps a task's latest ``MAX_SPANS``
+    spans). An adapter compares it with its interruption budget
+    (``DEFAULT_INTERRUPTION_RETRIES``) before it resumes a ``GroupVerdict.interruption``
+    without using an error retry."""
+    count = 0
+    for rec in records:
+        for index, span in enumerate(rec.history):
+            lost = span.ended_at is None and index + 1 < len(rec.history)
+            if span.run_attempt == run_attempt and (lost or span.cause in _HOST_GONE):
+                count += 1
+    return count
