@@ -326,3 +326,26 @@ def test_interruptions_so_far_counts_notices_and_lost_workers_of_the_run_attempt
     assert interruptions_so_far([rec], 1) == 2
     assert interruptions_so_far([rec, rec], 1) == 4
     assert interruptions_so_far([rec], 2) == 1
+
+
+def test_a_plain_stop_gives_way_to_the_cause_found_later_and_nothing_else_does() -> None:
+    """Airflow's on_kill stops with a plain ``stop`` when Airflow has not said why in time, and
+    again with ``notice`` once it says the worker is shutting down: the later cause is kept,
+    in the handle's request and in the task's stop state; a named cause is never replaced."""
+    from core import InterruptionCause, StopIntent
+    from core.task._action import StopState
+
+    first = StopRequest(StopIntent.CHECKPOINT)
+    later = StopRequest(StopIntent.CHECKPOINT, cause=InterruptionCause.NOTICE)
+    assert first.fold(later).cause == InterruptionCause.NOTICE
+    assert later.fold(StopRequest(StopIntent.CANCEL)).cause == InterruptionCause.NOTICE
+    timeout = StopRequest(StopIntent.CANCEL, cause=InterruptionCause.TIMEOUT)
+    assert timeout.fold(later).cause == InterruptionCause.TIMEOUT
+
+    state = StopState()
+    state.request(StopIntent.CHECKPOINT)
+    asked_at = state.requested_at
+    state.request(StopIntent.CHECKPOINT, cause=InterruptionCause.NOTICE)
+    assert state.cause == InterruptionCause.NOTICE and state.requested_at == asked_at
+    state.request(StopIntent.CANCEL, cause=InterruptionCause.TIMEOUT)
+    assert state.cause == InterruptionCause.NOTICE

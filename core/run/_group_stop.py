@@ -29,7 +29,8 @@ class StopRequest:
     """Seconds since the epoch (``time.time()``) by which every process of a task is gone."""
     declared_done: str | None = None
     cause: InterruptionCause = InterruptionCause.STOP
-    """What asked (the metrics' interruption cause); the first request's stays."""
+    """What asked (the metrics' interruption cause): the first request's, unless it was a
+    plain ``stop`` and a later one names another (``StopState.request``)."""
 
     def fold(self, other: StopRequest) -> StopRequest:
         deadlines = [d for d in (self.deadline, other.deadline) if d is not None]
@@ -41,6 +42,7 @@ class StopRequest:
             force=self.force or other.force,
             deadline=min(deadlines) if deadlines else None,
             declared_done=self.declared_done or other.declared_done,
+            cause=other.cause if self.cause == InterruptionCause.STOP else self.cause,
         )
 
     def apply(self, execution: TaskExecution) -> None:

@@ -88,11 +88,14 @@ class StopState:
         declared_done: str | None = None,
         cause: InterruptionCause = InterruptionCause.STOP,
     ) -> None:
-        """Fold one more request in (see the class); the first request's ``cause`` and time
-        stay. Returns at once."""
+        """Fold one more request in (see the class); the first request's time stays, and its
+        ``cause`` unless it was a plain ``stop`` (what a caller says before it knows better:
+        Airflow's ``on_kill`` before Airflow says the worker is shutting down) and a later one
+        names another. Returns at once."""
         with self._lock:
             if self.requested_at is None:
                 self.requested_at = time.time()
+            if self.cause in (None, InterruptionCause.STOP):  # a plain stop gives way
                 self.cause = InterruptionCause(cause)
             if self.intent is None or intent == StopIntent.CANCEL:
                 self.intent = intent
