@@ -52,6 +52,7 @@ __all__ = (
     "interval_env",
     "run_figures",
     "running_age",
+    "seconds_words",
     "suggested_interval",
 )
 
@@ -220,12 +221,12 @@ def attempt_figures(job: str, rec: TaskRecord, index: int = -1) -> list[Figure]:
         if span.stopped_at is not None and span.stored_after_stop_at is not None:
             wait = max(0.0, span.stored_after_stop_at - span.stopped_at)
             out.append(Figure(STOP_TO_STORED, wait, labels, end))
-    if span.resumed_from is not None and not lost_worker:
-        status = rec.resume_status if index == len(rec.history) - 1 else None
-        if status is not None:
-            out.append(Figure(RESUMES, 1.0, {**step, "status": status}, end))
-    if not lost_worker:
-        age = max(0.0, end - covered)
+    if span.resumed_from is not None:
+        last = index == len(rec.history) - 1
+        status = span.resume_status or (rec.resume_status if last else None) or "UNKNOWN"
+        out.append(Figure(RESUMES, 1.0, {**step, "status": status}, end))
+    if not lost_worker:  # a finished task has no work at risk
+        age = 0.0 if span.outcome == TaskStatus.SUCCEEDED.value else max(0.0, end - covered)
         out.append(Figure(CHECKPOINT_AGE, age, {**step, "task": rec.task_key}, end))
     return out
 
@@ -271,6 +272,15 @@ class Stat:
         self.count += 1
         self.total += value
         self.largest = max(self.largest, value)
+
+    def merge(self, count: int, total: float, largest: float | None) -> None:
+        """Add ``count`` values summing to ``total`` whose largest is ``largest`` (None: not
+        known; then their mean stands in for it)."""
+        if count <= 0:
+            return
+        self.count += count
+        self.total += total
+        self.largest = max(self.largest, total / count if largest is None else largest)
 
     @property
     def mean(self) -> float | None:
@@ -322,11 +332,16 @@ class RunFigures:
                 elif fig.metric is RESUMES:
                     status = fig.labels["status"]
                     self.resumes[status] = self.resumes.get(status, 0) + 1
-        for fig in checkpoint_figures("", rec):
-            if fig.metric is COMMIT_DURATION:
-                self.commit.add(fig.value)
-            elif fig.metric is STORED_BYTES:
-                self.stored_bytes.add(fig.value)
+        if any(span.commits for span in rec.history):  # every commit, counted by its span
+            for span in rec.history:
+                self.commit.merge(span.commits, span.commit_seconds, span.commit_seconds_max)
+                self.stored_bytes.merge(span.commits, span.stored_bytes, None)
+        else:  # a record of an earlier version: its latest checkpoint only
+            for fig in checkpoint_figures("", rec):
+                if fig.metric is COMMIT_DURATION:
+                    self.commit.add(fig.value)
+                elif fig.metric is STORED_BYTES:
+                    self.stored_bytes.add(fig.value)
         age = running_age(rec, now)
         if age is not None:
             self.ages[f"{rec.step} {rec.task_key}"] = age
@@ -383,6 +398,11 @@ def interval_env(record: TaskRecord | None) -> dict[str, str]:
     return {SUGGESTED_INTERVAL_VARIABLE: str(max(1, round(interval)))}
 
 
+def seconds_words(value: float) -> str:
+    """Seconds for a person: ``32.5 ms``, ``1.25 s``, ``3,600 s``."""
+    return _seconds(value)
+
+
 def _seconds(value: float) -> str:
     if value < 1:
         return f"{value * 1000:.3g} ms"
@@ -400,7 +420,9 @@ def figures_words(doc: Mapping[str, Any]) -> list[str]:
         each = ", ".join(f"{c} {n}" for c, n in causes.items())
         text = f"interruptions: {sum(causes.values())} ({each})"
         if lost.get("count"):
-            text += f"; work lost {_seconds(lost['total'])} (at most {_seconds(lost['max'])})"
+            text += f"; work lost {_seconds(lost['total'])} (largest {_seconds(lost['max'])})"
+            if "worker_lost" in causes:
+                text += "; a lost worker's loss is counted up to the next attempt's start"
         out.append(text)
     else:
         out.append("interruptions: none")
@@ -409,15 +431,15 @@ def figures_words(doc: Mapping[str, Any]) -> list[str]:
         mean = waited["total"] / waited["count"]
         out.append(
             f"stop to checkpoint stored: {_seconds(mean)} on average over {waited['count']} "
-            f"(at most {_seconds(waited['max'])})"
+            f"(largest {_seconds(waited['max'])})"
         )
     commit = doc.get("commit_seconds") or {}
     stored = doc.get("stored_bytes") or {}
     if commit.get("count"):
         mean = commit["total"] / commit["count"]
         out.append(
-            f"commits: {_seconds(mean)} on average (latest of {commit['count']} task(s)); "
-            f"{int(stored.get('total', 0)):,} bytes in the latest checkpoints"
+            f"commits: {commit['count']:,}, {_seconds(mean)} on average (largest "
+            f"{_seconds(commit['max'])}); {int(stored.get('total', 0)):,} bytes stored"
         )
     resumes = doc.get("resumes") or {}
     if resumes:
@@ -426,7 +448,8 @@ def figures_words(doc: Mapping[str, Any]) -> list[str]:
     if interval is not None:
         out.append(
             f"suggested save interval: {_seconds(interval)} (Young's sqrt(2 x commit x time "
-            f"between interruptions); advice, also in ${SUGGESTED_INTERVAL_VARIABLE})"
+            "between interruptions), advice; a resumed task gets its own, from its history, "
+            f"in whole seconds (at least 1), as ${SUGGESTED_INTERVAL_VARIABLE})"
         )
     ages = doc.get("checkpoint_age_seconds") or {}
     for task, age in sorted(ages.items(), key=lambda kv: -kv[1])[:5]:

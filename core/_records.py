@@ -178,6 +178,17 @@ class AttemptSpan(_Model):
     saved_at: float | None = None
     """When the last checkpoint of this attempt was stored (seconds since the epoch); None:
     none was."""
+    commits: int = 0
+    """Checkpoint generations this attempt stored."""
+    commit_seconds: float = 0.0
+    """Their commit durations, summed (seconds; ``CheckpointData.commit_seconds``)."""
+    commit_seconds_max: float = 0.0
+    """The longest of them (seconds)."""
+    stored_bytes: int = 0
+    """Their sizes, summed: state (UTF-8) plus managed files (bytes)."""
+    resume_status: str | None = None
+    """What its ``onCheckpointResume`` said: RESUMED or DISCARDED (None: it did not say, or it
+    ran ``onRun``)."""
 
 
 class KeptCheckpoint(_Model):

@@ -15,7 +15,7 @@ the plain words for outcomes and statuses. Reading only: nothing here runs or st
 - ``event_log_line``: what a framework's task log says of a task event.
 """
 
-from core._figures import figures_words
+from core._figures import figures_words, seconds_words
 from core._records import KeptTask
 from core._words import (
     OUTCOME_WORDS,
@@ -47,6 +47,7 @@ from core.job import (
 __all__ = (
     "event_log_line",
     "figures_words",
+    "seconds_words",
     "OUTCOME_WORDS",
     "AttemptBar",
     "KeptTask",

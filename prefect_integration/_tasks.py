@@ -178,15 +178,19 @@ def run_group(
     progress.close(_ending(results))
     if not flushed_here():  # a worker of another process (Dask): its client closes after us
         progress.wait()
+    verdict = core.classify_group(
+        specs, results, notice=notices[0] if notices else None, next_try=_NEXT_TRY
+    )
     hint = resume_how or _resume_hint()
+    if verdict.interruption:  # the task run's own retry resumes it (RetryRule), not a person
+        hint = (
+            f"this task run's retry resumes it (interruption_retries); once they are spent, {hint}"
+        )
     for spec, res in zip(specs, results, strict=True):
         line = kept_line(spec.label, res, hint)
         if line is not None:
             logger.info("%s", line)
     ran = [[spec.label, res.outcome.value] for spec, res in zip(specs, results, strict=True)]
-    verdict = core.classify_group(
-        specs, results, notice=notices[0] if notices else None, next_try=_NEXT_TRY
-    )
     if verdict.interruption:  # the host is going away: not an error (RetryRule)
         raise TaskInterrupted(
             f"interrupted, not failed: {verdict.message}", _interruptions(store, job, run_id, specs)

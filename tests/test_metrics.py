@@ -189,6 +189,11 @@ def _points(got: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
+def _value(point: dict[str, Any]) -> float:
+    """A sum or gauge point's value (counters of whole numbers come as ``asInt``)."""
+    return float(point.get("asInt", point.get("asDouble", "nan")))
+
+
 def _labels(point: dict[str, Any]) -> dict[str, str]:
     return {a["key"]: a["value"]["stringValue"] for a in point.get("attributes", [])}
 
@@ -241,7 +246,7 @@ def test_the_cli_exports_each_figure_as_the_records_say(
     points = _points(got)
 
     (stopped,) = points["openjd_checkpoint.interruptions"]
-    assert _labels(stopped)["cause"] == "notice" and stopped["asDouble"] == 1
+    assert _labels(stopped)["cause"] == "notice" and _value(stopped) == 1
     (lost,) = points["openjd_checkpoint.work_lost"]
     assert float(lost["sum"]) == pytest.approx(span.ended_at - span.saved_at, abs=1e-6)
     (waited,) = points["openjd_checkpoint.stop_to_stored"]
@@ -249,11 +254,14 @@ def test_the_cli_exports_each_figure_as_the_records_say(
     assert figure == pytest.approx(span.stored_after_stop_at - span.stopped_at, abs=1e-6)
     since_notice = span.stored_after_stop_at - noticed_at
     assert 0 <= figure <= since_notice <= figure + POLL + 1.0, (figure, since_notice)
-    (commits,) = points["openjd_checkpoint.commit.duration"]
-    assert int(commits["count"]) == len(generations) >= 2
-    assert float(commits["sum"]) >= rec.checkpoint.commit_seconds > 0
+    (commits,) = points["openjd_checkpoint.commit.duration"]  # every commit, as the span counts
+    assert int(commits["count"]) == span.commits >= len(generations) >= 2
+    assert float(commits["sum"]) == pytest.approx(span.commit_seconds, abs=1e-5)
+    assert float(commits["max"]) == pytest.approx(span.commit_seconds_max, abs=1e-6)
     (stored,) = points["openjd_checkpoint.stored"]
-    assert stored["asDouble"] == sum(len((g.state or "").encode()) for g in generations)
+    assert _value(stored) == span.stored_bytes
+    kept = sum(len((g.state or "").encode()) for g in generations)  # the newest few, kept
+    assert 0 < kept <= span.stored_bytes
     assert points["openjd_checkpoint.checkpoint.age"], "no checkpoint age was sent"
 
     # the same figures, read back by the CLI
@@ -263,6 +271,8 @@ def test_the_cli_exports_each_figure_as_the_records_say(
     )  # fmt: skip
     doc = json.loads(shown.stdout)["metrics"]
     assert doc["interruptions"] == {"notice": 1}
+    assert doc["commit_seconds"]["count"] == span.commits
+    assert doc["stored_bytes"]["total"] == span.stored_bytes
     assert doc["work_lost_seconds"]["total"] == pytest.approx(float(lost["sum"]), abs=1e-5)
     assert doc["stop_to_stored_seconds"]["total"] == pytest.approx(figure, abs=1e-5)
     text = subprocess.run(

@@ -364,7 +364,7 @@ def test_a_leftover_notice_file_counts_only_once_written_again(tmp_path: Path) -
     watcher = NoticeWatcher([FileSource(str(path))], notices.append, on_note=notes.append,
                             poll_seconds=0.05).start()  # fmt: skip
     until(lambda: watcher.polls >= 3, what="two polls of the leftover file answered")
-    assert notices == [] and len(notes) == 1 and "before the run started" in notes[0]
+    assert notices == [] and len(notes) == 1 and "before these tasks started" in notes[0]
     path.write_text('{"deadline": "2030-01-01T00:00:00Z"}')
     until(lambda: notices, what="the notice of the file written again")
     watcher.close()

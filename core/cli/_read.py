@@ -108,11 +108,12 @@ def _run_status(store: CheckpointStore, run: RunRecord) -> str:
 
 def run_summary(store: CheckpointStore, run: RunRecord, tasks: list[TaskRecord]) -> dict[str, Any]:
     """One run as ``runs --json`` gives it (see the README for each field)."""
+    status = _run_status(store, run)
     return {
         "run_id": run.run_id,
         "job": run.job_name,
         "parameters": dict(run.parameters),
-        "status": _run_status(store, run),
+        "status": status,
         "stored_status": run.status.value,
         "reason": run.condition.reason,
         "message": run.condition.message or run.message,
@@ -125,16 +126,21 @@ def run_summary(store: CheckpointStore, run: RunRecord, tasks: list[TaskRecord])
         "tasks_with_checkpoints": sum(1 for t in tasks if t.checkpoint is not None),
         "tasks_resumable": sum(1 for t in tasks if report.summarize_task(t).resumable),
         "template": run.template_path,
-        "metrics": _figures(run, tasks),
+        "metrics": _figures(run, tasks, status),
     }
 
 
-def _figures(run: RunRecord, tasks: list[TaskRecord]) -> dict[str, Any] | None:
+def _figures(run: RunRecord, tasks: list[TaskRecord], status: str) -> dict[str, Any] | None:
     """The run's checkpoint metrics: from its task records, or, once a succeeded run deleted
-    them, what it kept (None for a run kept by an earlier version)."""
+    them, what it kept (None for a run kept by an earlier version). Checkpoint ages only while
+    the run runs (``status``, its words: an attempt whose runner died is not running, though
+    its span is still open)."""
     if not tasks and run.kept is not None:
         return run.kept.figures
-    return run_figures(tasks).as_json()
+    doc = run_figures(tasks).as_json()
+    if status != "running":
+        doc["checkpoint_age_seconds"] = {}
+    return doc
 
 
 def _runs_and_tasks(
@@ -182,7 +188,7 @@ def cmd_runs(args: argparse.Namespace, store: CheckpointStore) -> int:
             f"{row['run_id']:<24} {row['status']:<11} {row['attempts']:>8}  "
             f"{_local(row['started_at']):<19} {_duration(row['duration_seconds']):>9}  "
             f"{'-' if stopped is None else stopped:>11} "
-            f"{'-' if lost is None else _duration(lost):>9}  "
+            f"{'-' if lost is None else report.seconds_words(lost):>9}  "
             f"{row['job']}" + (f" ({params})" if params else "")
         )
     return 0
@@ -264,7 +270,7 @@ def show_document(
         td["files_mode"] = summary.files_mode
         td["continued"] = continued.get((t.step, t.task_key))
         data["tasks"].append(td)
-    data["metrics"] = _figures(run, tasks)
+    data["metrics"] = _figures(run, tasks, data["status_words"])
     data["file_data_flow"] = files_mode
     data["outputs"] = store.outputs.read_outputs(run.job_key, run.run_id, warnings)
     data["warnings"] = warnings

@@ -90,8 +90,8 @@ class MetricsObserver:
                 self._age_sent[id(execution)] = event.time
         elif kind == TaskEventKind.STARTED:
             rec = execution.record
-            figures = attempt_figures(self.job, rec, -2) if len(rec.history) > 1 else []
-            figures = [f for f in figures if f.labels.get("cause") == "worker_lost"]
+            lost = len(rec.history) > 1 and rec.history[-2].ended_at is None
+            figures = attempt_figures(self.job, rec, -2) if lost else []  # its process died
         elif kind == TaskEventKind.ENDED:
             ended = getattr(event.value, "record", None)
             figures = attempt_figures(self.job, ended) if isinstance(ended, TaskRecord) else []
@@ -187,8 +187,9 @@ class OpenTelemetrySink:
             return
         instrument = self._instrument(figure.metric)
         attributes = dict(figure.labels)
-        if figure.metric.kind == MetricKind.COUNTER:
-            instrument.add(figure.value, attributes)
+        if figure.metric.kind == MetricKind.COUNTER:  # counts and bytes: whole numbers
+            value = figure.value
+            instrument.add(int(value) if float(value).is_integer() else value, attributes)
         elif figure.metric.kind == MetricKind.HISTOGRAM:
             instrument.record(figure.value, attributes)
         else:

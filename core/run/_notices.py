@@ -457,8 +457,8 @@ class FileSource(NoticeSource):
         if self._stale is None:
             return None
         return (
-            f"interruption notices: the notice file {self.path} was there before the run "
-            "started; ignored until it is written again"
+            f"interruption notices: the notice file {self.path} was there before these tasks "
+            "started (an earlier notice, or a reused machine); ignored until it is written again"
         )
 
     def poll(self, wait: float) -> Notice | None:

@@ -18,7 +18,14 @@ import time
 from core._host import host_id
 from core._records import AttemptSpan, CheckpointData, InterruptionCause, TaskRecord
 
-__all__ = ("MAX_SPANS", "close_span", "note_stored", "open_span")
+__all__ = (
+    "MAX_SPANS",
+    "checkpoint_bytes",
+    "close_span",
+    "note_committed",
+    "note_stored",
+    "open_span",
+)
 
 MAX_SPANS = 20
 """Attempt spans a task record keeps (the latest)."""
@@ -40,18 +47,39 @@ def open_span(rec: TaskRecord, resume: CheckpointData | None) -> None:
     del rec.history[:-MAX_SPANS]
 
 
-def note_stored(rec: TaskRecord, saved_at: float, stopped_at: float | None) -> AttemptSpan | None:
-    """A checkpoint of ``rec``'s open attempt is stored at ``saved_at``, with the record; the
-    task was asked to stop at ``stopped_at`` (None: it was not). Returns the span as it was
+def note_stored(
+    rec: TaskRecord, data: CheckpointData, stopped_at: float | None
+) -> AttemptSpan | None:
+    """Checkpoint ``data`` of ``rec``'s open attempt is being stored, with the record; the
+    task was asked to stop at ``stopped_at`` (None: it was not). The span counts it (its size,
+    its commit duration so far: ``note_committed`` adds the rest). Returns the span as it was
     (to put back if the write fails), None when no attempt is open."""
     if not rec.history or rec.history[-1].ended_at is not None:
         return None
     span = rec.history[-1]
     before = span.model_copy()
-    span.saved_at = saved_at
+    span.saved_at = data.saved_at
     if stopped_at is not None and span.stored_after_stop_at is None:
-        span.stored_after_stop_at = saved_at
+        span.stored_after_stop_at = data.saved_at
+    span.commits += 1
+    span.stored_bytes += checkpoint_bytes(data)
+    span.commit_seconds += data.commit_seconds or 0.0
+    span.commit_seconds_max = max(span.commit_seconds_max, data.commit_seconds or 0.0)
     return before
+
+
+def note_committed(rec: TaskRecord, before: float | None, after: float) -> None:
+    """The commit ``note_stored`` counted took ``after`` seconds in all, not ``before``: the
+    open span's sums say so (written with the record's next write)."""
+    if rec.history and rec.history[-1].ended_at is None and before is not None:
+        span = rec.history[-1]
+        span.commit_seconds += after - before
+        span.commit_seconds_max = max(span.commit_seconds_max, after)
+
+
+def checkpoint_bytes(data: CheckpointData) -> int:
+    """A checkpoint's size: its state (UTF-8) plus its managed files, in bytes."""
+    return len((data.state or "").encode()) + (data.file_bytes or 0)
 
 
 def close_span(

@@ -29,7 +29,7 @@ from core.process import ProcessIdentity
 from core.store import CheckpointStore, Lease, run_file_flow
 from core.task._action import StopState
 from core.task._events import TaskEventKind
-from core.task._history import note_stored
+from core.task._history import note_committed, note_stored
 from core.task._task_files import TaskFiles
 
 __all__ = ("TaskRecorder", "TaskWrites")
@@ -355,6 +355,8 @@ class TaskRecorder:
     def resume_status(self, status: str) -> None:
         with self.lock:
             self.record.resume_status = status
+            if self.record.history and self.record.history[-1].ended_at is None:
+                self.record.history[-1].resume_status = status
             self._dirty = True
 
     # --- the one commit path ----------------------------------------------------------------------
@@ -407,7 +409,7 @@ class TaskRecorder:
                 file_bytes=file_bytes,
                 commit_seconds=round(time.monotonic() - read_at, 6),
             )
-            span_before = note_stored(rec, data.saved_at, self._stopped_at())
+            span_before = note_stored(rec, data, self._stopped_at())
             self._sync_dataset()
             if self.writes is not None:
                 try:
@@ -421,7 +423,8 @@ class TaskRecorder:
             else:
                 rec.checkpoint = data
             # to the durable write: the next record write (at the latest the end's) keeps it
-            data.commit_seconds = round(time.monotonic() - read_at, 6)
+            before, data.commit_seconds = data.commit_seconds, round(time.monotonic() - read_at, 6)
+            note_committed(rec, before, data.commit_seconds)
             self._dirty = False
         self._emit(TaskEventKind.CHECKPOINT_SAVED, gen)
 

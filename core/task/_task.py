@@ -405,7 +405,7 @@ class TaskExecution:
             close_span(rec, self._stop.cause, self._stop.requested_at)
             unknown = self._ran_resume and rec.resume_status is None and exit_code is not None
             if unknown:
-                rec.resume_status = "UNKNOWN"
+                rec.resume_status = rec.history[-1].resume_status = "UNKNOWN"
                 self._warn(
                     "onCheckpointResume never reported openjd_checkpoint_resume_status; "
                     "recorded as UNKNOWN, not as resumed"
