@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from core._records import AttemptSpan, InterruptionCause, TaskRecord, TaskStatus
+from core._records import AttemptSpan, CheckpointData, InterruptionCause, TaskRecord, TaskStatus
 
 __all__ = (
     "CHECKPOINT_AGE",
@@ -50,6 +50,9 @@ __all__ = (
     "checkpoint_figures",
     "figures_words",
     "interval_env",
+    "read_figures",
+    "span_interruption",
+    "checkpoint_bytes",
     "run_figures",
     "running_age",
     "seconds_words",
@@ -163,11 +166,44 @@ class Figure:
 
 
 # --- the one definition of each figure ------------------------------------------------------------
-def _stopped_early(span: AttemptSpan) -> bool:
-    return span.cause is not None and span.outcome not in (
-        TaskStatus.SUCCEEDED.value,
-        TaskStatus.FAILED.value,
-    )
+FUTURE_SLACK_SECONDS = 86_400.0
+"""A time more than this after now (or before the epoch) in a record is not believed: a
+figure that would need it is left out (a hand-edited or damaged record)."""
+MAX_SUGGESTED_SECONDS = 7 * 86_400.0
+"""The longest save interval suggested (a week)."""
+
+
+def _moment(value: float | None, now: float) -> float | None:
+    """``value`` as a believable time (seconds since the epoch), else None."""
+    if value is None or not math.isfinite(value) or value < 0:
+        return None
+    return value if value <= now + FUTURE_SLACK_SECONDS else None
+
+
+def _amount(value: float | None) -> float | None:
+    """``value`` as a believable duration or size (finite, not negative), else None."""
+    return value if value is not None and math.isfinite(value) and value >= 0 else None
+
+
+def span_interruption(rec: TaskRecord, index: int) -> InterruptionCause | None:
+    """What interrupted ``rec``'s attempt span ``index``: ``worker_lost`` for a span left open
+    and followed by another (its process died), else its ``cause`` when it ended before its
+    task did (not succeeded, not failed by itself); None when nothing did. The one rule the
+    figures and ``core.run.interruptions_so_far`` count by."""
+    span = rec.history[index]
+    if span.ended_at is None:
+        return InterruptionCause.WORKER_LOST if index + 1 < len(rec.history) else None
+    if span.cause is None or span.outcome in (TaskStatus.SUCCEEDED.value, TaskStatus.FAILED.value):
+        return None
+    try:
+        return InterruptionCause(span.cause)
+    except ValueError:
+        return InterruptionCause.STOP
+
+
+def checkpoint_bytes(cp: CheckpointData) -> int:
+    """A checkpoint's size: its state (UTF-8) plus its managed files, in bytes."""
+    return len((cp.state or "").encode()) + max(0, cp.file_bytes or 0)
 
 
 def checkpoint_figures(job: str, rec: TaskRecord, *, at: float | None = None) -> list[Figure]:
@@ -179,65 +215,87 @@ def checkpoint_figures(job: str, rec: TaskRecord, *, at: float | None = None) ->
     at = cp.saved_at if at is None else at
     step = {"job": job, "step": rec.step}
     out = [Figure(CHECKPOINT_AGE, 0.0, {**step, "task": rec.task_key}, at)]
-    if cp.commit_seconds is not None:
-        out.append(Figure(COMMIT_DURATION, cp.commit_seconds, step, at))
-    size = len((cp.state or "").encode()) + (cp.file_bytes or 0)
-    out.append(Figure(STORED_BYTES, float(size), step, at))
+    commit = _amount(cp.commit_seconds)
+    if commit is not None:
+        out.append(Figure(COMMIT_DURATION, commit, step, at))
+    out.append(Figure(STORED_BYTES, float(checkpoint_bytes(cp)), step, at))
     return out
 
 
-def _lost_end(rec: TaskRecord, index: int) -> float | None:
-    """When span ``index`` of ``rec`` ended: its end; for an open span followed by another (its
-    process died), when the next one started; None while it runs."""
+def _span_times(
+    rec: TaskRecord, index: int, now: float
+) -> tuple[float, float | None, float] | None:
+    """(start, end, covered) of span ``index``, believable: its start; its end (for an open
+    span followed by another, when the next one started; None while it runs); the time its
+    work is covered to (its last stored checkpoint, else its start). None when the record's
+    times cannot be believed (the span's figures are left out)."""
     span = rec.history[index]
+    start = _moment(span.started_at, now)
+    if start is None:
+        return None
+    end: float | None = None
     if span.ended_at is not None:
-        return span.ended_at
-    if index + 1 < len(rec.history):
-        return rec.history[index + 1].started_at
-    return None
+        end = _moment(span.ended_at, now)
+        if end is None:
+            return None
+    elif index + 1 < len(rec.history):
+        end = _moment(rec.history[index + 1].started_at, now)
+        if end is None:
+            return None
+    if end is not None and end < start:
+        return None
+    saved = _moment(span.saved_at, now)
+    covered = saved if saved is not None and start <= saved <= (end or now) else start
+    return start, end, covered
 
 
-def attempt_figures(job: str, rec: TaskRecord, index: int = -1) -> list[Figure]:
+def attempt_figures(
+    job: str, rec: TaskRecord, index: int = -1, now: float | None = None
+) -> list[Figure]:
     """The figures of ``rec``'s attempt span ``index`` (default: the latest), once it ended:
-    an interruption (its cause; a span left open and followed by another is a lost worker),
-    the work it lost, its stop-to-stored time, its resume status, and the checkpoint age it
-    ended with."""
+    an interruption (``span_interruption``), the work it lost, its stop-to-stored time, its
+    resume status, and the checkpoint age it ended with (0 for a task that succeeded). Times
+    a record cannot hold (``FUTURE_SLACK_SECONDS``) leave the span's figures out."""
     if not rec.history:
         return []
+    now = time.time() if now is None else now
     index = index % len(rec.history)
     span = rec.history[index]
-    end = _lost_end(rec, index)
-    if end is None:
+    times = _span_times(rec, index, now)
+    if times is None:
+        return []
+    _start, end, covered = times
+    if end is None:  # it runs
         return []
     step = {"job": job, "step": rec.step}
-    lost_worker = span.ended_at is None
     out: list[Figure] = []
-    covered = max(span.started_at, span.saved_at or span.started_at)
-    if lost_worker or _stopped_early(span):
-        cause = (InterruptionCause.WORKER_LOST if lost_worker else span.cause) or "stop"
-        labels = {**step, "cause": InterruptionCause(cause).value}
+    cause = span_interruption(rec, index)
+    if cause is not None:
+        labels = {**step, "cause": cause.value}
         out.append(Figure(INTERRUPTIONS, 1.0, labels, end))
-        out.append(Figure(WORK_LOST, max(0.0, end - covered), labels, end))
-        if span.stopped_at is not None and span.stored_after_stop_at is not None:
-            wait = max(0.0, span.stored_after_stop_at - span.stopped_at)
-            out.append(Figure(STOP_TO_STORED, wait, labels, end))
+        out.append(Figure(WORK_LOST, end - covered, labels, end))
+        stopped = _moment(span.stopped_at, now)
+        stored = _moment(span.stored_after_stop_at, now)
+        if stopped is not None and stored is not None and _start <= stopped <= stored <= end:
+            out.append(Figure(STOP_TO_STORED, stored - stopped, labels, end))
     if span.resumed_from is not None:
         last = index == len(rec.history) - 1
         status = span.resume_status or (rec.resume_status if last else None) or "UNKNOWN"
         out.append(Figure(RESUMES, 1.0, {**step, "status": status}, end))
-    if not lost_worker:  # a finished task has no work at risk
-        age = 0.0 if span.outcome == TaskStatus.SUCCEEDED.value else max(0.0, end - covered)
+    if span.ended_at is not None:  # a finished task has no work at risk
+        age = 0.0 if span.outcome == TaskStatus.SUCCEEDED.value else end - covered
         out.append(Figure(CHECKPOINT_AGE, age, {**step, "task": rec.task_key}, end))
     return out
 
 
 def running_age(rec: TaskRecord, now: float | None = None) -> float | None:
-    """The checkpoint age of ``rec``'s running attempt now (None: no attempt runs)."""
+    """The checkpoint age of ``rec``'s running attempt now (None: no attempt runs, or its
+    times cannot be believed)."""
     if not rec.history or rec.history[-1].ended_at is not None:
         return None
-    span = rec.history[-1]
     now = time.time() if now is None else now
-    return max(0.0, now - max(span.started_at, span.saved_at or span.started_at))
+    times = _span_times(rec, len(rec.history) - 1, now)
+    return None if times is None else max(0.0, now - times[2])
 
 
 def suggested_interval(commit_seconds: float, mean_seconds_between: float) -> float:
@@ -316,12 +374,16 @@ class RunFigures:
     run_seconds: float = 0.0
 
     def add(self, rec: TaskRecord, now: float | None = None) -> None:
-        """Count one task record's figures (each attempt span once)."""
+        """Count one task record's figures (each attempt span once; values a record cannot
+        hold are left out)."""
         now = time.time() if now is None else now
-        for index, span in enumerate(rec.history):
-            end = _lost_end(rec, index)
-            self.run_seconds += max(0.0, (end if end is not None else now) - span.started_at)
-            for fig in attempt_figures("", rec, index):
+        for index in range(len(rec.history)):
+            times = _span_times(rec, index, now)
+            if times is None:
+                continue
+            start, end, _ = times
+            self.run_seconds += (end if end is not None else now) - start
+            for fig in attempt_figures("", rec, index, now):
                 if fig.metric is INTERRUPTIONS:
                     cause = fig.labels["cause"]
                     self.interruptions[cause] = self.interruptions.get(cause, 0) + 1
@@ -334,8 +396,11 @@ class RunFigures:
                     self.resumes[status] = self.resumes.get(status, 0) + 1
         if any(span.commits for span in rec.history):  # every commit, counted by its span
             for span in rec.history:
-                self.commit.merge(span.commits, span.commit_seconds, span.commit_seconds_max)
-                self.stored_bytes.merge(span.commits, span.stored_bytes, None)
+                total, largest = _amount(span.commit_seconds), _amount(span.commit_seconds_max)
+                if span.commits > 0 and total is not None and largest is not None:
+                    self.commit.merge(span.commits, total, largest)
+                if span.commits > 0 and span.stored_bytes >= 0:
+                    self.stored_bytes.merge(span.commits, span.stored_bytes, None)
         else:  # a record of an earlier version: its latest checkpoint only
             for fig in checkpoint_figures("", rec):
                 if fig.metric is COMMIT_DURATION:
@@ -354,9 +419,15 @@ class RunFigures:
         interruption and one commit duration."""
         count = sum(self.interruptions.values())
         cost = self.commit.mean
-        if not count or cost is None or self.run_seconds <= 0:
+        if (
+            not count
+            or cost is None
+            or not math.isfinite(self.run_seconds / count)
+            or (self.run_seconds <= 0 or not math.isfinite(cost))
+        ):
             return None
-        return suggested_interval(max(cost, 1e-6), self.run_seconds / count)
+        interval = suggested_interval(max(cost, 1e-6), self.run_seconds / count)
+        return min(interval, MAX_SUGGESTED_SECONDS) if math.isfinite(interval) else None
 
     def as_json(self) -> dict[str, Any]:
         """As ``runs --json`` and ``checkpoints show --json`` give it (``metrics``), and as a
@@ -392,7 +463,7 @@ def interval_env(record: TaskRecord | None) -> dict[str, str]:
     if record.history and record.history[-1].ended_at is None:  # its process died: lost
         record = record.model_copy(deep=True)
         record.history.append(AttemptSpan(attempt=record.attempt + 1, started_at=time.time()))
-    interval = run_figures([record]).suggested_interval
+    interval = run_figures([record]).suggested_interval  # finite, at most a week
     if interval is None:
         return {}
     return {SUGGESTED_INTERVAL_VARIABLE: str(max(1, round(interval)))}
@@ -455,3 +526,46 @@ def figures_words(doc: Mapping[str, Any]) -> list[str]:
     for task, age in sorted(ages.items(), key=lambda kv: -kv[1])[:5]:
         out.append(f"running {task}: {_seconds(age)} of work since its last checkpoint")
     return out
+
+
+def _stat_ok(value: Any) -> bool:
+    return (
+        isinstance(value, dict)
+        and isinstance(value.get("count"), int)
+        and value["count"] >= 0
+        and all(
+            isinstance(value.get(k), (int, float)) and math.isfinite(value[k]) and value[k] >= 0
+            for k in ("total", "max")
+        )
+    )
+
+
+def _counts_ok(value: Any) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, int) and v >= 0 for k, v in value.items()
+    )
+
+
+_STATS = ("work_lost_seconds", "stop_to_stored_seconds", "commit_seconds", "stored_bytes")
+
+
+def read_figures(doc: Any) -> dict[str, Any] | None:
+    """A figures document (``RunFigures.as_json``) read from a record (a run's
+    ``kept.figures``), when every field has the shape ``as_json`` gives it; None otherwise (a
+    hand-edited or damaged record: a report leaves the figures out and says so)."""
+    if not isinstance(doc, dict):
+        return None
+    ages = doc.get("checkpoint_age_seconds", {})
+    interval = doc.get("suggested_interval_seconds")
+    seconds = doc.get("attempt_seconds", 0.0)
+    ok = (
+        all(_stat_ok(doc.get(k)) for k in _STATS)
+        and _counts_ok(doc.get("interruptions"))
+        and _counts_ok(doc.get("resumes"))
+        and isinstance(ages, dict)
+        and all(isinstance(v, (int, float)) and math.isfinite(v) for v in ages.values())
+        and isinstance(seconds, (int, float))
+        and math.isfinite(seconds)
+        and (interval is None or (isinstance(interval, (int, float)) and math.isfinite(interval)))
+    )
+    return doc if ok else None

@@ -35,6 +35,7 @@ from core.run import (
     finish_interrupted_deletes,
     iter_attempt_records,
     mark_timed_out,
+    read_figures,
     run_figures,
 )
 from core.store import run_files_mode
@@ -53,6 +54,7 @@ __all__ = (
     "Escalation",
     "EXIT_CODES",
     "METRICS",
+    "read_figures",
     "run_figures",
     "SUGGESTED_INTERVAL_VARIABLE",
     "finish_interrupted_deletes",

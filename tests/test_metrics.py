@@ -178,15 +178,18 @@ def receiver() -> Iterator[tuple[str, list[dict[str, Any]]]]:
 
 
 def _points(got: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """Metric name -> its data points (every export, in order)."""
-    out: dict[str, list[dict[str, Any]]] = {}
+    """Metric name -> its data points, the latest of each series (of labels): the export is
+    cumulative, and the CLI may export more than once (periodically, then at its end)."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
     for request in got:
         for rm in request.get("resourceMetrics", []):
             for sm in rm.get("scopeMetrics", []):
                 for m in sm.get("metrics", []):
                     body = m.get("histogram") or m.get("sum") or m.get("gauge") or {}
-                    out.setdefault(m["name"], []).extend(body.get("dataPoints", []))
-    return out
+                    for point in body.get("dataPoints", []):
+                        series = json.dumps(_labels(point), sort_keys=True)
+                        out.setdefault(m["name"], {})[series] = point
+    return {name: list(series.values()) for name, series in out.items()}
 
 
 def _value(point: dict[str, Any]) -> float:
@@ -400,3 +403,85 @@ def test_a_task_resumed_after_an_interruption_reads_the_suggested_interval(
     )  # fmt: skip
     assert again.returncode == 0, again.stdout + again.stderr
     assert f"suggested={expected}" in again.stdout + again.stderr
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        {"commit_seconds": math.inf},
+        {"commit_seconds": math.nan},
+        {"commit_seconds": 1.7e308},
+        {"commit_seconds": -5.0},
+        {"ended_at": math.inf},
+        {"ended_at": 1e300},
+        {"started_at": -1e308},
+        {"stopped_at": 5e9, "stored_after_stop_at": math.inf},
+    ],
+    ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()),
+)
+def test_figures_of_a_damaged_record_are_left_out_never_absurd(damage: dict[str, float]) -> None:
+    """A record edited or damaged by hand (NaN, infinite, far-future, negative values): every
+    figure read back is a finite, non-negative number or left out; the suggested interval
+    stays between 1 s and a week; nothing raises."""
+    now = time.time()
+    span = AttemptSpan(attempt=1, started_at=now - 100, ended_at=now - 10, outcome="interrupted",
+                       cause=InterruptionCause.NOTICE, saved_at=now - 20, commits=2,
+                       commit_seconds=0.5, commit_seconds_max=0.3, stored_bytes=40)  # fmt: skip
+    cp = CheckpointData(generation=2, saved_at=now - 20, attempt=1, state="x", commit_seconds=0.3)
+    for key, value in damage.items():
+        if key == "commit_seconds":
+            cp.commit_seconds = value
+            span.commit_seconds = span.commit_seconds_max = value
+        else:
+            setattr(span, key, value)
+    rec = _record(span, checkpoint=cp)
+    doc = run_figures([rec], now=now).as_json()
+    json.dumps(doc, allow_nan=False)  # finite everywhere
+    for name in ("work_lost_seconds", "stop_to_stored_seconds", "commit_seconds", "stored_bytes"):
+        assert doc[name]["total"] >= 0 and doc[name]["max"] >= 0, (name, doc[name])
+    assert doc["attempt_seconds"] >= 0
+    interval = doc["suggested_interval_seconds"]
+    assert interval is None or 0 < interval <= 7 * 86400
+    env = interval_env(rec)
+    if env:
+        assert 1 <= int(env["OPENJD_CHECKPOINT_SUGGESTED_INTERVAL"]) <= 7 * 86400
+
+
+def test_kept_figures_that_do_not_have_their_shape_are_not_read() -> None:
+    from core._figures import read_figures
+
+    good = run_figures([]).as_json()
+    assert read_figures(good) == good
+    for bad in (
+        {**good, "interruptions": {"stop": "x"}},
+        {**good, "work_lost_seconds": {"count": 1, "total": "x", "max": 1.0}},
+        {**good, "checkpoint_age_seconds": {"a": "b"}},
+        {**good, "commit_seconds": {"count": 1, "total": math.nan, "max": math.inf}},
+        {**good, "suggested_interval_seconds": math.inf},
+        "not a document",
+        None,
+    ):
+        assert read_figures(bad) is None, bad
+
+
+def test_a_bad_export_setting_warns_and_the_command_runs(tmp_path: Path) -> None:
+    """OTEL_METRIC_EXPORT_INTERVAL the SDK would refuse (0) or could not wait (huge), an
+    exporter other than otlp: a warning each, the run succeeds, and nothing waits long."""
+    pytest.importorskip("opentelemetry.sdk", reason="the [otel] extra (in [test]) is installed")
+    for setting, said in (
+        ({"OTEL_METRIC_EXPORT_INTERVAL": "0"}, "OTEL_METRIC_EXPORT_INTERVAL='0'"),
+        ({"OTEL_METRIC_EXPORT_INTERVAL": "99999999999999999999"}, "60000 is used"),
+        ({"OTEL_METRICS_EXPORTER": "console"}, "only with otlp"),
+    ):
+        env = dict(
+            os.environ, PYTHONPATH=str(REPO), OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9"
+        )
+        env.update(setting)
+        started = time.monotonic()
+        done = subprocess.run(
+            [*CLI, "run", str(FIB), "--store", str(tmp_path / f"s{len(said)}"), "-p", "N=2", "-q"],
+            env=env, capture_output=True, text=True, timeout=120, cwd=REPO,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert said in done.stderr and "Traceback" not in done.stderr, done.stderr
+        assert time.monotonic() - started < 30

@@ -625,7 +625,9 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(complete(parser, words[1:])))
             return 0
         args = parser.parse_args(argv)
-        shutdown = metrics_from_environment(lambda line: _write(sys.stderr, line + "\n"))
+        shutdown = metrics_from_environment(
+            lambda line: _write(sys.stderr, f"openjd-checkpoint: {line}\n")
+        )
         try:
             code: int = args.func(args)
         finally:

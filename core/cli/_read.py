@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from core import CheckpointStore, RunRecord, TaskRecord, TemplateError, report
-from core.local import run_figures, run_files_mode, runner_lost
+from core.local import read_figures, run_figures, run_files_mode, runner_lost
 
 __all__ = (
     "JSON_SCHEMA_VERSION",
@@ -136,7 +136,16 @@ def _figures(run: RunRecord, tasks: list[TaskRecord], status: str) -> dict[str, 
     the run runs (``status``, its words: an attempt whose runner died is not running, though
     its span is still open)."""
     if not tasks and run.kept is not None:
-        return run.kept.figures
+        if run.kept.figures is None:
+            return None
+        kept = read_figures(run.kept.figures)
+        if kept is None:
+            print(
+                f"warning: run {run.run_id}: the checkpoint metrics it kept (kept.figures in "
+                "its run.json) are not readable; left out",
+                file=sys.stderr,
+            )
+        return kept
     doc = run_figures(tasks).as_json()
     if status != "running":
         doc["checkpoint_age_seconds"] = {}

@@ -14,6 +14,7 @@ from core._figures import (
     Metric,
     MetricKind,
     RunFigures,
+    read_figures,
     run_figures,
     suggested_interval,
 )
@@ -70,6 +71,7 @@ __all__ = (
     "OpenTelemetrySink",
     "RunFigures",
     "default_sinks",
+    "read_figures",
     "run_figures",
     "suggested_interval",
     "DEFAULT_INTERRUPTION_RETRIES",

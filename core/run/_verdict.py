@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from core._errors import RunError
+from core._figures import span_interruption
 from core._records import InterruptionCause, TaskRecord
 from core._words import result_words
 from core.job import TaskSpec
@@ -186,16 +187,14 @@ def classify_group(
 
 def interruptions_so_far(records: Sequence[TaskRecord], run_attempt: int) -> int:
     """How many times the host's going away (a notice, a lost worker) stopped these tasks in
-    the run's attempt ``run_attempt``: their attempt spans with such a cause, and spans left
-    open and followed by another (their process died: a lost worker, as ``core._figures``
-    counts it), from the records' ``history`` (which keeps a task's latest ``MAX_SPANS``
-    spans). An adapter compares it with its interruption budget
+    the run's attempt ``run_attempt``: their attempt spans so interrupted, by the rule the
+    metrics count by (``core._figures.span_interruption``), from the records' ``history``
+    (a task's latest ``MAX_SPANS`` spans). An adapter compares it with its interruption budget
     (``DEFAULT_INTERRUPTION_RETRIES``) before it resumes a ``GroupVerdict.interruption``
     without using an error retry."""
     count = 0
     for rec in records:
         for index, span in enumerate(rec.history):
-            lost = span.ended_at is None and index + 1 < len(rec.history)
-            if span.run_attempt == run_attempt and (lost or span.cause in _HOST_GONE):
+            if span.run_attempt == run_attempt and span_interruption(rec, index) in _HOST_GONE:
                 count += 1
     return count

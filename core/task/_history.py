@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import time
 
+from core._figures import checkpoint_bytes
 from core._host import host_id
 from core._records import AttemptSpan, CheckpointData, InterruptionCause, TaskRecord
 
 __all__ = (
     "MAX_SPANS",
-    "checkpoint_bytes",
     "close_span",
     "note_committed",
     "note_stored",
@@ -75,11 +75,6 @@ def note_committed(rec: TaskRecord, before: float | None, after: float) -> None:
         span = rec.history[-1]
         span.commit_seconds += after - before
         span.commit_seconds_max = max(span.commit_seconds_max, after)
-
-
-def checkpoint_bytes(data: CheckpointData) -> int:
-    """A checkpoint's size: its state (UTF-8) plus its managed files, in bytes."""
-    return len((data.state or "").encode()) + (data.file_bytes or 0)
 
 
 def close_span(

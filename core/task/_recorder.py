@@ -154,6 +154,7 @@ class TaskRecorder:
         self._dirty = False
         self._pending_save: CheckpointSave | None = None
         self._save_read_at = 0.0  # when the pending save's line was read (time.monotonic())
+        self._write_seconds = 0.0  # how long the last commit's durable write took
         self._saved = False  # a save was taken (pending, being stored, or committed)
         # The checkpoint's file dataset so far, as insertion-ordered sets. The record's
         # pending_files/pending_dirs are synced from them when a checkpoint is committed and
@@ -407,7 +408,9 @@ class TaskRecorder:
                 attempt=self.attempt,
                 manifest=manifest,
                 file_bytes=file_bytes,
-                commit_seconds=round(time.monotonic() - read_at, 6),
+                # to the write, plus the last commit's write: the record written with the
+                # generation holds a figure near the truth if nothing writes it again
+                commit_seconds=round(time.monotonic() - read_at + self._write_seconds, 6),
             )
             span_before = note_stored(rec, data, self._stopped_at())
             self._sync_dataset()
@@ -425,6 +428,9 @@ class TaskRecorder:
             # to the durable write: the next record write (at the latest the end's) keeps it
             before, data.commit_seconds = data.commit_seconds, round(time.monotonic() - read_at, 6)
             note_committed(rec, before, data.commit_seconds)
+            self._write_seconds = max(
+                0.0, data.commit_seconds - (before or 0.0) + self._write_seconds
+            )
             self._dirty = False
         self._emit(TaskEventKind.CHECKPOINT_SAVED, gen)
 
