@@ -6,6 +6,7 @@ adapters (each a ``MetricSink``). The executor feeds every ``TaskEvent`` to its 
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -199,5 +200,7 @@ class OpenTelemetrySink:
 def default_sinks() -> list[MetricSink]:
     """The sinks a runner uses when its caller names none: OpenTelemetry when its API is
     installed (the ``[otel]`` extra), else none (and then metrics cost nothing)."""
+    if "opentelemetry.metrics" not in sys.modules:  # no one in this process set a provider
+        return []  # (and the API's import, ~50 ms, is not paid for nothing)
     sink = OpenTelemetrySink()
     return [sink] if sink.active else []
