@@ -206,19 +206,18 @@ def checkpoint_bytes(cp: CheckpointData) -> int:
     return len((cp.state or "").encode()) + max(0, cp.file_bytes or 0)
 
 
-def checkpoint_figures(job: str, rec: TaskRecord, *, at: float | None = None) -> list[Figure]:
-    """The figures of the checkpoint ``rec`` just stored: its commit duration and bytes, and
-    the task's checkpoint age (0)."""
-    cp = rec.checkpoint
-    if cp is None:
-        return []
+def checkpoint_figures(
+    job: str, step: str, task_key: str, cp: CheckpointData, *, at: float | None = None
+) -> list[Figure]:
+    """The figures of checkpoint ``cp`` of task ``task_key`` of ``step``, just stored: its
+    commit duration and bytes, and the task's checkpoint age (0)."""
     at = cp.saved_at if at is None else at
-    step = {"job": job, "step": rec.step}
-    out = [Figure(CHECKPOINT_AGE, 0.0, {**step, "task": rec.task_key}, at)]
+    labels = {"job": job, "step": step}
+    out = [Figure(CHECKPOINT_AGE, 0.0, {**labels, "task": task_key}, at)]
     commit = _amount(cp.commit_seconds)
     if commit is not None:
-        out.append(Figure(COMMIT_DURATION, commit, step, at))
-    out.append(Figure(STORED_BYTES, float(checkpoint_bytes(cp)), step, at))
+        out.append(Figure(COMMIT_DURATION, commit, labels, at))
+    out.append(Figure(STORED_BYTES, float(checkpoint_bytes(cp)), labels, at))
     return out
 
 
@@ -401,8 +400,8 @@ class RunFigures:
                     self.commit.merge(span.commits, total, largest)
                 if span.commits > 0 and span.stored_bytes >= 0:
                     self.stored_bytes.merge(span.commits, span.stored_bytes, None)
-        else:  # a record of an earlier version: its latest checkpoint only
-            for fig in checkpoint_figures("", rec):
+        elif rec.checkpoint is not None:  # a record of an earlier version: its latest only
+            for fig in checkpoint_figures("", rec.step, rec.task_key, rec.checkpoint):
                 if fig.metric is COMMIT_DURATION:
                     self.commit.add(fig.value)
                 elif fig.metric is STORED_BYTES:

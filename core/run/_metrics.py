@@ -68,6 +68,7 @@ class MetricsObserver:
         self._on_note = on_note
         self._lock = threading.Lock()
         self._age_sent: dict[int, float] = {}
+        self._zero: set[int] = set()  # tasks whose age was last sent as 0 (a checkpoint)
 
     def wrap(
         self, on_event: Callable[[TaskExecution, TaskEvent], None] | None
@@ -86,18 +87,25 @@ class MetricsObserver:
     def on_event(self, execution: TaskExecution, event: TaskEvent) -> None:
         kind = event.kind
         if kind == TaskEventKind.CHECKPOINT_SAVED:
-            figures = checkpoint_figures(self.job, execution.record, at=event.time)
+            cp, spec = event.checkpoint, execution.spec
+            if cp is None:
+                return
+            figures = checkpoint_figures(self.job, spec.step_name, spec.task_key, cp, at=event.time)
             with self._lock:
                 self._age_sent[id(execution)] = event.time
+                self._zero.add(id(execution))
         elif kind == TaskEventKind.STARTED:
-            rec = execution.record
-            lost = len(rec.history) > 1 and rec.history[-2].ended_at is None
-            figures = attempt_figures(self.job, rec, -2) if lost else []  # its process died
+            rec = event.record  # not a copy: read here only
+            lost = rec is not None and len(rec.history) > 1 and rec.history[-2].ended_at is None
+            figures = attempt_figures(self.job, rec, -2) if rec is not None and lost else []
         elif kind == TaskEventKind.ENDED:
             ended = getattr(event.value, "record", None)
             figures = attempt_figures(self.job, ended) if isinstance(ended, TaskRecord) else []
             with self._lock:
                 self._age_sent.pop(id(execution), None)
+                if id(execution) in self._zero:  # the gauge says 0 already: no work at risk
+                    self._zero.discard(id(execution))
+                    figures = [f for f in figures if f.metric is not CHECKPOINT_AGE or f.value]
         elif kind in (TaskEventKind.PROGRESS, TaskEventKind.FRAME_COMPLETE):
             figures = self._age(execution, event.time)
         else:
@@ -110,6 +118,7 @@ class MetricsObserver:
             if now - last < AGE_EVERY_SECONDS:
                 return []
             self._age_sent[id(execution)] = now
+            self._zero.discard(id(execution))
         rec = execution.record
         age = running_age(rec, now)
         if age is None:
@@ -187,7 +196,7 @@ class OpenTelemetrySink:
         if self._meter is None:
             return
         instrument = self._instrument(figure.metric)
-        attributes = dict(figure.labels)
+        attributes = figure.labels
         if figure.metric.kind == MetricKind.COUNTER:  # counts and bytes: whole numbers
             value = figure.value
             instrument.add(int(value) if float(value).is_integer() else value, attributes)

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from core._records import CheckpointData, TaskRecord
+
 __all__ = ("TaskEvent", "TaskEventKind")
 
 
@@ -48,8 +50,14 @@ class TaskEvent:
             for ``STARTED`` the checkpoint generation it resumes from (None: from the top), for
             ``ENDED`` the ``TaskResult``.
         time: seconds since the epoch.
+        checkpoint: for ``CHECKPOINT_SAVED``, the generation stored (its ``commit_seconds``
+            measured to its durable write).
+        record: for ``STARTED``, the task's record as the attempt starts (not a copy: read it
+            in the callback, never change or keep it).
     """
 
     kind: TaskEventKind
     value: Any
     time: float = field(default_factory=time.time)
+    checkpoint: CheckpointData | None = None
+    record: TaskRecord | None = None

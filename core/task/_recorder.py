@@ -17,7 +17,6 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from core._errors import LeaseLostError, StoreError
 from core._host import FileDataFlow, host_id
@@ -132,7 +131,7 @@ class TaskRecorder:
         store: CheckpointStore | None,
         attempt: int,
         warn: Callable[[str], None],
-        emit: Callable[[TaskEventKind, Any], None],
+        emit: Callable[..., None],
         fence: Lease | None = None,
         on_lost: Callable[[str], None] | None = None,
         resumable: bool = True,
@@ -432,7 +431,7 @@ class TaskRecorder:
                 0.0, data.commit_seconds - (before or 0.0) + self._write_seconds
             )
             self._dirty = False
-        self._emit(TaskEventKind.CHECKPOINT_SAVED, gen)
+        self._emit(TaskEventKind.CHECKPOINT_SAVED, gen, checkpoint=data)
 
     def _sync_dataset(self) -> None:
         """Copy the file dataset into the record (under the lock), if it changed since."""

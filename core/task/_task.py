@@ -299,7 +299,7 @@ class TaskExecution:
         # Written with the task's process (one durable write instead of two), or before an
         # environment action, whichever comes first; _finish writes it in any case.
         self._recorder.changed()
-        self._emit(TaskEventKind.STARTED, self.spec.resume.generation if self.spec.resume else None)
+        self._emit(TaskEventKind.STARTED, getattr(self.spec.resume, "generation", None), record=rec)
         session = self._session
         private = session is None
         if session is None:
@@ -504,10 +504,10 @@ class TaskExecution:
         self.warnings.append(text)
         self._emit(TaskEventKind.WARNING, text)
 
-    def _emit(self, kind: TaskEventKind, value: Any) -> None:
+    def _emit(self, kind: TaskEventKind, value: Any, **more: Any) -> None:
         if self._on_event is not None:
             try:
-                self._on_event(self, TaskEvent(kind, value))
+                self._on_event(self, TaskEvent(kind, value, **more))
             except Exception:  # a display must never break a task
                 pass
 
