@@ -924,8 +924,8 @@ def metrics_cost(report: Report, quick: bool) -> None:
     from benchmarks.metrics_cost import measure
 
     n = 100 if quick else 300
-    print(f"7. checkpoint metrics ({n} tasks saving one checkpoint each, 5 pairs)", flush=True)
-    on, off = measure(n, pairs=5)
+    print(f"7. checkpoint metrics ({n} tasks saving one checkpoint each, 9 pairs)", flush=True)
+    on, off = measure(n, pairs=9)
     report.add(
         Row(
             "7. checkpoint metrics",
