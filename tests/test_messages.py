@@ -903,7 +903,7 @@ class _Task:
             store=None,
             attempt=1,
             warn=self.warnings.append,
-            emit=lambda kind, value: self.events.append((kind, value)),
+            emit=lambda kind, value, **detail: self.events.append((kind, value)),
         )
         self.output = TaskOutput(
             self.recorder,
