@@ -327,12 +327,12 @@ class OpenJDTaskOperator(BaseOperator):
             records = family or records
         except core.StoreError as exc:
             self.log.warning("interruptions counted from this try's tasks only: %s", exc)
-        # At least this try's reschedules and this one: a notice that stops the group before
-        # any task started leaves no span to count, and must not reschedule it forever.
         rescheduled = int((self._context or {}).get("task_reschedule_count", 0) or 0)
-        count = max(core.interruptions_so_far(records, attempt.attempt), rescheduled + 1)
         budget = self.interruption_retries
-        if count > budget:
+        count, resumes = core.interruption_resumes(
+            core.interruptions_so_far(records, attempt.attempt), rescheduled, budget
+        )
+        if not resumes:
             raise AirflowException(
                 f"{verdict.message}; the interruption budget is spent ({count} interruptions "
                 f"of this run attempt, interruption_retries={budget}): this one uses a retry"

@@ -30,7 +30,13 @@ from typing import Any
 
 from prefect.logging import get_run_logger
 
-from core import DEFAULT_INTERRUPTION_RETRIES, PreparedJob, TaskSpec, group_label
+from core import (
+    DEFAULT_INTERRUPTION_RETRIES,
+    PreparedJob,
+    TaskSpec,
+    group_label,
+    interruption_resumes,
+)
 
 __all__ = (
     "DEFAULT_INTERRUPTION_RETRIES",
@@ -92,8 +98,10 @@ class RetryRule:
         log = _logger()
         name = getattr(task_run, "name", None) or "task run"
         if isinstance(exc, TaskInterrupted):
-            self.interruptions = max(exc.interruptions, self.interruptions + 1)
-            if self.interruptions <= self.interruption_retries:
+            self.interruptions, resumes = interruption_resumes(
+                exc.interruptions, self.interruptions, self.interruption_retries
+            )
+            if resumes:
                 log.info(
                     "%s: interruption %d of the %d it resumes from (interruption_retries): "
                     "not an error; the retry resumes from what was stored, and the task run "

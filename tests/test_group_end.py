@@ -349,3 +349,13 @@ def test_a_plain_stop_gives_way_to_the_cause_found_later_and_nothing_else_does()
     assert state.cause == InterruptionCause.NOTICE and state.requested_at == asked_at
     state.request(StopIntent.CANCEL, cause=InterruptionCause.TIMEOUT)
     assert state.cause == InterruptionCause.NOTICE
+
+
+def test_an_interruption_resumes_within_its_budget_counted_from_records_or_the_framework() -> None:
+    from core import interruption_resumes
+
+    assert interruption_resumes(3, 0, 10) == (3, True)  # the records count this one
+    assert interruption_resumes(0, 4, 10) == (5, True)  # no span: the framework's count + 1
+    assert interruption_resumes(10, 2, 10) == (10, True)
+    assert interruption_resumes(11, 2, 10) == (11, False)
+    assert interruption_resumes(0, 0, 0) == (1, False)

@@ -58,6 +58,7 @@ from core.run._verdict import (
     GroupEnd,
     GroupVerdict,
     classify_group,
+    interruption_resumes,
     interruptions_so_far,
 )
 
@@ -75,6 +76,7 @@ __all__ = (
     "run_figures",
     "suggested_interval",
     "DEFAULT_INTERRUPTION_RETRIES",
+    "interruption_resumes",
     "interruptions_so_far",
     "Attempt",
     "begin_attempt",

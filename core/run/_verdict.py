@@ -23,6 +23,7 @@ __all__ = (
     "GroupEnd",
     "GroupVerdict",
     "classify_group",
+    "interruption_resumes",
     "interruptions_so_far",
 )
 
@@ -198,3 +199,21 @@ def interruptions_so_far(records: Sequence[TaskRecord], run_attempt: int) -> int
             if span.run_attempt == run_attempt and span_interruption(rec, index) in _HOST_GONE:
                 count += 1
     return count
+
+
+def interruption_resumes(recorded: int, earlier: int, budget: int) -> tuple[int, bool]:
+    """Which interruption of the run's attempt this one is, and whether the framework resumes
+    it without using a retry meant for errors (Airflow reschedules, Prefect's ``RetryRule``).
+
+    Args:
+        recorded: ``interruptions_so_far`` of the group's records (this one included).
+        earlier: the framework's own count of the earlier ones (Airflow's reschedules of the
+            try, the task run's interruptions so far): a notice that stopped the group before
+            any task started leaves no span to count, and must not resume it forever.
+        budget: the unit's ``interruption_retries``.
+
+    Returns:
+        (the most of ``recorded`` and ``earlier + 1``, whether that is at most ``budget``).
+    """
+    number = max(recorded, earlier + 1)
+    return number, number <= budget

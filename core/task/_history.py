@@ -5,9 +5,9 @@ attempts, interruptions and resumes (``core.job._summary.task_timeline``).
 The record keeps the latest ``MAX_SPANS`` spans, so that a task retried without end does not
 grow its record (a span is about 150 bytes of JSON). A span whose process died stays open (no
 end time, no outcome): a timeline shows it cut off where the next attempt starts, and the
-metrics count it as an interruption by a lost worker (``core.run._metrics``).
+metrics count it as an interruption by a lost worker (``core._figures``).
 
-Each span also keeps what the checkpoint metrics need (``core.run._metrics``): what stopped
+Each span also keeps what the checkpoint metrics need (``core._figures``): what stopped
 it and when, when its last checkpoint and the first one after the stop were stored.
 """
 
