@@ -57,6 +57,7 @@ import json
 import os
 import posixpath
 import stat
+import threading
 import uuid
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -480,9 +481,38 @@ SETTLE_THREADS = 8
 """At most this many threads, besides the caller's, fsync the files of one ``Blobs.settle``."""
 
 
+class _SyncPool:
+    """The threads that fsync ``_sync_all``'s files besides the caller's: kept for the life of
+    the process (made when first needed, again in a forked child), so that a save does not pay
+    for starting threads (a tenth of a millisecond or more each on a loaded machine, where a
+    save of a small file settles its files twice: the files, then their folders)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+
+    def get(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(
+                    max_workers=SETTLE_THREADS, thread_name_prefix="openjd-fsync"
+                )
+            return self._pool
+
+    def forget(self) -> None:
+        """In a forked child: the parent's threads are not there."""
+        self._lock = threading.Lock()
+        self._pool = None
+
+
+_SYNC_POOL = _SyncPool()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_SYNC_POOL.forget)
+
+
 def _sync_all(paths: list[str]) -> None:
-    """fsync every file of ``paths`` at once: the first on this thread, the others on a pool
-    (none for one file). Raises the first OSError."""
+    """fsync every file of ``paths`` at once: the first on this thread, the others on the
+    process's fsync threads (``_SyncPool``; none for one file). Raises the first OSError."""
 
     def sync(path: str) -> None:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
@@ -494,21 +524,19 @@ def _sync_all(paths: list[str]) -> None:
     if len(paths) == 1:
         sync(paths[0])
         return
-    with ThreadPoolExecutor(
-        max_workers=min(SETTLE_THREADS, len(paths) - 1), thread_name_prefix="openjd-fsync"
-    ) as pool:
-        futures = [pool.submit(sync, path) for path in paths[1:]]
-        first: OSError | None = None
-        try:
-            sync(paths[0])
-        except OSError as exc:
-            first = exc
-        for future in futures:
-            error = future.exception()
-            if first is None and isinstance(error, OSError):
-                first = error
-            elif error is not None and not isinstance(error, OSError):
-                raise error
+    pool = _SYNC_POOL.get()
+    futures = [pool.submit(sync, path) for path in paths[1:]]
+    first: OSError | None = None
+    try:
+        sync(paths[0])
+    except OSError as exc:
+        first = exc
+    for future in futures:
+        error = future.exception()
+        if first is None and isinstance(error, OSError):
+            first = error
+        elif error is not None and not isinstance(error, OSError):
+            raise error
     if first is not None:
         raise first
 
