@@ -345,7 +345,7 @@ if hasattr(os, "register_at_fork"):
 
 def replace_local_pair(
     first: str,
-    first_body: bytes,
+    first_body: bytes | Callable[[], bytes],
     path: str,
     body: bytes,
     *,
@@ -358,7 +358,8 @@ def replace_local_pair(
     checkpoint's generation file and its task record, issue 38). ``first`` is in place before
     ``path`` is (the order of two ``replace_local`` calls): ``path``'s new version is swapped
     in only once ``first``'s write has ended, and not at all if it failed. ``first_placed`` is
-    called on that thread once ``first`` is in place (a kill point).
+    called on that thread once ``first`` is in place (a kill point). ``first_body`` may be a
+    function that makes the bytes, called on that thread too (what it raises is raised here).
 
     Raises:
         PairFirstError: ``first`` could not be written (``path`` is as it was).
@@ -366,8 +367,9 @@ def replace_local_pair(
     """
 
     def write_first() -> None:
+        data = first_body if isinstance(first_body, bytes) else first_body()
         try:
-            replace_local(first, first_body, durable=False, reuse=reuse, fresh=True)
+            replace_local(first, data, durable=False, reuse=reuse, fresh=True)
         except OSError as exc:
             raise PairFirstError(first, exc) from None
         if first_placed is not None:

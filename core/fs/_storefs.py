@@ -219,22 +219,30 @@ class StoreFS:
             StoreError: it is too large or cannot be written; the previous version stays.
             LeaseLostError: ``fence``'s holder no longer holds its lease; nothing was written.
         """
-        # one line: the C encoder (an indented document is encoded in Python, twice as slow)
-        payload = (json.dumps(data, sort_keys=True) + "\n").encode("utf-8")
         if not checked:
             self.confined(path)
+        payload = self._record_bytes(path, data)
+        self.replace_file(path, payload, durable=durable, fence=fence, new=new, reuse=reuse)
+
+    def _record_bytes(self, path: str, data: dict[str, Any]) -> bytes:
+        """The bytes of the record ``data`` to be written to ``path``: one line of JSON (the C
+        encoder; an indented document is encoded in Python, twice as slow).
+
+        Raises:
+            StoreError: it is over ``MAX_RECORD_BYTES``."""
+        payload = (json.dumps(data, sort_keys=True) + "\n").encode("utf-8")
         if len(payload) > MAX_RECORD_BYTES:
             raise StoreError(
                 f"not writing {self.where(path)}: {len(payload):,} bytes, over the "
                 f"{MAX_RECORD_BYTES:,} a record may have (it could never be read back); the "
                 "previous version stays"
             )
-        self.replace_file(path, payload, durable=durable, fence=fence, new=new, reuse=reuse)
+        return payload
 
     def write_json_pair(
         self,
         first: str,
-        first_data: dict[str, Any],
+        first_data: dict[str, Any] | Callable[[], dict[str, Any]],
         path: str,
         data: dict[str, Any],
         *,
@@ -249,7 +257,9 @@ class StoreFS:
         (``core.fs._replace.replace_local_pair``): ``first`` is in place before ``path`` is.
         Both paths are in one folder, checked by the caller (``confined``). ``fence``: confirmed
         once, before either is written (a local lease is a flock: its holder cannot lose it).
-        ``first_placed``: called once ``first`` is in place (on that thread).
+        ``first_placed``: called once ``first`` is in place (on that thread). ``first_data`` may
+        be a function that makes the document, called on that thread too (encoded there: the
+        record's fsync waits on neither).
 
         Raises:
             StoreError: either is too large or cannot be written (when it is ``path``,
@@ -260,23 +270,19 @@ class StoreFS:
             raise StoreError(f"not writing {first!r} and {path!r} together")
         if reuse is not None and posixpath.dirname(reuse) != posixpath.dirname(path):
             raise StoreError(f"not reusing {reuse!r}: not beside {path!r}")
-        bodies = []
-        for where_to, doc in ((first, first_data), (path, data)):
-            payload = (json.dumps(doc, sort_keys=True) + "\n").encode("utf-8")
-            if len(payload) > MAX_RECORD_BYTES:
-                raise StoreError(
-                    f"not writing {self.where(where_to)}: {len(payload):,} bytes, over the "
-                    f"{MAX_RECORD_BYTES:,} a record may have (it could never be read back); the "
-                    "previous version stays"
-                )
-            bodies.append(payload)
+        body = self._record_bytes(path, data)
         _confirm_locks(self.where(path))
         if fence is not None:
             fence.confirm()
+
+        def first_body() -> bytes:  # (on the thread that writes it, while the record is fsynced)
+            doc = first_data if isinstance(first_data, dict) else first_data()
+            return self._record_bytes(first, doc)
+
         for attempt in (1, 2):
             try:
                 replace_local_pair(
-                    first, bodies[0], path, bodies[1], reuse=reuse, first_placed=first_placed
+                    first, first_body, path, body, reuse=reuse, first_placed=first_placed
                 )
                 return
             except PairFirstError as exc:

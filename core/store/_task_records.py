@@ -17,6 +17,7 @@ from __future__ import annotations
 import posixpath
 import time
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from core._errors import LeaseLostError, StoreError
 from core._killpoints import kill_point
@@ -213,11 +214,20 @@ class TaskRecords:
         reuse = None
         if 1 <= old < checkpoint.generation - 1:
             reuse = f"{tdir}/{tid}.gen-{old:06d}.json"
-        gen_data = {**checkpoint.model_dump(mode="json"), "task": identity.model_dump()}
+
+        def gen_data() -> dict[str, Any]:
+            return {**checkpoint.model_dump(mode="json"), "task": identity.model_dump()}
+
         local = self.fs.is_local
         if not local:
             self.records.write(
-                gen_path, gen_data, durable=False, fence=fence, new=True, reuse=reuse, checked=True
+                gen_path,
+                gen_data(),
+                durable=False,
+                fence=fence,
+                new=True,
+                reuse=reuse,
+                checked=True,
             )
             _generation_written()
         previous, record.checkpoint = record.checkpoint, checkpoint
