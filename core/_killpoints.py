@@ -14,9 +14,14 @@ The points (each a place where a crash must leave the store readable and resumab
   generation); not yet written;
 - ``record.tmp-written``: a record's temporary file written, not yet fsynced;
 - ``record.fsynced``: its data fsynced, not yet renamed over the record;
+- ``record.joined``: a record's new version fsynced and the file written beside it on another
+  thread meanwhile (a checkpoint's generation file, ``core.fs._replace.replace_local_pair``)
+  in place; the record not yet renamed over;
 - ``record.renamed``: renamed over the record, its folder not yet fsynced;
 - ``record.stored``: the folder fsynced (a durable record), before the caller goes on;
-- ``commit.generation-written``: a checkpoint's generation file written, its record not yet;
+- ``commit.generation-written``: a checkpoint's generation file written, its record not yet (on
+  a local store passed on the thread that writes it, while the record's new version is being
+  written and fsynced);
 - ``commit.stored``: a checkpoint committed, before the runner reports it stored;
 - ``task.process-started``: a task's action process started, its record not yet naming it;
 - ``task.process-recorded``: a task's process recorded, the action running;

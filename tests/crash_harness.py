@@ -473,17 +473,26 @@ def _durable_record(calls: list[Call], t: int, gen: int | None) -> list[Call] | 
             return None
         if gen is None:
             return [w, sync, ren, dsync]
-        # the generation file is in place before the record's write: its own rename, and where
-        # it took the file of the generation it drops, that file's rename to its temporary name
+        # the generation file is in place before the record is: its body written to its
+        # temporary file and that renamed to its name, both ended before the record's rename
+        # begins (on a local store on another thread, while the record is written and fsynced:
+        # ``core.fs._replace.replace_local_pair``), and where it took the file of the
+        # generation it drops, that file's rename to the temporary name before its write
         name = f".gen-{gen:06d}.json"
-        placed = next((c for c in reversed(calls[:k]) if c.name.startswith("rename")
+        upto = calls.index(ren)
+        placed = next((c for c in reversed(calls[:upto]) if c.name.startswith("rename")
                        and c.text(1).endswith(name)), None)  # fmt: skip
-        if placed is None or placed.end > w.start:
+        if placed is None or placed.end > ren.start:
             return None
-        before = reversed(calls[: calls.index(placed)])
+        before = list(reversed(calls[: calls.index(placed)]))
+        body = next((c for c in before if c.name == "write" and c.path == placed.text(0)), None)
+        if body is None or body.end > placed.start or f'"generation": {gen},' not in body.text():
+            return None
         taken = next((c for c in before if c.name.startswith("rename")
                       and c.text(1) == placed.text(0)), None)  # fmt: skip
-        return [*([taken] if taken is not None else []), placed, w, sync, ren, dsync]
+        if taken is not None and taken.end > body.start:
+            return None
+        return [*([taken] if taken is not None else []), body, placed, w, sync, ren, dsync]
     return None
 
 

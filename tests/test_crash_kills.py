@@ -9,6 +9,7 @@ is printed, and ``CRASH_SEED=N`` repeats one.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -26,7 +27,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("crash_kills")]
 
 def test_the_kill_points_are_the_ones_core_names() -> None:
     points = harness.kill_points()
-    assert len(points) == 10, points
+    assert len(points) == 11, points
     assert {p.split(".")[0] for p in points} == {"record", "commit", "task"}
 
 
@@ -121,9 +122,20 @@ def test_every_stored_and_succeeded_event_follows_its_fsyncs(tmp_path: Path) -> 
     reused = [(n, c) for n, c in gens if n >= 4]
     assert reused, [n for n, _ in gens]
     n, chain = reused[0]
-    assert f".gen-{n - 3:06d}.json" in chain[0].args, (n, chain)
-    assert chain[0].text(1) == chain[1].text(0) and f".gen-{n:06d}" in chain[1].args
+    taken, body, placed, write, _sync, ren = chain[:6]
+    assert f".gen-{n - 3:06d}.json" in taken.args, (n, chain)
+    assert taken.text(1) == placed.text(0) and f".gen-{n:06d}" in placed.args
+    assert body.path == placed.text(0) and placed.end <= ren.start
+    # the generation file is written on a thread of its own while the record is written and
+    # fsynced (core.fs._replace.replace_local_pair): one wait for both
+    assert placed.pid != ren.pid == write.pid, (placed, ren)
     print("one commit, as strace saw it:\n" + harness.excerpt(stored[0], str(tmp_path / "store")))
     no_folder_sync = [c for c in calls if not (c.name == "fsync" and c.path.endswith("/tasks"))]
     bad, _, _ = harness.strace_order(no_folder_sync)
     assert len(bad) == events
+    # a generation file put in place only after its record was swapped in is refused
+    late = [c for c in calls if c is not placed]
+    moved = dataclasses.replace(placed, start=ren.end + 1.0, end=ren.end + 1.0)
+    late.insert(late.index(ren) + 1, moved)
+    bad, _, _ = harness.strace_order(late)
+    assert any(f"checkpoint generation {n} stored" in b for b in bad), bad

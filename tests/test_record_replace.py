@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -255,3 +256,76 @@ def test_a_record_unreadable_once_is_read_again_before_it_is_set_aside(
     with pytest.raises(SetAsideError, match="unreadable"):
         files.read(path, Rec)
     assert [n for n in os.listdir(fs.root) if ".unreadable-" in n]
+
+
+def test_a_pair_puts_the_first_file_in_place_on_another_thread_before_the_second(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``replace_local_pair`` (a checkpoint's generation file and its record): the first is
+    written on another thread (reusing the file it is given) while the second is written and
+    fsynced, and is in place before the second is swapped in."""
+    rec, gen, old = tmp_path / "rec.json", tmp_path / "t.gen-000004.json", tmp_path / "o.json"
+    replace_local(str(rec), b"record 1", durable=True)
+    old.write_bytes(b"a dropped generation, longer than the new one")
+    old_ino = old.stat().st_ino
+    seen: list[tuple[str, bool, bytes]] = []
+    real_exchange = _replace._SPARES.exchange
+
+    def exchange(tmp: str, path: str) -> bool:
+        seen.append((threading.current_thread().name, gen.exists(), gen.read_bytes()))
+        return real_exchange(tmp, path)
+
+    monkeypatch.setattr(_replace._SPARES, "exchange", exchange)
+    threads: list[str] = []
+    _replace.replace_local_pair(
+        str(gen),
+        b"generation 4",
+        str(rec),
+        b"record 2",
+        reuse=str(old),
+        first_placed=lambda: threads.append(threading.current_thread().name),
+    )
+    assert rec.read_bytes() == b"record 2" and gen.read_bytes() == b"generation 4"
+    assert gen.stat().st_ino == old_ino and not old.exists()  # no file made for it
+    assert threads == ["openjd-checkpoint-beside"]
+    # the record's swap (the only exchange: the generation's new name is renamed) came after
+    assert seen == [(threading.main_thread().name, True, b"generation 4")]
+
+
+def test_a_pair_whose_first_file_fails_leaves_the_second_as_it_was(tmp_path: Path) -> None:
+    rec = tmp_path / "rec.json"
+    replace_local(str(rec), b"record 1", durable=True)
+    replace_local(str(rec), b"record 2", durable=True)  # a spare to be taken
+    gen = tmp_path / "t.gen-000002.json"
+    gen.mkdir()
+    (gen / "inside").write_text("kept")  # a folder in its place: its rename fails
+    before = set(os.listdir(tmp_path))
+    with pytest.raises(_replace.PairFirstError) as failed:
+        _replace.replace_local_pair(str(gen), b"generation 2", str(rec), b"record 3")
+    assert failed.value.path == str(gen)
+    assert rec.read_bytes() == b"record 2"  # never swapped in
+    assert (gen / "inside").read_text() == "kept"
+    assert set(os.listdir(tmp_path)) <= before  # no temporary file of either write left
+
+
+def test_a_local_commit_whose_generation_fails_keeps_the_previous_checkpoint(
+    tmp_path: Path,
+) -> None:
+    from core import CheckpointData, CheckpointStore, StoreError, TaskRecord
+    from core.store._layout import task_id_for
+
+    store = CheckpointStore(str(tmp_path / "store"))
+    rec = TaskRecord(
+        job_key="0123456789abcdef", run_id="r1", step="S", task_key="{}", parameters={}
+    )
+    store.commit_checkpoint(rec, CheckpointData(generation=1, state="1", saved_at=1.0, attempt=1))
+    tasks = tmp_path / "store/jobs/0123456789abcdef/runs/r1/tasks"
+    (tasks / f"{task_id_for('S', '{}')}.gen-000002.json").mkdir()
+    (tasks / f"{task_id_for('S', '{}')}.gen-000002.json" / "x").write_text("")
+    with pytest.raises(StoreError, match="gen-000002"):
+        store.commit_checkpoint(
+            rec, CheckpointData(generation=2, state="2", saved_at=1.0, attempt=1)
+        )
+    assert rec.checkpoint is not None and rec.checkpoint.generation == 1
+    (stored,), _ = store.read_tasks("0123456789abcdef", "r1")
+    assert stored.checkpoint is not None and stored.checkpoint.state == "1"

@@ -52,14 +52,16 @@ that.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import posixpath
+import queue
 import stat
+import threading
 import uuid
-from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -206,6 +208,8 @@ class Blobs:
         self.fs = fs
         self.fsspec = fs.fsspec
         self.local = fs.is_local
+        if self.local:
+            _SYNC_POOL.start()  # (before a save needs them)
 
     def path(self, key: str) -> str:
         return self.fs.confined(posixpath.join(self.fs.root, key))
@@ -480,9 +484,68 @@ SETTLE_THREADS = 8
 """At most this many threads, besides the caller's, fsync the files of one ``Blobs.settle``."""
 
 
+class _SyncPool:
+    """The threads that fsync ``_sync_all``'s files besides the caller's: ``SETTLE_THREADS``
+    of them, started together (when a local store's ``Blobs`` is made: a capture starts them
+    with its task, before its first save) and kept for the life of the process (started
+    again in a forked child), so that a save does not pay for starting threads (a tenth of a
+    millisecond or more each on a loaded machine, where a save of a small file settles its
+    files twice: the files, then their folders)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._queue: queue.SimpleQueue[tuple[Callable[[], None], list[BaseException], Any]] = (
+            queue.SimpleQueue()
+        )
+        self._started = False
+
+    def start(self) -> None:
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+            for n in range(SETTLE_THREADS):
+                threading.Thread(target=self._run, name=f"openjd-fsync-{n}", daemon=True).start()
+
+    def submit(self, job: Callable[[], None]) -> Callable[[], BaseException | None]:
+        """Run ``job`` on a thread; returns the wait for it, which gives what it raised."""
+        self.start()
+        done = threading.Lock()
+        done.acquire()
+        failed: list[BaseException] = []
+        self._queue.put((job, failed, done))
+
+        def wait() -> BaseException | None:
+            done.acquire()
+            return failed[0] if failed else None
+
+        return wait
+
+    def _run(self) -> None:
+        while True:
+            job, failed, done = self._queue.get()
+            try:
+                job()
+            except BaseException as exc:  # handed to the waiting caller
+                failed.append(exc)
+            finally:
+                done.release()
+
+    def forget(self) -> None:
+        """In a forked child: the parent's threads are not there."""
+        self._lock = threading.Lock()
+        self._queue = queue.SimpleQueue()
+        self._started = False
+
+
+_SYNC_POOL = _SyncPool()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_SYNC_POOL.forget)
+
+
 def _sync_all(paths: list[str]) -> None:
-    """fsync every file of ``paths`` at once: the first on this thread, the others on a pool
-    (none for one file). Raises the first OSError."""
+    """fsync every file of ``paths`` at once: the first on this thread, the others on the
+    process's fsync threads (``_SyncPool``; none for one file). Raises the first OSError."""
 
     def sync(path: str) -> None:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
@@ -494,21 +557,18 @@ def _sync_all(paths: list[str]) -> None:
     if len(paths) == 1:
         sync(paths[0])
         return
-    with ThreadPoolExecutor(
-        max_workers=min(SETTLE_THREADS, len(paths) - 1), thread_name_prefix="openjd-fsync"
-    ) as pool:
-        futures = [pool.submit(sync, path) for path in paths[1:]]
-        first: OSError | None = None
-        try:
-            sync(paths[0])
-        except OSError as exc:
-            first = exc
-        for future in futures:
-            error = future.exception()
-            if first is None and isinstance(error, OSError):
-                first = error
-            elif error is not None and not isinstance(error, OSError):
-                raise error
+    waits = [_SYNC_POOL.submit(functools.partial(sync, path)) for path in paths[1:]]
+    first: OSError | None = None
+    try:
+        sync(paths[0])
+    except OSError as exc:
+        first = exc
+    for wait in waits:
+        error = wait()
+        if first is None and isinstance(error, OSError):
+            first = error
+        elif error is not None and not isinstance(error, OSError):
+            raise error
     if first is not None:
         raise first
 

@@ -31,13 +31,15 @@ import atexit
 import errno
 import os
 import posixpath
+import queue
 import stat
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from core._killpoints import kill_point
 
-__all__ = ("replace_local",)
+__all__ = ("PairFirstError", "replace_local", "replace_local_pair")
 
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 _REWRITE = os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
@@ -196,14 +198,26 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_SPARES.forget)
 
 
-def replace_local(path: str, body: bytes, *, durable: bool, reuse: str | None = None) -> None:
+def replace_local(
+    path: str,
+    body: bytes,
+    *,
+    durable: bool,
+    reuse: str | None = None,
+    fresh: bool = False,
+    before_rename: Callable[[], None] | None = None,
+) -> None:
     """Replace the local file ``path`` (its folders checked by the caller) with ``body`` all at
     once: a temporary file in the same folder (a spare of this process where there is one,
     else a new file) swapped with it or renamed over it (a link or another name at ``path`` is
     replaced, never followed or written through); when ``durable``, the file is fsynced before
     it is put in place and the folder after, so the new version survives a crash of the machine
     once this returns. ``reuse``: a file in the same folder that is to be deleted anyway, whose
-    inode becomes the temporary file (``_reused_tmp``).
+    inode becomes the temporary file (``_reused_tmp``). ``fresh``: ``path`` is a name not expected
+    to exist (a new checkpoint generation): renamed into place without trying an exchange
+    first (a file there is still replaced). ``before_rename``: called once the new version is
+    written (and fsynced when ``durable``), just before it is put in place; what it raises
+    leaves ``path`` as it was (``replace_local_pair``).
 
     Raises:
         OSError: the caller's (FileNotFoundError: the folder is missing; IsADirectoryError:
@@ -211,7 +225,7 @@ def replace_local(path: str, body: bytes, *, durable: bool, reuse: str | None = 
     """
     parent = posixpath.dirname(path)
     made = None if reuse is None else _reused_tmp(parent, reuse)
-    swaps = _SPARES.swaps(parent)
+    swaps = not fresh and _SPARES.swaps(parent)
     if made is None and swaps:
         made = _SPARES.take(parent)
     fd, tmp, size = made or (*_new_tmp(parent), 0)
@@ -228,6 +242,8 @@ def replace_local(path: str, body: bytes, *, durable: bool, reuse: str | None = 
                 kill_point("record.fsynced")
         finally:
             os.close(fd)
+        if before_rename is not None:
+            before_rename()
         swapped = swaps and _SPARES.exchange(tmp, path)
         if not swapped:
             os.replace(tmp, path)
@@ -263,3 +279,116 @@ def _keep_replaced(parent: str, tmp: str, path: str) -> None:
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
     else:
         _unlink_quietly(tmp)
+
+
+class PairFirstError(OSError):
+    """``replace_local_pair``: the first file (``path``) could not be written; nothing of the
+    second was put in place."""
+
+    def __init__(self, path: str, exc: OSError) -> None:
+        super().__init__(exc.errno, exc.strerror or str(exc), exc.filename)
+        self.path = path
+
+
+class _Beside:
+    """One thread of this process that writes the first file of ``replace_local_pair`` while
+    the caller's thread writes and fsyncs the second (a new thread in a forked child)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._queue: queue.SimpleQueue[tuple[Callable[[], None], list[BaseException], Any]] = (
+            queue.SimpleQueue()
+        )
+        self._thread: threading.Thread | None = None
+
+    def start(self, job: Callable[[], None]) -> Callable[[], None]:
+        """Run ``job`` on the thread; returns the wait for it, which raises what it raised."""
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="openjd-checkpoint-beside", daemon=True
+                )
+                self._thread.start()
+        done = threading.Lock()
+        done.acquire()
+        failed: list[BaseException] = []
+        self._queue.put((job, failed, done))
+
+        def wait() -> None:
+            done.acquire()
+            if failed:
+                raise failed[0]
+
+        return wait
+
+    def _run(self) -> None:
+        while True:
+            job, failed, done = self._queue.get()
+            try:
+                job()
+            except BaseException as exc:  # handed to the waiting caller
+                failed.append(exc)
+            finally:
+                done.release()
+
+    def forget(self) -> None:
+        """In a forked child: the parent's thread is not there."""
+        self._lock = threading.Lock()
+        self._queue = queue.SimpleQueue()
+        self._thread = None
+
+
+_BESIDE = _Beside()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_BESIDE.forget)
+
+
+def replace_local_pair(
+    first: str,
+    first_body: bytes | Callable[[], bytes],
+    path: str,
+    body: bytes,
+    *,
+    reuse: str | None = None,
+    first_placed: Callable[[], None] | None = None,
+) -> None:
+    """Put ``first`` in place (a new name, not fsynced: ``replace_local`` with ``fresh`` and
+    ``reuse``), then replace ``path`` durably, the first written on another thread while the
+    second is written and fsynced: one wait where one after the other waited for both (a
+    checkpoint's generation file and its task record, issue 38). ``first`` is in place before
+    ``path`` is (the order of two ``replace_local`` calls): ``path``'s new version is swapped
+    in only once ``first``'s write has ended, and not at all if it failed. ``first_placed`` is
+    called on that thread once ``first`` is in place (a kill point). ``first_body`` may be a
+    function that makes the bytes, called on that thread too (what it raises is raised here).
+
+    Raises:
+        PairFirstError: ``first`` could not be written (``path`` is as it was).
+        OSError: ``path`` could not be written (``first`` is in place).
+    """
+
+    def write_first() -> None:
+        data = first_body if isinstance(first_body, bytes) else first_body()
+        try:
+            replace_local(first, data, durable=False, reuse=reuse, fresh=True)
+        except OSError as exc:
+            raise PairFirstError(first, exc) from None
+        if first_placed is not None:
+            first_placed()
+
+    wait = _BESIDE.start(write_first)
+    waited = False
+
+    def joined() -> None:
+        nonlocal waited
+        waited = True
+        wait()
+        kill_point("record.joined")
+
+    try:
+        replace_local(path, body, durable=True, before_rename=joined)
+    finally:
+        if not waited:  # the second failed before its rename: the first ends all the same
+            try:
+                wait()
+            except OSError:
+                pass

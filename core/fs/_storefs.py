@@ -26,13 +26,14 @@ content-addressed files (``core.files._blobs``) all stand on this class's public
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import posixpath
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from core._errors import StoreError
@@ -48,6 +49,7 @@ from core.fs._backend import (
 )
 from core.fs._objects import delete_own, put_fenced
 from core.fs._registry import open_backend
+from core.fs._replace import PairFirstError, replace_local_pair
 
 __all__ = (
     "MAX_RECORD_BYTES",
@@ -217,17 +219,86 @@ class StoreFS:
             StoreError: it is too large or cannot be written; the previous version stays.
             LeaseLostError: ``fence``'s holder no longer holds its lease; nothing was written.
         """
-        # one line: the C encoder (an indented document is encoded in Python, twice as slow)
-        payload = (json.dumps(data, sort_keys=True) + "\n").encode("utf-8")
         if not checked:
             self.confined(path)
+        payload = self._record_bytes(path, data)
+        self.replace_file(path, payload, durable=durable, fence=fence, new=new, reuse=reuse)
+
+    def _record_bytes(self, path: str, data: dict[str, Any]) -> bytes:
+        """The bytes of the record ``data`` to be written to ``path``: one line of JSON (the C
+        encoder; an indented document is encoded in Python, twice as slow).
+
+        Raises:
+            StoreError: it is over ``MAX_RECORD_BYTES``."""
+        payload = (json.dumps(data, sort_keys=True) + "\n").encode("utf-8")
         if len(payload) > MAX_RECORD_BYTES:
             raise StoreError(
                 f"not writing {self.where(path)}: {len(payload):,} bytes, over the "
                 f"{MAX_RECORD_BYTES:,} a record may have (it could never be read back); the "
                 "previous version stays"
             )
-        self.replace_file(path, payload, durable=durable, fence=fence, new=new, reuse=reuse)
+        return payload
+
+    def write_json_pair(
+        self,
+        first: str,
+        first_data: dict[str, Any] | Callable[[], dict[str, Any]],
+        path: str,
+        data: dict[str, Any],
+        *,
+        reuse: str | None = None,
+        fence: WriteFence | None = None,
+        first_placed: Callable[[], None] | None = None,
+    ) -> None:
+        """Local stores: write the JSON document ``first_data`` to ``first`` (a new name, not
+        durable: a checkpoint's generation file; ``reuse`` as for ``replace_file``), then
+        ``data`` to ``path`` durably, as two ``write_json`` calls would, but with the first
+        written on another thread while the second is written and fsynced
+        (``core.fs._replace.replace_local_pair``): ``first`` is in place before ``path`` is.
+        Both paths are in one folder, checked by the caller (``confined``). ``fence``: confirmed
+        once, before either is written (a local lease is a flock: its holder cannot lose it).
+        ``first_placed``: called once ``first`` is in place (on that thread). ``first_data`` may
+        be a function that makes the document, called on that thread too (encoded there: the
+        record's fsync waits on neither).
+
+        Raises:
+            StoreError: either is too large or cannot be written (when it is ``path``,
+                ``first`` is in place).
+            LeaseLostError: ``fence`` was lost; nothing was written.
+        """
+        if not self.is_local or posixpath.dirname(first) != posixpath.dirname(path):
+            raise StoreError(f"not writing {first!r} and {path!r} together")
+        if reuse is not None and posixpath.dirname(reuse) != posixpath.dirname(path):
+            raise StoreError(f"not reusing {reuse!r}: not beside {path!r}")
+        body = self._record_bytes(path, data)
+        _confirm_locks(self.where(path))
+        if fence is not None:
+            fence.confirm()
+
+        def first_body() -> bytes:  # (on the thread that writes it, while the record is fsynced)
+            doc = first_data if isinstance(first_data, dict) else first_data()
+            return self._record_bytes(first, doc)
+
+        for attempt in (1, 2):
+            try:
+                replace_local_pair(
+                    first, first_body, path, body, reuse=reuse, first_placed=first_placed
+                )
+                return
+            except PairFirstError as exc:
+                if attempt == 2 or exc.errno != errno.ENOENT:
+                    raise StoreError(
+                        f"cannot write {self.where(first)}: {os_reason(exc)}"
+                    ) from None
+            except FileNotFoundError as exc:
+                if attempt == 2:
+                    raise StoreError(f"cannot write {self.where(path)}: {os_reason(exc)}") from None
+            except OSError as exc:
+                raise StoreError(f"cannot write {self.where(path)}: {os_reason(exc)}") from None
+            try:  # the folder is missing (the record's first write): made, then once again
+                self.backend.makedirs(posixpath.dirname(path))
+            except OSError as exc:
+                raise StoreError(f"cannot write {self.where(path)}: {os_reason(exc)}") from None
 
     def replace_file(
         self,

@@ -19,6 +19,7 @@ made of them (``Layout``); a task's file name is a hash of its step and task key
 
 from __future__ import annotations
 
+import functools
 import posixpath
 import re
 import time
@@ -55,6 +56,7 @@ def is_job_key(text: str) -> bool:
     return bool(_JOB_KEY.fullmatch(text))
 
 
+@functools.lru_cache(maxsize=4096)
 def task_id_for(step: str, task_key: str) -> str:
     """The file name stem of a task's record: a hash of its step name and task key. A chunk's
     remainder piece (task key ``ORIGINAL#FRAMES``) gets its original's stem, a dash and a hash

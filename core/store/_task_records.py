@@ -17,6 +17,7 @@ from __future__ import annotations
 import posixpath
 import time
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from core._errors import LeaseLostError, StoreError
 from core._killpoints import kill_point
@@ -213,25 +214,55 @@ class TaskRecords:
         reuse = None
         if 1 <= old < checkpoint.generation - 1:
             reuse = f"{tdir}/{tid}.gen-{old:06d}.json"
-        self.records.write(
-            gen_path,
-            {**checkpoint.model_dump(mode="json"), "task": identity.model_dump()},
-            durable=False,
-            fence=fence,
-            new=True,
-            reuse=reuse,
-            checked=True,
-        )
-        kill_point("commit.generation-written")
+
+        def gen_data() -> dict[str, Any]:
+            return {**checkpoint.model_dump(mode="json"), "task": identity.model_dump()}
+
+        local = self.fs.is_local
+        if not local:
+            self.records.write(
+                gen_path,
+                gen_data(),
+                durable=False,
+                fence=fence,
+                new=True,
+                reuse=reuse,
+                checked=True,
+            )
+            _generation_written()
         previous, record.checkpoint = record.checkpoint, checkpoint
         try:
             record.updated_at = time.time()  # (write_task, its path known)
-            self.records.write(
-                f"{tdir}/{tid}.json", record.model_dump(mode="json"), fence=fence, checked=True
-            )
+            if local:
+                # one wait: the generation file is written on another thread while the record
+                # is fsynced, and is in place before the record is (StoreFS.write_json_pair)
+                placed: list[bool] = []
+
+                def generation_placed() -> None:
+                    placed.append(True)
+                    _generation_written()
+
+                try:
+                    self.fs.write_json_pair(
+                        gen_path,
+                        gen_data,
+                        f"{tdir}/{tid}.json",
+                        record.model_dump(mode="json"),
+                        reuse=reuse,
+                        fence=fence,
+                        first_placed=generation_placed,
+                    )
+                except StoreError:
+                    if not placed:  # as when the generation is written first and fails
+                        record.checkpoint = previous
+                    raise
+            else:
+                self.records.write(
+                    f"{tdir}/{tid}.json", record.model_dump(mode="json"), fence=fence, checked=True
+                )
         except LeaseLostError:
             record.checkpoint = previous
-            if fence is not None:
+            if fence is not None and not local:
                 self.fs.delete_own(gen_path, fence)
             raise
         if fence is not None:  # noted only for delete_own above: no longer needed
@@ -349,6 +380,10 @@ class TaskRecords:
                 gens.append(CheckpointData.model_validate(data.model_dump(exclude={"task"})))
         gens.sort(key=lambda g: g.generation)
         return gens
+
+
+def _generation_written() -> None:
+    kill_point("commit.generation-written")
 
 
 def _name_number(prefix: str) -> Callable[[str], tuple[int, str]]:
