@@ -26,6 +26,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal
 
 from core._errors import RunError, StoreError
@@ -378,12 +379,15 @@ class TaskExecutor:
         """
         if not isinstance(feed, TaskFeed):
             feed = TaskFeed(feed)
-        # One task at a time with no budget to watch, on a worker thread, needs no thread more
-        # (``InFlight``); the end of a task that succeeded is stored while the next starts.
+        # the end of a task that succeeded is stored while the next starts (``InFlight``)
         here = deadline is None and on_worker_thread()
         out = StepRun()
         with InFlight(
-            self.sessions, self.max_parallel, here=here, pipelined=not feed.sized_by_ends
+            self.sessions,
+            self.max_parallel,
+            here=here,
+            pipelined=not feed.sized_by_ends,
+            prepare_lease=partial(self.store.prepare_task_lease, self.job.job_key, self.run_id),
         ) as flight:
             while True:
                 while flight.room():
@@ -411,7 +415,7 @@ class TaskExecutor:
                         continue
                     execution, lease, session = started
                     flight.start(
-                        Flight(spec, execution, lease, session, time.monotonic()), feed.has_more
+                        Flight(spec, execution, lease, session, time.monotonic()), feed.peek
                     )
                 if not flight:
                     break

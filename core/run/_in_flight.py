@@ -64,7 +64,13 @@ class InFlight:
     """
 
     def __init__(
-        self, sessions: SessionPool, max_parallel: int, *, here: bool, pipelined: bool
+        self,
+        sessions: SessionPool,
+        max_parallel: int,
+        *,
+        here: bool,
+        pipelined: bool,
+        prepare_lease: Callable[[str, str], None] | None = None,
     ) -> None:
         self._sessions = sessions
         self._max = max(1, max_parallel)
@@ -80,12 +86,15 @@ class InFlight:
         self._pool = ThreadPoolExecutor(
             self._max * (2 if pipelined else 1), thread_name_prefix="openjd-task"
         )
+        self._prepare = prepare_lease if pipelined else None
+        self._preparing = ThreadPoolExecutor(1, thread_name_prefix="openjd-prepare")
 
     def __enter__(self) -> InFlight:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._pool.shutdown(wait=True)
+        self._preparing.shutdown(wait=True)
 
     def __bool__(self) -> bool:
         return bool(self._flights)
@@ -94,13 +103,18 @@ class InFlight:
         """True while fewer than ``max_parallel`` tasks hold a session."""
         return self._busy < self._max
 
-    def start(self, flight: Flight, more: Callable[[], bool]) -> None:
-        """Run ``flight``'s execution (``more()``: True if the feed has a task after it)."""
+    def start(self, flight: Flight, peek: Callable[[], TaskSpec | None]) -> None:
+        """Run ``flight``'s execution (``peek()``: the feed's task after it, or None). The task
+        after it is prepared for meanwhile, on a thread of its own (``prepare_lease(step,
+        task_key)``: its lease's file made, ``CheckpointStore.prepare_task_lease``)."""
         self._flights[flight.execution] = flight
         self._busy += 1
         if any(f.freed for f in self._flights.values()):
             kill_point("task.next-starting")
-        inline = self._here and (self.on_ending is None or not more())
+        after = None if self.on_ending is None else peek()
+        if after is not None and self._prepare is not None:
+            self._preparing.submit(self._prepare, after.step_name, after.task_key)
+        inline = self._here and (self.on_ending is None or after is None)
         flight.future = _start_run(self._pool, flight.execution, inline)
         execution = flight.execution
         flight.future.add_done_callback(lambda _f: self._events.put((True, execution)))

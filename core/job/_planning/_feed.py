@@ -32,7 +32,7 @@ class TaskFeed:
     def __init__(self, specs: Iterable[TaskSpec] = ()) -> None:
         self._specs: Iterator[TaskSpec] = iter(specs)
         self._ahead: list[TaskSpec] = []
-        """A task planned by ``has_more`` and not taken yet."""
+        """A task planned by ``peek`` and not taken yet."""
 
     def take(self) -> TaskSpec | None:
         """The next task to start (None: the feed is empty)."""
@@ -40,15 +40,15 @@ class TaskFeed:
             return self._ahead.pop()
         return next(self._specs, None)
 
-    def has_more(self) -> bool:
-        """True if ``take`` would give a task (planned now, kept for it). Not for a feed
+    def peek(self) -> TaskSpec | None:
+        """The task ``take`` will give next (planned now, kept for it), or None. Not for a feed
         ``sized_by_ends``, whose next task is sized when taken."""
         if not self._ahead:
             spec = next(self._specs, None)
             if spec is None:
-                return False
+                return None
             self._ahead.append(spec)
-        return True
+        return self._ahead[-1]
 
     def drain(self) -> list[TaskSpec]:
         """Every task planned but not taken; the feed is empty after."""
