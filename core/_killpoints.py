@@ -26,6 +26,8 @@ The points (each a place where a crash must leave the store readable and resumab
 - ``task.process-started``: a task's action process started, its record not yet naming it;
 - ``task.process-recorded``: a task's process recorded, the action running;
 - ``task.ended-recorded``: a task's end recorded, before the runner reports it finished.
+- ``task.next-starting``: the next task of a session claimed and about to start while the end
+  of the task before it is still being stored (its outcome decided, not yet reported).
 
 A delete (``core.run._delete``: ``checkpoints delete``, ``gc``; no run passes them, so the crash
 harness, which kills runs at each point of the list above, leaves them out) has its own, where

@@ -154,6 +154,11 @@ class LeaseFiles(Protocol):
     def release(self, claim: LeaseClaim) -> None:
         """Let the lease go if it is still this holder's. Best effort: never raises."""
 
+    def prepare(self, path: str) -> None:
+        """Make what a later ``take`` of ``path`` needs where making it costs (a local lock
+        file: creating a file on ext4 took 0.05-0.5 ms here, opening one a few microseconds),
+        without taking the lease; nothing elsewhere. Best effort: never raises."""
+
     def held(self, path: str) -> bool:
         """True if a live holder has the lease ``path``; never makes its file. StoreError if it
         cannot be told."""

@@ -214,6 +214,14 @@ class FlockLeases:
             os.close(claim.handle)  # closing the descriptor drops the flock
             claim.handle = None
 
+    def prepare(self, path: str) -> None:
+        """The lock file made (an empty regular file, as a released lease leaves it), so that
+        the take only opens it."""
+        try:
+            os.close(self.backend.open_lock(path))
+        except (OSError, StoreError):
+            pass  # the take makes it, or says why it cannot
+
     def held(self, path: str) -> bool:
         import fcntl
 

@@ -187,6 +187,9 @@ class ObjectLeases:
             with contextlib.suppress(OSError):
                 self.objects.delete(claim.path, claim.version)
 
+    def prepare(self, path: str) -> None:
+        return None  # a lease object is made by its take
+
     def held(self, path: str) -> bool:
         current = self.objects.get(path)
         return current is not None and lease_alive(current[0], current[2])

@@ -23,12 +23,10 @@ runner decides it again:
 
 from __future__ import annotations
 
-import contextvars
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal
 
 from core._errors import RunError, StoreError
@@ -37,6 +35,7 @@ from core._records import RunPhase, RunStatus, TaskRecord
 from core.job import PreparedJob, TaskFeed, TaskSpec, new_task_record
 from core.run._claim import NotStartedError, claim_task, lease_expired_note, planned_as_stored
 from core.run._group_stop import GroupStop
+from core.run._in_flight import Flight, InFlight, on_worker_thread, since
 from core.run._metrics import MetricSink, MetricsObserver, default_sinks
 from core.run._notices import (
     DEFAULT_POLL_SECONDS,
@@ -99,6 +98,18 @@ class StepRun:
     def skipped(self) -> list[str]:
         """Labels of every task not run: not started, then never handed out."""
         return [s.label for s, _ in self.not_started] + self.rest
+
+    def count(self, spec: TaskSpec, result: TaskResult, keep_succeeded: bool) -> bool:
+        """Count the result of a task that ran (kept in ``results`` unless it succeeded and
+        ``keep_succeeded`` is False); True if it succeeded."""
+        if result.outcome != TaskOutcome.SUCCEEDED:
+            self.results.append((spec, result))
+            self.ok = False
+            return False
+        self.succeeded += 1
+        if keep_succeeded:
+            self.results.append((spec, result))
+        return True
 
 
 class TaskExecutor:
@@ -368,13 +379,18 @@ class TaskExecutor:
         """
         if not isinstance(feed, TaskFeed):
             feed = TaskFeed(feed)
-        here = self.max_parallel == 1 and deadline is None and _on_worker_thread()
+        # the end of a task that succeeded is stored while the next starts (``InFlight``)
+        here = deadline is None and on_worker_thread()
         out = StepRun()
-        started_at: dict[TaskExecution, float] = {}
-        running: dict[Future[TaskResult], tuple[TaskSpec, TaskExecution, Lease, Session]] = {}
-        with ThreadPoolExecutor(self.max_parallel, thread_name_prefix="openjd-task") as pool:
+        with InFlight(
+            self.sessions,
+            self.max_parallel,
+            here=here,
+            pipelined=not feed.sized_by_ends,
+            prepare_lease=partial(self.store.prepare_task_lease, self.job.job_key, self.run_id),
+        ) as flight:
             while True:
-                while len(running) < self.max_parallel:
+                while flight.room():
                     spec = feed.take()
                     if spec is None:
                         break
@@ -384,7 +400,9 @@ class TaskExecutor:
                     if why is None and stop_on_failure and not out.ok:
                         why = "not started: an earlier task of the step did not succeed"
                     if why is None:  # the claim may wait for a lease, and stop waiting
-                        started = self._start(spec, is_finally, job_status, errors, known)
+                        started = self._start(
+                            spec, is_finally, job_status, errors, known, flight.on_ending
+                        )
                         why = str(started) if isinstance(started, NotStartedError) else None
                     if why is not None:
                         out.not_started.append((spec, why))
@@ -396,35 +414,28 @@ class TaskExecutor:
                         out.ok = False
                         continue
                     execution, lease, session = started
-                    started_at[execution] = time.monotonic()
-                    future = _start_run(pool, execution, here)
-                    running[future] = (spec, execution, lease, session)
-                if not running:
+                    flight.start(
+                        Flight(spec, execution, lease, session, time.monotonic()), feed.peek
+                    )
+                if not flight:
                     break
-                done, _ = wait(list(running), timeout=0.1, return_when=FIRST_COMPLETED)
+                ended = flight.wait(timeout=0.1)
                 if deadline is not None and time.monotonic() > deadline:
                     if self.running.expire(self.phase == RunPhase.FINALLY):
                         self.note(deadline_message + "; canceling running tasks")
-                for future in done:
-                    spec, execution, lease, session = running.pop(future)
-                    self._ended(execution, lease, session)
-                    began = started_at.pop(execution)
+                for one in ended:
+                    self._ended(one.execution, one.lease)
+                    assert one.future is not None
                     try:
-                        result = future.result()
+                        result = one.future.result()
                     except Exception as exc:
                         if errors == "raise":
                             raise
-                        result = TaskResult(TaskOutcome.FAILED, None, str(exc), execution.record)
+                        result = TaskResult(TaskOutcome.FAILED, None, str(exc), one.record)
                     if result.outcome == TaskOutcome.NOT_STORED:
-                        self._store_failed(spec, execution, result)
-                    if result.outcome != TaskOutcome.SUCCEEDED:
-                        out.results.append((spec, result))
-                        out.ok = False
-                    else:
-                        out.succeeded += 1
-                        if keep_succeeded:
-                            out.results.append((spec, result))
-                        note = feed.ended(spec, time.monotonic() - began)
+                        self._store_failed(one.spec, one.execution, result)
+                    if out.count(one.spec, result, keep_succeeded):
+                        note = feed.ended(one.spec, since(one))
                         if note is not None:
                             self.note(note)
         return out
@@ -443,6 +454,7 @@ class TaskExecutor:
         job_status: str | None,
         errors: str,
         known: Mapping[TaskKey, TaskRecord] | None,
+        on_ending: Callable[[TaskExecution, TaskOutcome], None] | None = None,
     ) -> tuple[TaskExecution, Lease, Session] | NotStartedError | str:
         try:
             lease, record = claim_task(
@@ -482,6 +494,7 @@ class TaskExecutor:
                 session=session,
                 lease=lease,
                 task_env=interval_env(record),
+                on_ending=on_ending,
             )
         except BaseException:
             lease.release()
@@ -493,33 +506,12 @@ class TaskExecutor:
             self._on_start(execution)
         return execution, lease, session
 
-    def _ended(self, execution: TaskExecution, lease: Lease, session: Session) -> None:
+    def _ended(self, execution: TaskExecution, lease: Lease) -> None:
+        """``execution`` ended (its end stored, or not storable): its lease goes."""
         self.running.remove(execution, lease)
-        self.sessions.give(session)
         if lease in self._watcher.leases:
             self._watcher.leases.remove(lease)
         lease.release()
-
-
-def _on_worker_thread() -> bool:
-    return threading.current_thread() is not threading.main_thread()
-
-
-def _start_run(
-    pool: ThreadPoolExecutor, execution: TaskExecution, here: bool
-) -> Future[TaskResult]:
-    """Run ``execution`` on a pool thread (its future), or, ``here``, in this thread to its end:
-    one task at a time with no budget to watch, on a worker thread (an Airflow task
-    instance's, a Prefect task run's), where no signal handler runs, needs no thread more."""
-    if not here:
-        context = contextvars.copy_context()  # Prefect's run context, for callbacks
-        return pool.submit(context.run, execution.run)
-    future: Future[TaskResult] = Future()
-    try:
-        future.set_result(execution.run())
-    except Exception as exc:
-        future.set_exception(exc)
-    return future
 
 
 # --- a group of tasks in one session (Airflow task instances, Prefect task runs) ---------------

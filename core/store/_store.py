@@ -399,6 +399,16 @@ class CheckpointStore:
         base = self._task_lease_base(job_key, run_id, step, task_key)
         return take_lease(self.fs, base, self._ttl(ttl_seconds), wait_seconds)
 
+    def prepare_task_lease(self, job_key: str, run_id: str, step: str, task_key: str) -> None:
+        """Make ahead what taking the task's lease will need (``LeaseFiles.prepare``: a local
+        lock file), off the path of the task that takes it. Best effort: never raises."""
+        try:
+            base = self._task_lease_base(job_key, run_id, step, task_key)
+            leases = self.fs.leases()
+            leases.prepare(self.fs.confined(base + leases.suffix))
+        except (OSError, StoreError):
+            pass  # the take does it, or says why it cannot
+
     def _task_lease_base(self, job_key: str, run_id: str, step: str, task_key: str) -> str:
         tid = task_id_for(step, task_key)
         return posixpath.join(self.layout.in_run(job_key, run_id, "tasks"), tid)

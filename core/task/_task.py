@@ -142,6 +142,9 @@ class TaskExecution:
             made (fencing): once it is lost the task is canceled and writes nothing more
             (``TaskOutcome.NOT_STORED``). None: writes are not fenced.
         task_env: variables added to the task action's environment (``interval_env``).
+        on_ending: called with (this execution, its outcome) on its thread once the outcome is
+            decided and its session free, just before its end is stored (the executor then
+            starts the next task: ``core.run._in_flight``); it is reported ended once stored.
     """
 
     def __init__(
@@ -164,8 +167,10 @@ class TaskExecution:
         session: Session | None = None,
         lease: Lease | None = None,
         task_env: dict[str, str] | None = None,
+        on_ending: Callable[[TaskExecution, TaskOutcome], None] | None = None,
     ) -> None:
         self.job = job
+        self._on_ending = on_ending or (lambda _execution, _outcome: None)
         self.job_status = job_status
         self._session = session
         self.spec = spec
@@ -393,15 +398,9 @@ class TaskExecution:
             rec = self._recorder.record
             rec.process = None
             fail = (self._output.fail_message or message) if failed else message
-            outcome, message = _outcome(rec, self.spec, self._stop.intent, failed, fail)
-            done = self._stop.declared_done
-            if done is not None:  # declared done: finished, whatever the action did
-                rec.status = TaskStatus.SUCCEEDED
-                if self.spec.chunk_parameter:
-                    rec.completed_frames = sorted(
-                        set(rec.completed_frames) | self.spec.chunk_frames
-                    )
-                message = f"{message}; recorded as done ({done})"
+            outcome, message = _outcome(
+                rec, self.spec, self._stop.intent, failed, fail, self._stop.declared_done
+            )
             close_span(rec, self._stop.cause, self._stop.requested_at)
             unknown = self._ran_resume and rec.resume_status is None and exit_code is not None
             if unknown:
@@ -413,6 +412,7 @@ class TaskExecution:
             # Action paths are keyed by the combined step index; a person reads finally[j].
             message = _relabel(message, len(self.job.template.regular_steps))
             rec.message = message
+            self._on_ending(self, outcome)  # reported ENDED only once persisted, below
             not_stored = self._recorder.persist(force=True, warn=False)  # the outcome says it
             if self._recorder.lost is not None:
                 outcome = TaskOutcome.NOT_STORED
@@ -636,10 +636,28 @@ class ActionRunner:
 
 
 def _outcome(
-    rec: TaskRecord, spec: TaskSpec, intent: StopIntent | None, failed: bool, message: str
+    rec: TaskRecord,
+    spec: TaskSpec,
+    intent: StopIntent | None,
+    failed: bool,
+    message: str,
+    declared_done: str | None = None,
 ) -> tuple[TaskOutcome, str]:
     """The task's outcome and its message (``message``: why it failed, when ``failed``), with
-    the record's status set to match."""
+    the record's status set to match; ``declared_done`` (why the task was declared done while
+    it ran): the record says succeeded, whatever the action did."""
+    outcome, message = _outcome_of_action(rec, spec, intent, failed, message)
+    if declared_done is not None:
+        rec.status = TaskStatus.SUCCEEDED
+        if spec.chunk_parameter:
+            rec.completed_frames = sorted(set(rec.completed_frames) | spec.chunk_frames)
+        message = f"{message}; recorded as done ({declared_done})"
+    return outcome, message
+
+
+def _outcome_of_action(
+    rec: TaskRecord, spec: TaskSpec, intent: StopIntent | None, failed: bool, message: str
+) -> tuple[TaskOutcome, str]:
     if intent == StopIntent.CHECKPOINT:
         has = rec.checkpoint is not None or bool(rec.completed_frames)
         rec.status = TaskStatus.INTERRUPTED

@@ -25,16 +25,35 @@ class TaskFeed:
             a step is never held as a list of all its tasks.
     """
 
+    sized_by_ends = False
+    """True when a task taken depends on how the tasks before it ended (``ended``): the executor
+    then starts the next task only once the one before it has ended whole, its end stored."""
+
     def __init__(self, specs: Iterable[TaskSpec] = ()) -> None:
         self._specs: Iterator[TaskSpec] = iter(specs)
+        self._ahead: list[TaskSpec] = []
+        """A task planned by ``peek`` and not taken yet."""
 
     def take(self) -> TaskSpec | None:
         """The next task to start (None: the feed is empty)."""
+        if self._ahead:
+            return self._ahead.pop()
         return next(self._specs, None)
+
+    def peek(self) -> TaskSpec | None:
+        """The task ``take`` will give next (planned now, kept for it), or None. Not for a feed
+        ``sized_by_ends``, whose next task is sized when taken."""
+        if not self._ahead:
+            spec = next(self._specs, None)
+            if spec is None:
+                return None
+            self._ahead.append(spec)
+        return self._ahead[-1]
 
     def drain(self) -> list[TaskSpec]:
         """Every task planned but not taken; the feed is empty after."""
-        rest = list(self._specs)
+        rest = [*self._ahead, *self._specs]
+        self._ahead = []
         self._specs = iter(())
         return rest
 
@@ -50,6 +69,8 @@ class TaskFeed:
 class AdaptiveFeed(TaskFeed):
     """An adaptive step: the checkpointed chunks that resume first, then fresh chunks whose
     size follows the measured seconds per frame (``AdaptiveChunker``)."""
+
+    sized_by_ends = True
 
     def __init__(
         self,
