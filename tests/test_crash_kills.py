@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("crash_kills")]
 
 def test_the_kill_points_are_the_ones_core_names() -> None:
     points = harness.kill_points()
-    assert len(points) == 11, points
+    assert len(points) == 12, points
     assert {p.split(".")[0] for p in points} == {"record", "commit", "task"}
 
 
