@@ -178,12 +178,24 @@ def _passable(argv: list[str], env: dict[str, str]) -> bool:
     (``Popen`` raises ValueError; the shell would drop it) and well within the kernel's size
     limits (``Popen`` raises ``E2BIG``; the shell would start and fail with 126). Else the
     action starts as before, and fails as before."""
+    texts = [*argv, *(f"{k}={v}" for k, v in env.items())]
+    if texts and all(isinstance(t, str) for t in texts):  # a bound without encoding them
+        if any("\0" in t for t in texts):
+            return False
+        longest = max(len(t) for t in texts)  # a character is at most 4 bytes encoded
+        if 4 * longest < _MAX_ARG_STRLEN and sum(4 * len(t) + 9 for t in texts) < _arg_max():
+            return True
     strings = [os.fsencode(a) for a in argv]
     strings += [os.fsencode(k) + b"=" + os.fsencode(v) for k, v in env.items()]
     if any(b"\0" in s or len(s) >= _MAX_ARG_STRLEN for s in strings):
         return False
     total = sum(len(s) + 1 + 8 for s in strings)  # the string, its NUL, its pointer
-    return total < os.sysconf("SC_ARG_MAX") // 2
+    return total < _arg_max()
+
+
+def _arg_max() -> int:
+    """Half the kernel's limit on an ``execve``'s arguments and environment, in bytes."""
+    return os.sysconf("SC_ARG_MAX") // 2
 
 
 def _request(argv: list[str], cwd: str, env: dict[str, str]) -> bytes:
