@@ -132,10 +132,11 @@ def task_run_phases(ours_flow) -> tuple[PhaseTimes, list[float]]:
     from prefect_integration import _artifacts, _tasks
 
     phases = [
-        ("open the store (CheckpointStore)", core.CheckpointStore, "__init__"),
+        ("open the store (unless the flow's is reused)", core.CheckpointStore, "__init__"),
         ("read the run record", core.CheckpointStore, "read_run"),
         ("plan the group (read its task records)", core, "plan_group"),
-        ("start the progress artifact's thread", _artifacts.GroupProgress, "start"),
+        ("start the progress artifact (no thread)", _artifacts.GroupProgress, "start"),
+        ("end the progress artifact (a thread if it sends)", _artifacts.GroupProgress, "close"),
         ("watch termination requests and notices (start)", executor.TaskExecutor, "start"),
         ("watch ... (stop), end the session", executor.TaskExecutor, "close"),
         ("claim the task: its lease, its record", executor, "claim_task"),

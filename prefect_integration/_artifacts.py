@@ -14,6 +14,9 @@
 from __future__ import annotations
 
 import contextvars
+import heapq
+import itertools
+import os
 import re
 import threading
 import time
@@ -46,11 +49,12 @@ class GroupProgress:
     finished earlier too).
 
     ``start`` (in the task run's thread: the artifact belongs to the task run in its context)
-    starts a thread that, every ``every`` seconds, creates the artifact (the first time) or
-    sends the percentage when it changed; ``on_event`` is given the core's task events (from
-    any thread); ``close`` has the thread send the last percentage and a description of how
-    the task run ended, and returns at once (the task run's time does not include that call;
-    ``wait`` or ``flush_progress`` waits for it). A task run that ends within ``every`` seconds
+    has, every ``every`` seconds, a thread create the artifact (the first time) or send the
+    percentage when it changed (the process's one ``_Ticker`` starts it: a task run starts no
+    thread to wait with); ``on_event`` is given the core's task events (from any thread);
+    ``close`` has a thread send the last percentage and a description of how the task run
+    ended, and returns at once (the task run's time does not include that call; ``wait`` or
+    ``flush_progress`` waits for it). A task run that ends within ``every`` seconds
     without a progress value (``set``: its tasks' ``openjd_progress``) makes no API call and
     has no progress artifact (its state says how it ended; a trivial task run costs no call),
     a task run shorter than ``every`` that reported progress makes one (the artifact, created
@@ -80,8 +84,14 @@ class GroupProgress:
         self._shares = {key: 0.0 for key in task_keys}
         self._done_before = max(0, done_before)
         self._lock = threading.Lock()
-        self._stop = threading.Event()
+        self._send_lock = threading.Lock()
+        """Held by a send: the last one comes after a periodic one under way."""
+        self._context = contextvars.copy_context()
+        self._closed = False
+        self._sending = False
+        """A periodic send was handed to a thread and has not ended."""
         self._thread: threading.Thread | None = None
+        """The thread that sends the last update (``close``), if one was needed."""
         self._ending: str | None = None
         self._artifact_id: Any = None
         self._sent: float | None = None
@@ -134,43 +144,62 @@ class GroupProgress:
                 self._shares[task_key] = min(100.0, max(0.0, share))
 
     def start(self) -> GroupProgress:
-        """Start the update thread, in a copy of this thread's context (the task run's, and
-        Prefect's settings and API client)."""
-        context = contextvars.copy_context()
-        self._thread = threading.Thread(
-            target=context.run, args=(self._loop,), name="openjd-prefect-progress", daemon=True
-        )
-        with _PENDING_LOCK:
-            _PENDING.add(self._thread)
-        self._thread.start()
+        """Start sending, in a copy of this thread's context (the task run's, and Prefect's
+        settings and API client). No thread is started for it: the process's one ticker
+        (``_Ticker``) hands a send to a thread of its own once ``every`` seconds have passed,
+        and ``close`` starts one only when there is something to send."""
+        self._context = contextvars.copy_context()
+        _TICKER.add(self, time.monotonic() + self.every)
         return self
 
     def close(self, ending: str | None = None) -> None:
-        """Have the thread send the last percentage, with ``ending`` (how the task run ended,
-        for the description) if given, and end; returns at once."""
-        self._ending = ending
-        self._stop.set()
+        """Have a thread send the last percentage, with ``ending`` (how the task run ended,
+        for the description) if given; returns at once. A task run that ended within its
+        first interval without a progress value sends nothing (no thread)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._ending = ending
+            needed = self._artifact_id is not None or self._progressed or self._sending
+        if needed:
+            self._thread = _send_thread(self._context, self._last, "openjd-prefect-progress")
 
     def wait(self, timeout: float = 30.0) -> None:
-        """Wait (up to ``timeout`` seconds) until the thread has sent its last update."""
+        """Wait (up to ``timeout`` seconds) until the last update has been sent."""
         if self._thread is not None:
             self._thread.join(timeout)
 
     def _describe(self) -> str:
         return f"{self.done()} of {self.total} task(s) finished"
 
-    def _loop(self) -> None:
-        try:
-            while not self._stop.wait(self.every):
-                if self._artifact_id is None or self.percent() != self._sent:
-                    self._send(None)
+    def _due(self) -> bool:
+        """The ticker: ``every`` seconds have passed since the start or the last send. Starts
+        a thread that sends the percentage (unless closed: ``close`` sends the last one);
+        False when closed (the ticker forgets it)."""
+        with self._lock:
+            if self._closed:
+                return False
+            self._sending = True
+        _send_thread(self._context, self._periodic, "openjd-prefect-progress")
+        return True
+
+    def _periodic(self) -> None:
+        with self._send_lock:
+            if not self._closed and (self._artifact_id is None or self.percent() != self._sent):
+                self._send(None)
+        with self._lock:
+            self._sending = False
+            closed = self._closed
+        if not closed:
+            _TICKER.add(self, time.monotonic() + self.every)
+
+    def _last(self) -> None:
+        with self._send_lock:  # after a periodic send still under way
             if self._artifact_id is None and not self._progressed:
                 return  # ended within its first interval, with nothing to show but its state
             ending = f"; {self._ending}" if self._ending else ""
             self._send(f"{self.label}: {self._describe()}{ending}")
-        finally:
-            with _PENDING_LOCK:
-                _PENDING.discard(threading.current_thread())
 
     def _send(self, description: str | None) -> None:
         """Create the artifact (the first time), else update it."""
@@ -197,7 +226,74 @@ class GroupProgress:
 
 
 _PENDING: set[threading.Thread] = set()
+"""Threads sending a closed task run's last progress update (``flush_progress`` waits)."""
 _PENDING_LOCK = threading.Lock()
+
+
+def _send_thread(
+    context: contextvars.Context, fn: Callable[[], None], name: str
+) -> threading.Thread:
+    """Run ``fn`` on a new daemon thread, in a copy of ``context`` (two sends of one task run
+    may overlap: a context is entered by one thread at a time), listed in ``_PENDING`` until
+    it returns."""
+
+    def run() -> None:
+        try:
+            context.copy().run(fn)
+        finally:
+            with _PENDING_LOCK:
+                _PENDING.discard(thread)
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    with _PENDING_LOCK:
+        _PENDING.add(thread)
+    thread.start()
+    return thread
+
+
+class _Ticker:
+    """One daemon thread per process that wakes when a task run's progress interval has
+    passed (``GroupProgress._due``), so that a task run starts no thread of its own for its
+    progress: most end within their first interval, with nothing to send."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._due: list[tuple[float, int, GroupProgress]] = []
+        self._count = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+
+    def add(self, progress: GroupProgress, when: float) -> None:
+        """Call ``progress._due()`` at ``time.monotonic()`` ``when`` (or soon after)."""
+        with self._cond:
+            if self._pid != os.getpid():  # a forked child: the parent's thread is not here
+                self._pid, self._due, self._thread = os.getpid(), [], None
+            first = not self._due or when < self._due[0][0]
+            heapq.heappush(self._due, (when, next(self._count), progress))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._loop, name="openjd-prefect-progress-ticker", daemon=True
+                )
+                self._thread.start()
+            elif first:
+                self._cond.notify()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    now = time.monotonic()
+                    if self._due and self._due[0][0] <= now:
+                        progress = heapq.heappop(self._due)[2]
+                        break
+                    self._cond.wait(self._due[0][0] - now if self._due else None)
+            try:
+                progress._due()
+            except Exception:  # a thread that cannot start: that update is lost, not the rest
+                pass
+
+
+_TICKER = _Ticker()
 _FLOW_BODIES = 0
 """Flow bodies running in this process. A task run in a process with none (a Dask worker's,
 say) has no ``flush_progress`` coming after it: it waits for its own last update."""

@@ -377,7 +377,7 @@ def _flow_body(
                 logger.warning(
                     "step %s: host requirement %s has no mapping; not applied", step, req
                 )
-        remember_job(job, run_id)
+        remember_job(job, run_id, store)
         try:
             with get_client(sync_client=True) as client:
                 client.update_flow_run_labels(

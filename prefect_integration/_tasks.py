@@ -26,7 +26,7 @@ from ._events import PrefectEvents
 from ._report import flow_entrypoint, kept_line, quiet_finished_line, resume_hint
 from ._task_options import TaskInterrupted
 
-__all__ = ("job_for", "remember_job", "run_group")
+__all__ = ("job_for", "remember_job", "run_group", "store_for")
 
 SIGNALS_REFUSED = (
     "Prefect task runs (they run in worker threads, where no signal handler can be "
@@ -39,13 +39,39 @@ _NEXT_TRY = "a retry of this task run (or of the flow run)"
 (``core.classify_group``)."""
 
 _JOBS: dict[tuple[str, str], PreparedJob] = {}
+_STORES: dict[tuple[str, str], CheckpointStore] = {}
 _JOBS_LOCK = threading.Lock()
 
 
-def remember_job(job: PreparedJob, run_id: str) -> None:
-    """Keep the flow's prepared job for task runs in this process (saves preparing it again)."""
+def remember_job(job: PreparedJob, run_id: str, store: CheckpointStore | None = None) -> None:
+    """Keep the flow's prepared job (and its store) for task runs in this process (saves
+    preparing the job and opening the store again in each task run)."""
     with _JOBS_LOCK:
         _JOBS[(job.job_key, run_id)] = job
+        if store is not None:
+            _STORES[(job.job_key, run_id)] = store
+
+
+def store_for(
+    job_key: str, run_id: str, location: str, files: str | None, file_roots: Sequence[str]
+) -> CheckpointStore:
+    """The run's store: the flow body's (``remember_job``) when it is this process's and was
+    opened as the task run would open it (same location, file data flow and roots), else a
+    new ``CheckpointStore``.
+
+    Raises:
+        StoreError: the location cannot be used.
+    """
+    with _JOBS_LOCK:
+        store = _STORES.get((job_key, run_id))
+    if (
+        store is not None
+        and store.url == location
+        and store.file_flow.value == files
+        and list(store.file_roots) == list(file_roots)
+    ):
+        return store
+    return CheckpointStore(location, files=files, file_roots=file_roots)
 
 
 def job_for(store: CheckpointStore, job_key: str, run_id: str) -> PreparedJob:
@@ -125,7 +151,7 @@ def run_group(
     notice_settings = core.NoticeSettings.from_env(
         interruption_notices, notice_poll_seconds, signals_refused=SIGNALS_REFUSED
     )
-    store = CheckpointStore(store_location, files=files, file_roots=file_roots or ())
+    store = store_for(job_key, run_id, store_location, files, file_roots or ())
     job = job_for(store, job_key, run_id)
     originals_specs = [TaskSpec.from_dict(d) for d in originals]
     specs = core.plan_group(store, job, run_id, originals_specs)

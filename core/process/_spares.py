@@ -17,8 +17,8 @@ to that spare's standard input as shell commands: go to the working directory, s
 environment exactly (the exec wrapper's ``PWD`` rule, ``core.process._cgroups``), then ``exec``
 the program with its arguments, standard input ``/dev/null``. It is taken only where the exec
 wrapper itself would be used (the same checks: ``_sh_argv``); else the spare is killed and the
-action starts as before. One spare is kept ready per runner process, made again in the
-background after each reservation. A reserved spare no action took is killed when its
+action starts as before. Two spares are kept ready per runner process (``KEPT_READY``), made
+again in the background after each reservation. A reserved spare no action took is killed when its
 marker is released (``drop_spare``: its task ended, its environment exited); the rest at exit,
 with one still being made then.
 """
@@ -46,7 +46,12 @@ from core.process._cgroups import (
     release_cgroup,
 )
 
-__all__ = ("drop_spare", "reserve_spare", "take_spare")
+__all__ = ("KEPT_READY", "drop_spare", "reserve_spare", "take_spare")
+
+KEPT_READY = 2
+"""Spares kept ready (or being made) per runner process: with two, the one made after a
+reservation has two actions' time to move itself in (an action that finds none ready pays for
+its own move, 10-15 ms where moves come tens of ms apart)."""
 
 _SCRIPT = 'echo 0 >"$0" || exit 125\n. /dev/stdin\n'
 """The spare: ``$0`` its cgroup's ``cgroup.procs``; then the action (nothing, and an exit 0,
@@ -100,18 +105,19 @@ def reserve_spare() -> tuple[str, float] | None:
     state = _mine()
     spare = None
     with state.lock:
+        waiting: list[_Spare] = []
         while state.ready and spare is None:
-            candidate = state.ready.pop()
+            candidate = state.ready.pop(0)  # the oldest first: the likeliest to be in
             if candidate.proc.poll() is not None:
                 _drop(candidate)
             elif candidate.proc.pid in _pids(candidate.cgroup):
                 spare = candidate
             else:  # still moving itself in: kept for a later action
-                state.ready.append(candidate)
-                break
+                waiting.append(candidate)
+        state.ready[:0] = waiting
         if spare is not None:
             state.reserved[os.path.basename(spare.cgroup)] = spare
-        if not state.ready and not state.making and not state.closed:
+        if len(state.ready) < KEPT_READY and not state.making and not state.closed:
             if not state.at_exit:
                 state.at_exit = True
                 atexit.register(_close, state)  # before the first is made: it may be at exit
@@ -172,12 +178,24 @@ def _passable(argv: list[str], env: dict[str, str]) -> bool:
     (``Popen`` raises ValueError; the shell would drop it) and well within the kernel's size
     limits (``Popen`` raises ``E2BIG``; the shell would start and fail with 126). Else the
     action starts as before, and fails as before."""
+    texts = [*argv, *(f"{k}={v}" for k, v in env.items())]
+    if texts and all(isinstance(t, str) for t in texts):  # a bound without encoding them
+        if any("\0" in t for t in texts):
+            return False
+        longest = max(len(t) for t in texts)  # a character is at most 4 bytes encoded
+        if 4 * longest < _MAX_ARG_STRLEN and sum(4 * len(t) + 9 for t in texts) < _arg_max():
+            return True
     strings = [os.fsencode(a) for a in argv]
     strings += [os.fsencode(k) + b"=" + os.fsencode(v) for k, v in env.items()]
     if any(b"\0" in s or len(s) >= _MAX_ARG_STRLEN for s in strings):
         return False
     total = sum(len(s) + 1 + 8 for s in strings)  # the string, its NUL, its pointer
-    return total < os.sysconf("SC_ARG_MAX") // 2
+    return total < _arg_max()
+
+
+def _arg_max() -> int:
+    """Half the kernel's limit on an ``execve``'s arguments and environment, in bytes."""
+    return os.sysconf("SC_ARG_MAX") // 2
 
 
 def _request(argv: list[str], cwd: str, env: dict[str, str]) -> bytes:
@@ -194,7 +212,14 @@ def _request(argv: list[str], cwd: str, env: dict[str, str]) -> bytes:
 
 
 def _make(folder: str, state: _Spares) -> None:
-    """Start one spare (on a background thread): its cgroup, its shell, which moves itself in."""
+    """Start spares (on a background thread) until ``KEPT_READY`` are ready: each its cgroup,
+    its shell, which moves itself in."""
+    while _make_one(folder, state):
+        pass
+
+
+def _make_one(folder: str, state: _Spares) -> bool:
+    """Start one spare; True if another is wanted (``state.making`` is then still set)."""
     name = uuid.uuid4().hex  # as new_marker's
     cgroup = os.path.join(folder, name)
     made = time.monotonic()
@@ -217,17 +242,20 @@ def _make(folder: str, state: _Spares) -> None:
         with state.lock:
             state.making = False
             state.not_making.set()
-        return
+        return False
     spare = _Spare(proc, cgroup, made)
     with state.lock:
         closed = state.closed
         if not closed:
             state.ready.append(spare)
+            if len(state.ready) < KEPT_READY:
+                return True
             state.making = False
             state.not_making.set()
     if closed:  # made while this process exits (_close waits for it): not left behind
         _drop(spare)
         state.not_making.set()
+    return False
 
 
 def _drop(spare: _Spare) -> None:

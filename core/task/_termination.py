@@ -385,6 +385,8 @@ class RunWatcher:
         self._poll = poll_seconds
         self._renew = renew_seconds
         self._stop = threading.Event()
+        self._closed = False
+        """Set by ``close`` (under ``_seen``): no more reads, renewals or calls."""
         self._thread: DaemonJob | None = None
         self.current = Termination()
         self.errors: list[str] = []
@@ -398,8 +400,11 @@ class RunWatcher:
         return self
 
     def check(self) -> Termination:
-        """Read the requests now; call ``on_change`` if the termination changed."""
+        """Read the requests now; call ``on_change`` if the termination changed (never once
+        ``close`` has returned)."""
         with self._seen:  # a read and what it changes, whole: a request taken meanwhile waits
+            if self._closed:
+                return self.current
             try:
                 requests = self._store.read_stop_requests(*self._key)
             except StoreError as exc:
@@ -418,7 +423,7 @@ class RunWatcher:
         if attempt != self._attempt:
             return
         with self._seen:
-            if term == self.current:
+            if self._closed or term == self.current:
                 return
             self.current = term
             self._on_change(term)
@@ -430,15 +435,22 @@ class RunWatcher:
                 mine.discard(self)
                 if not mine:
                     del _HERE[self._here]
+        # A read under way reports what it read before this returns (waited for up to 5 s, as
+        # the thread was); the thread itself is not waited for (a switch or more per task run
+        # on a busy interpreter): it ends at its next wake, and calls nothing once closed.
+        held = self._seen.acquire(timeout=5)
+        self._closed = True
+        if held:
+            self._seen.release()
         self._stop.set()
-        if self._thread is not None and self._thread.is_alive():
-            self._thread.join(5)
 
     def _loop(self) -> None:
         waited = 0.0
         while not self._stop.wait(self._poll):
             self.check()
             waited += self._poll
+            if self._closed:
+                return
             if waited >= self._renew:
                 waited = 0.0
                 for lease in self.leases:
@@ -472,7 +484,7 @@ class RunWatcher:
         """``lease`` was found lost (here, or by its holder before a write): call
         ``on_lease_expired`` for it, once whoever finds it first."""
         with self._expired_lock:
-            if id(lease) in self._expired:
+            if id(lease) in self._expired or self._closed:
                 return
             self._expired.add(id(lease))
         if self._on_lease_expired is not None:
