@@ -4,6 +4,9 @@ over. Failures that a retry would meet again raise ``AirflowFailException``."""
 
 from __future__ import annotations
 
+import os
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,6 +20,7 @@ from ._config import BEGIN_TASK_ID, open_store
 __all__ = (
     "group_originals",
     "group_tasks",
+    "BeginMemo",
     "open_op_store",
     "read_attempt",
     "run_job",
@@ -25,8 +29,77 @@ __all__ = (
 )
 
 
+class BeginMemo:
+    """The attempt that each DAG run's setup task (``OpenJDBeginOperator``) returned, kept by
+    the process that ran it, so that the task instances after it in the same process
+    (``dag.test()`` runs every task instance of a DAG run in its own process) do not each read
+    it back from XCom.
+
+    Why a task instance never gets a stale attempt from it:
+
+    - only the setup task keeps an attempt, and it drops its DAG run's as it starts: a DAG
+      run's setup task runs again before any of its task instances runs again (Airflow clears
+      a task's setups with it; ``dag.test()`` again on the same logical date clears every task
+      instance of the DAG run, without counting a clear: ``DagRun.clear_number`` stays), so
+      its new attempt, or none when it fails, replaces the old one first;
+    - a kept attempt is used only by the process that kept it: Airflow 3 runs each task
+      instance of a worker in a process forked for it (``supervisor.py``), which starts with
+      a copy of whatever its parent held, and a worker forked from a process that ran
+      ``dag.test()`` would hold that process's attempts, which its setup tasks no longer drop.
+      A fork empties the memo (``os.register_at_fork``), and the pid is checked besides;
+    - everything else reads the XCom: a task instance whose setup task ran in another process
+      (on a worker, each task instance is a process of its own, so nothing is lost there).
+
+    Keyed by (dag_id, run_id, setup task id); the ``SIZE`` newest are kept.
+    """
+
+    SIZE = 64
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kept: OrderedDict[tuple[str, str, str], tuple[int, dict[str, Any]]] = OrderedDict()
+        self.enabled = True
+        """False: every read goes to XCom (a benchmark's baseline)."""
+
+    @staticmethod
+    def key(ti: Any, begin_task_id: str) -> tuple[str, str, str]:
+        return (str(ti.dag_id), str(ti.run_id), begin_task_id)
+
+    def get(self, key: tuple[str, str, str]) -> dict[str, Any] | None:
+        with self._lock:
+            kept = self._kept.get(key)
+        if not self.enabled or kept is None or kept[0] != os.getpid():
+            return None
+        return dict(kept[1])
+
+    def put(self, key: tuple[str, str, str], data: dict[str, Any]) -> None:
+        with self._lock:
+            self._kept[key] = (os.getpid(), dict(data))
+            self._kept.move_to_end(key)
+            while len(self._kept) > self.SIZE:
+                self._kept.popitem(last=False)
+
+    def drop(self, key: tuple[str, str, str]) -> None:
+        with self._lock:
+            self._kept.pop(key, None)
+
+    def clear(self) -> None:
+        self._lock = threading.Lock()  # a fork's copy of a lock another thread held stays held
+        self._kept.clear()
+
+
+BEGIN_MEMO = BeginMemo()
+"""This process's ``BeginMemo``."""
+os.register_at_fork(after_in_child=BEGIN_MEMO.clear)
+
+
 def read_attempt(context: Any, begin_task_id: str = BEGIN_TASK_ID) -> core.Attempt:
-    data = context["ti"].xcom_pull(task_ids=begin_task_id)
+    """The attempt the DAG run's setup task returned: kept by this process when that setup
+    task ran in it (``BEGIN_MEMO``), else from its XCom."""
+    ti = context["ti"]
+    data = BEGIN_MEMO.get(BeginMemo.key(ti, begin_task_id))
+    if data is None:
+        data = ti.xcom_pull(task_ids=begin_task_id)
     if not isinstance(data, dict):
         raise AirflowFailException(
             f"no attempt from {begin_task_id!r} in XCom (got {type(data).__name__}); "

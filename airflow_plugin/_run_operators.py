@@ -16,7 +16,15 @@ import core
 from core import plan_tasks
 
 from ._config import RESUME_PARAM
-from ._inputs import group_tasks, open_op_store, read_attempt, run_job, say_still_running
+from ._inputs import (
+    BEGIN_MEMO,
+    BeginMemo,
+    group_tasks,
+    open_op_store,
+    read_attempt,
+    run_job,
+    say_still_running,
+)
 
 __all__ = ("OpenJDBeginOperator", "OpenJDFinishOperator", "OpenJDPlanOperator")
 
@@ -64,6 +72,10 @@ class OpenJDBeginOperator(BaseOperator):
         self.file_roots = file_roots
 
     def execute(self, context: Any) -> dict[str, Any]:
+        # What this process kept of an earlier run of this task is gone before anything else
+        # (a failure leaves nothing kept); what it returns is kept at the end (``BeginMemo``).
+        memo_key = BeginMemo.key(context["ti"], self.task_id)
+        BEGIN_MEMO.drop(memo_key)
         params = context["params"]
         store = open_op_store(self)
         location = store.location  # to show: any credentials in the URL are masked
@@ -117,7 +129,9 @@ class OpenJDBeginOperator(BaseOperator):
             " (resumed)" if attempt.resumed else "",
         )
         # The store travels with the attempt so that the plugin's endpoints find the run.
-        return {**attempt.to_dict(), "store": store.url, "files": store.file_flow.value}
+        result = {**attempt.to_dict(), "store": store.url, "files": store.file_flow.value}
+        BEGIN_MEMO.put(memo_key, result)
+        return result
 
 
 # ------------------------------------------------------------------------------------ plan
