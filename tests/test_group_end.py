@@ -28,8 +28,8 @@ from core import (
     prepare_job,
     run_tasks,
 )
-from core.job import new_task_record
-from core.run import StopRequest
+from core.job import TaskFeed, new_task_record
+from core.run import StopRequest, TaskExecutor
 from core.task import RefusalCode
 
 THREE = DATA / "three_steps.yaml"
@@ -188,23 +188,62 @@ def test_a_stop_before_the_first_task_starts_none(tmp_path: Path) -> None:
     assert verdict.kind == GroupEnd.INTERRUPTED
 
 
+class _StopAtTake(TaskFeed):
+    """The step's tasks; the stop comes as the executor takes the ``at``-th one (1-based): the
+    task before it has ended (its session given back), none after it has started."""
+
+    def __init__(self, specs, handle: GroupStop, at: int) -> None:
+        super().__init__(specs)
+        self._handle, self._at, self._taken = handle, at, 0
+
+    def take(self):
+        self._taken += 1
+        if self._taken == self._at:
+            self._handle.stop(StopIntent.CHECKPOINT)
+        return super().take()
+
+
 def test_a_stop_between_two_tasks_starts_no_more(tmp_path: Path) -> None:
+    # The moment between two tasks is inside the executor: the first task's ENDED comes only
+    # once its end is stored, and by then the next task may be running (its end write is off
+    # the critical path, docs/decisions.md). The feed stops the group as the next is taken.
+    st, job, run_id, specs, out = _group(tmp_path, 0.01)
+    handle = GroupStop()
+    run = st.read_run(job.job_key, run_id)
+    with TaskExecutor(st, job, run_id, attempt=run.attempt, stop=handle) as executor:
+        step = executor.run(_StopAtTake(specs, handle, at=2), job_status=run.job_status)
+    assert [(s.label, r.outcome) for s, r in step.results] == [
+        (specs[0].label, TaskOutcome.SUCCEEDED)
+    ]
+    assert [(s.label, why) for s, why in step.not_started] == [
+        (spec.label, "not started: the group was stopped (checkpoint)") for spec in specs[1:]
+    ]
+    assert sorted(p.name for p in out.iterdir()) == ["frame-1", "frame-2"]
+    handle.stop(StopIntent.CANCEL)  # after the call: nothing left to stop, no error
+
+
+def test_a_stop_as_the_first_task_ends_interrupts_or_skips_the_next(tmp_path: Path) -> None:
+    """Through ``run_tasks``: a stop on the first task's ENDED (its end stored) finds the next
+    task not started (SKIPPED) or running (stopped and kept, INTERRUPTED...); the third is never
+    started, and nothing of the first is undone."""
     st, job, run_id, specs, out = _group(tmp_path, 0.01)
     handle = GroupStop()
 
     def on_event(ex, event) -> None:
-        if event.kind == TaskEventKind.ENDED:  # the first task's outcome is decided
+        if event.kind == TaskEventKind.ENDED and ex.spec == specs[0]:
             handle.stop(StopIntent.CHECKPOINT)
 
     results = run_tasks(st, job, run_id, specs, on_event=on_event, stop=handle)
-    assert [r.outcome for r in results] == [
-        TaskOutcome.SUCCEEDED,
+    assert results[0].outcome == TaskOutcome.SUCCEEDED
+    assert results[1].outcome in {
         TaskOutcome.SKIPPED,
-        TaskOutcome.SKIPPED,
-    ]
-    assert sorted(p.name for p in out.iterdir()) == ["frame-1", "frame-2"]
-    assert results[1].message == "not started: the group was stopped (checkpoint)"
-    handle.stop(StopIntent.CANCEL)  # after the call: nothing left to stop, no error
+        TaskOutcome.INTERRUPTED,
+        TaskOutcome.INTERRUPTED_WITH_CHECKPOINT,
+    }
+    assert results[2].outcome == TaskOutcome.SKIPPED
+    assert results[2].message == "not started: the group was stopped (checkpoint)"
+    assert {"frame-1", "frame-2"} <= {p.name for p in out.iterdir()}
+    assert "frame-5" not in {p.name for p in out.iterdir()}
 
 
 def _stop_during_the_first_task(

@@ -37,7 +37,8 @@ class TaskEventKind(str, Enum):
     ACTION_ENDED = "action_ended"
     """An action's process ended; value: its exit code."""
     ENDED = "ended"
-    """The attempt's outcome is decided; value: the ``TaskResult``."""
+    """The attempt's outcome is decided and its end stored (or found not storable: the result
+    says so); value: the ``TaskResult``. The session's next task may already be running."""
 
 
 @dataclass(frozen=True)
