@@ -21,7 +21,7 @@ import os
 import threading
 from collections.abc import Callable
 
-__all__ = ("IDLE_SECONDS", "DaemonJob", "start_daemon")
+__all__ = ("IDLE_SECONDS", "DaemonJob", "prestart", "run_beside", "start_daemon")
 
 IDLE_SECONDS = 30.0
 """How long a worker waits for another job before it ends, in seconds."""
@@ -125,3 +125,40 @@ def start_daemon(fn: Callable[[], object], name: str) -> DaemonJob:
     job = DaemonJob(fn, name)
     _POOL.submit(job)
     return job
+
+
+def run_beside(fn: Callable[[], object], name: str) -> Callable[[], BaseException | None]:
+    """Run ``fn`` on a worker of this process's pool while the caller goes on (an fsync, a
+    file written beside another one). Returns the wait for it: it blocks until ``fn`` has
+    ended and gives what it raised (None: it returned); nothing ``fn`` raises reaches
+    ``threading.excepthook``, and the worker stays in the pool."""
+    failed: list[BaseException] = []
+
+    def job() -> None:
+        try:
+            fn()
+        except BaseException as exc:  # handed to the waiting caller
+            failed.append(exc)
+
+    running = start_daemon(job, name)
+
+    def wait() -> BaseException | None:
+        running.join()
+        return failed[0] if failed else None
+
+    return wait
+
+
+def prestart(count: int) -> None:
+    """Start workers until this process's pool has ``count`` idle ones (an idle worker ends
+    after ``IDLE_SECONDS``): a caller that will hand out ``count`` jobs at once later (the
+    fsyncs of a checkpoint's files) does not pay for starting threads then. Each new worker
+    is started here (``threading.Thread.start`` waits until it runs)."""
+    with _POOL._lock:
+        missing = count - len(_POOL._idle)
+    for _ in range(missing):
+        _Worker(_POOL, DaemonJob(_nothing, "openjd-idle")).start()
+
+
+def _nothing() -> None:
+    pass

@@ -57,17 +57,16 @@ import hashlib
 import json
 import os
 import posixpath
-import queue
 import stat
-import threading
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from core._errors import StoreError
 from core._hashing import NEW_ALGORITHM, Digest, hash_fd, new_hasher
+from core._threads import prestart, run_beside
 from core.files._copy import copy_and_hash, copy_fd
 
 if TYPE_CHECKING:
@@ -209,7 +208,7 @@ class Blobs:
         self.fsspec = fs.fsspec
         self.local = fs.is_local
         if self.local:
-            _SYNC_POOL.start()  # (before a save needs them)
+            prestart(SETTLE_THREADS)  # (before a save needs them)
 
     def path(self, key: str) -> str:
         return self.fs.confined(posixpath.join(self.fs.root, key))
@@ -481,71 +480,16 @@ def _copy_hashing(source_fd: int, out: Any, algo: str = NEW_ALGORITHM) -> tuple[
 
 
 SETTLE_THREADS = 8
-"""At most this many threads, besides the caller's, fsync the files of one ``Blobs.settle``."""
-
-
-class _SyncPool:
-    """The threads that fsync ``_sync_all``'s files besides the caller's: ``SETTLE_THREADS``
-    of them, started together (when a local store's ``Blobs`` is made: a capture starts them
-    with its task, before its first save) and kept for the life of the process (started
-    again in a forked child), so that a save does not pay for starting threads (a tenth of a
-    millisecond or more each on a loaded machine, where a save of a small file settles its
-    files twice: the files, then their folders)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._queue: queue.SimpleQueue[tuple[Callable[[], None], list[BaseException], Any]] = (
-            queue.SimpleQueue()
-        )
-        self._started = False
-
-    def start(self) -> None:
-        with self._lock:
-            if self._started:
-                return
-            self._started = True
-            for n in range(SETTLE_THREADS):
-                threading.Thread(target=self._run, name=f"openjd-fsync-{n}", daemon=True).start()
-
-    def submit(self, job: Callable[[], None]) -> Callable[[], BaseException | None]:
-        """Run ``job`` on a thread; returns the wait for it, which gives what it raised."""
-        self.start()
-        done = threading.Lock()
-        done.acquire()
-        failed: list[BaseException] = []
-        self._queue.put((job, failed, done))
-
-        def wait() -> BaseException | None:
-            done.acquire()
-            return failed[0] if failed else None
-
-        return wait
-
-    def _run(self) -> None:
-        while True:
-            job, failed, done = self._queue.get()
-            try:
-                job()
-            except BaseException as exc:  # handed to the waiting caller
-                failed.append(exc)
-            finally:
-                done.release()
-
-    def forget(self) -> None:
-        """In a forked child: the parent's threads are not there."""
-        self._lock = threading.Lock()
-        self._queue = queue.SimpleQueue()
-        self._started = False
-
-
-_SYNC_POOL = _SyncPool()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_SYNC_POOL.forget)
+"""At most this many threads, besides the caller's, fsync the files of one ``Blobs.settle``
+(workers of the process's pool, ``core._threads``: started when a local store's ``Blobs`` is
+made, so that a save does not pay for starting threads, a tenth of a millisecond or more each
+on a loaded machine, where a save of a small file settles its files twice: the files, then
+their folders)."""
 
 
 def _sync_all(paths: list[str]) -> None:
     """fsync every file of ``paths`` at once: the first on this thread, the others on the
-    process's fsync threads (``_SyncPool``; none for one file). Raises the first OSError."""
+    process's pool (``core._threads.run_beside``; none for one file). Raises the first OSError."""
 
     def sync(path: str) -> None:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
@@ -557,7 +501,7 @@ def _sync_all(paths: list[str]) -> None:
     if len(paths) == 1:
         sync(paths[0])
         return
-    waits = [_SYNC_POOL.submit(functools.partial(sync, path)) for path in paths[1:]]
+    waits = [run_beside(functools.partial(sync, path), "openjd-fsync") for path in paths[1:]]
     first: OSError | None = None
     try:
         sync(paths[0])

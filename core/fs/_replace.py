@@ -31,13 +31,13 @@ import atexit
 import errno
 import os
 import posixpath
-import queue
 import stat
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from core._killpoints import kill_point
+from core._threads import run_beside
 
 __all__ = ("PairFirstError", "replace_local", "replace_local_pair")
 
@@ -290,59 +290,6 @@ class PairFirstError(OSError):
         self.path = path
 
 
-class _Beside:
-    """One thread of this process that writes the first file of ``replace_local_pair`` while
-    the caller's thread writes and fsyncs the second (a new thread in a forked child)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._queue: queue.SimpleQueue[tuple[Callable[[], None], list[BaseException], Any]] = (
-            queue.SimpleQueue()
-        )
-        self._thread: threading.Thread | None = None
-
-    def start(self, job: Callable[[], None]) -> Callable[[], None]:
-        """Run ``job`` on the thread; returns the wait for it, which raises what it raised."""
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="openjd-checkpoint-beside", daemon=True
-                )
-                self._thread.start()
-        done = threading.Lock()
-        done.acquire()
-        failed: list[BaseException] = []
-        self._queue.put((job, failed, done))
-
-        def wait() -> None:
-            done.acquire()
-            if failed:
-                raise failed[0]
-
-        return wait
-
-    def _run(self) -> None:
-        while True:
-            job, failed, done = self._queue.get()
-            try:
-                job()
-            except BaseException as exc:  # handed to the waiting caller
-                failed.append(exc)
-            finally:
-                done.release()
-
-    def forget(self) -> None:
-        """In a forked child: the parent's thread is not there."""
-        self._lock = threading.Lock()
-        self._queue = queue.SimpleQueue()
-        self._thread = None
-
-
-_BESIDE = _Beside()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_BESIDE.forget)
-
-
 def replace_local_pair(
     first: str,
     first_body: bytes | Callable[[], bytes],
@@ -375,20 +322,19 @@ def replace_local_pair(
         if first_placed is not None:
             first_placed()
 
-    wait = _BESIDE.start(write_first)
+    wait = run_beside(write_first, "openjd-checkpoint-beside")
     waited = False
 
     def joined() -> None:
         nonlocal waited
         waited = True
-        wait()
+        failed = wait()
+        if failed is not None:
+            raise failed
         kill_point("record.joined")
 
     try:
         replace_local(path, body, durable=True, before_rename=joined)
     finally:
         if not waited:  # the second failed before its rename: the first ends all the same
-            try:
-                wait()
-            except OSError:
-                pass
+            wait()
