@@ -42,6 +42,28 @@ def run_cli(
     )
 
 
+def rest_of_output(proc: subprocess.Popen[str], timeout: float) -> str:
+    """What ``proc`` (text mode, stdout piped) prints after the lines read from it so far, up to
+    its end, which it reaches within ``timeout`` seconds (then it is waited for).
+    ``proc.communicate(timeout=...)`` would read the pipe's descriptor and miss what iterating
+    ``proc.stdout`` had already read ahead into its buffer.
+
+    Raises:
+        subprocess.TimeoutExpired: it had not ended by then (it is killed).
+    """
+    assert proc.stdout is not None
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.append(proc.stdout.read()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    if reader.is_alive():
+        proc.kill()
+        reader.join(10)
+        raise subprocess.TimeoutExpired(proc.args, timeout, "".join(got))
+    proc.wait(timeout=10)
+    return got[0]
+
+
 def checkpoint_at_least(store: Path | str, generation: int, timeout: float = 30.0) -> None:
     """Wait until a task of a run in ``store`` has stored checkpoint ``generation`` or later."""
     from core import CheckpointStore

@@ -642,7 +642,7 @@ def _interrupt_at(args: list[str], env: dict[str, str], epoch: int) -> str:
     import signal
     import subprocess
 
-    from conftest import ROOT
+    from conftest import ROOT, rest_of_output
 
     proc = subprocess.Popen(
         args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -654,7 +654,7 @@ def _interrupt_at(args: list[str], env: dict[str, str], epoch: int) -> str:
         if f"epoch {epoch}/" in line:
             proc.send_signal(signal.SIGINT)
             break
-    rest, _ = proc.communicate(timeout=60)
+    rest = rest_of_output(proc, 60)
     out = "".join(seen) + rest
     assert proc.returncode == 75, out
     return out
@@ -701,7 +701,7 @@ def run_training_example(store: str, tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from conftest import EXAMPLES, ROOT
+    from conftest import EXAMPLES, ROOT, rest_of_output
 
     epochs = 8
     args = [
@@ -732,7 +732,7 @@ def run_training_example(store: str, tmp_path: Path) -> None:
         if "epoch 3/" in line:
             first.send_signal(signal.SIGINT)
             break
-    rest, _ = first.communicate(timeout=60)
+    rest = rest_of_output(first, 60)
     assert first.returncode == 75, "".join(seen) + rest
     second = subprocess.run(
         args,
@@ -1179,7 +1179,7 @@ def _run_while_s3_goes_away(tmp_path: Path, args: list[str], kill_after: str) ->
     import sys
 
     import s3server
-    from conftest import ROOT
+    from conftest import ROOT, rest_of_output
 
     port = s3server._free_port()
     server = subprocess.Popen(
@@ -1213,10 +1213,8 @@ def _run_while_s3_goes_away(tmp_path: Path, args: list[str], kill_after: str) ->
                 os.killpg(server.pid, signal.SIGKILL)
                 break
         try:
-            rest, _ = cli.communicate(timeout=240)
+            rest = rest_of_output(cli, 240)
         except subprocess.TimeoutExpired:
-            cli.kill()
-            cli.communicate()
             raise AssertionError("the run still waited on the store 4 minutes later") from None
     finally:
         if server.poll() is None:

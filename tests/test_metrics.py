@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import rest_of_output
 
 from core import CheckpointStore, TaskRecord
 from core._figures import (
@@ -390,7 +391,7 @@ def test_a_task_resumed_after_an_interruption_reads_the_suggested_interval(
         if "generation 1 stored" in line:
             notice.write_text("{}")
             break
-    out = "".join(seen) + proc.communicate(timeout=60)[0]
+    out = "".join(seen) + rest_of_output(proc, 60)
     assert proc.returncode == 75, out
     assert "suggested=none" in out
     st = CheckpointStore(store)

@@ -170,3 +170,42 @@ def test_a_partial_line_on_one_stream_joins_a_message_written_on_the_other() -> 
     assert result.outcome is TaskOutcome.SUCCEEDED, result.message
     assert lines == ["progress 50%openjd_status: joined", "openjd_status: parsed"]
     assert [e.value for e in events if e.kind == "status"] == ["parsed"]
+
+
+def test_the_lines_before_a_message_are_shown_before_what_the_message_does() -> None:
+    # One write: the reader takes the three lines as one batch. What the status message does
+    # (its event) comes after the line printed before it, and before the line after it.
+    job_lines: list[tuple[str, str]] = []
+    on_run = {
+        "command": "python3",
+        "args": [
+            "-c",
+            "import sys; sys.stdout.write('before\\nopenjd_status: middle\\nafter\\n')",
+        ],
+    }
+    script: dict[str, Any] = {"actions": {"onRun": on_run}}
+    job = prepare_job(
+        parse_template(
+            {
+                "specificationVersion": "jobtemplate-2023-09",
+                "name": "output order test",
+                "steps": [{"name": "S", "script": script}],
+            }
+        )
+    )
+    execution = TaskExecution(
+        job,
+        plan_tasks(job, "S")[0],
+        run_id=RUN_ID,
+        on_output=lambda _ex, batch: job_lines.extend(("line", text) for text in batch),
+        on_event=lambda _ex, event: (
+            job_lines.append(("event", str(event.value))) if event.kind == "status" else None
+        ),
+    )
+    assert execution.run().outcome is TaskOutcome.SUCCEEDED
+    assert job_lines == [
+        ("line", "before"),
+        ("event", "middle"),
+        ("line", "openjd_status: middle"),
+        ("line", "after"),
+    ]

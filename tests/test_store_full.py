@@ -6,7 +6,10 @@ The store lives on a 3 MiB tmpfs the test mounts and unmounts (skipped, saying w
 machine cannot mount one); the first task fills the disk from its action, as another tenant of
 the disk would. A record rewritten into a spare file needs no new space (``core.fs._replace``),
 so the first task's end may still be stored; the first write that needs a new file fails, and
-that task (whichever it is) is the one whose end is not stored."""
+that task (whichever it is) is the one whose end is not stored. The task after it may have
+started while that end was being written (issue 38: the end write is off the critical path,
+docs/decisions.md); it is suspended, or its end is stored or not as the disk allows, and is
+reported succeeded only if stored; no task after it starts."""
 
 from __future__ import annotations
 
@@ -53,7 +56,7 @@ steps:
 - name: Work
   parameterSpace:
     taskParameterDefinitions:
-    - {name: T, type: INT, range: "1-3"}
+    - {name: T, type: INT, range: "1-4"}
   script:
     actions:
       onRun:
@@ -104,17 +107,19 @@ def test_a_task_whose_end_cannot_be_stored_is_not_reported_succeeded(tmp_path: P
         err = first.stderr
         assert first.returncode == 3, (first.returncode, err)
         assert "WORK-1-DONE" in first.stdout
-        lost = re.findall(r"Work\[T=(\d)\] not stored: ran to its end", err)
-        assert len(lost) == 1, err  # the first task whose end needed new space
-        t = int(lost[0])
+        lost = sorted(int(n) for n in re.findall(r"Work\[T=(\d)\] not stored: ran to its end", err))
+        assert lost, err
+        t = lost[0]  # the first task whose end needed new space
+        # with --max-parallel 1, at most the task after it started while its end was written
+        assert set(lost) <= {t, t + 1}, err
         assert f"Work[T={t}] succeeded" not in err, err
         assert "its end could not be stored" in err, err
         assert "the checkpoint store failed" in err, err
         assert "No space left" in err, err
-        for later in range(t + 1, 4):  # no more tasks started
+        for later in range(t + 2, 5):  # no more tasks started
             assert f"WORK-{later}-DONE" not in first.stdout, first.stdout
         said_done = {int(n) for n in re.findall(r"Work\[T=(\d)\] succeeded", err)}
-        assert said_done == set(range(1, t)), err
+        assert set(range(1, t)) <= said_done <= set(range(1, t)) | {t + 1} - set(lost), err
         st = CheckpointStore(store)  # every task said to have succeeded is stored so
         (run,) = st.list_runs()[0]
         stored = {
@@ -129,7 +134,8 @@ def test_a_task_whose_end_cannot_be_stored_is_not_reported_succeeded(tmp_path: P
         again = run_cli(*args)
         assert again.returncode == 0, again.stderr
         assert f"WORK-{t}-DONE" in again.stdout, again.stdout  # the task whose end was lost
-        assert "WORK-2-DONE" in again.stdout and "WORK-3-DONE" in again.stdout, (err, again.stderr)
+        for task in set(range(2, 5)) - said_done:  # every task not stored runs again
+            assert f"WORK-{task}-DONE" in again.stdout, (err, again.stderr)
         st = CheckpointStore(store)
         run = st.list_runs()[0][-1]  # the first stored nothing to resume from: a new run
         assert run.status.value == "succeeded"

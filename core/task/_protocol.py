@@ -88,7 +88,10 @@ class TaskOutput:
         env_changes: dict[str, str | None] | None,
     ) -> None:
         """Apply one batch of an action's output lines. ``env_changes``: where an environment's
-        ``onEnter`` collects its variable changes (None for any other action)."""
+        ``onEnter`` collects its variable changes (None for any other action). The lines before
+        a message are given to ``on_output`` before the message is applied, so that what it
+        causes (a checkpoint stored, said by the CLI) is shown after them, as the task printed
+        them."""
         texts: list[str] = []
         secrets = self.secrets
         for line in lines:
@@ -111,6 +114,9 @@ class TaskOutput:
             if reading.warning is not None:
                 self.warn_line(reading.warning)
             if reading.event is not None:
+                if texts and self._on_output is not None:  # shown before what the line does
+                    self._on_output(texts)
+                    texts = []
                 self._apply(reading.event, line.number, env_changes)
             if reading.text is not None:
                 texts.append(reading.text)
