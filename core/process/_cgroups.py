@@ -44,6 +44,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -117,8 +118,20 @@ class _State:
         """This process's own cgroup's folder under the cgroup2 mount, or None."""
         self.why = ""
         self.found: Containment | None = None
-        self.made: set[str] = set()
-        """The names of the cgroups this process made (``action_cgroup``)."""
+        self.made: OrderedDict[str, None] = OrderedDict()
+        """The names of the cgroups this process made (``action_cgroup``), the most recent
+        ``MADE_KEPT``: a long-lived worker (an Airflow worker, a Prefect process) runs actions
+        without end. A name dropped is only slower to reap: its processes are looked for with
+        a walk over ``/proc`` (``contained_here``)."""
+
+    def note(self, name: str) -> None:
+        self.made[name] = None
+        while len(self.made) > MADE_KEPT:
+            self.made.popitem(last=False)
+
+
+MADE_KEPT = 1024
+"""How many of the cgroups it made a process remembers as its own (``_State.made``)."""
 
 
 _LOCK = threading.RLock()
@@ -408,7 +421,7 @@ def action_cgroup(name: str) -> str | None:
     except OSError as exc:
         raise OSError(exc.errno, f"{exc.strerror}; the action's cgroup {path} ({_HINT})") from None
     with _LOCK:
-        _mine().made.add(name)
+        _mine().note(name)
     return path
 
 
@@ -416,7 +429,7 @@ def note_made(name: str) -> None:
     """Count the cgroup ``name`` of this runner's folder as made by this process (a spare's
     cgroup renamed to it: ``core.process._spares``)."""
     with _LOCK:
-        _mine().made.add(name)
+        _mine().note(name)
 
 
 def contained_here(name: str) -> bool:

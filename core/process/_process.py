@@ -479,7 +479,7 @@ the boot-relative clock tick a little before each was made."""
 
 _MARKER_BIRTHS_LOCK = threading.Lock()
 
-_MARKER_BIRTHS_KEPT = 4096
+_MARKER_BIRTHS_KEPT = 1024
 
 _MARKER_BIRTH_MARGIN_SECONDS = 2.0
 """How much earlier than a marker's making a process may have started and still be checked for

@@ -56,7 +56,7 @@ def is_job_key(text: str) -> bool:
     return bool(_JOB_KEY.fullmatch(text))
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=256)  # the tasks in flight, each asked several times
 def task_id_for(step: str, task_key: str) -> str:
     """The file name stem of a task's record: a hash of its step name and task key. A chunk's
     remainder piece (task key ``ORIGINAL#FRAMES``) gets its original's stem, a dash and a hash
