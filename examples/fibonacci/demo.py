@@ -52,7 +52,7 @@ def main() -> int:
             if f"Fibonacci number {STOP_AT} is" in line:
                 first.send_signal(signal.SIGINT)
         code = first.wait(timeout=60)
-        print(f"--> first run exited {code} (75 means: interrupted, checkpoint kept)\n")
+        print(f"--> first run exited {code} (75: interrupted; a rerun resumes what was kept)\n")
         if code != 75:
             print("demo: expected exit code 75", file=sys.stderr)
             return 1
