@@ -282,7 +282,9 @@ def test_a_holder_stalled_between_two_tasks_starts_no_task_once_woken(
     line and exits 4. Before, its loop went on to claim the next task before its lease
     watcher noticed the loss: it waited for T=2's lease, or took it and started T=2 where H2
     had not yet (found by CI, where the run lease was looked at before a stall that came from
-    T=1's end in another thread)."""
+    T=1's end in another thread). At ``task.ended-recorded@1`` the next task's claim and start
+    run beside that end write (issue 38): H1 may have taken T=2 before it stalled, and then
+    stores nothing of it once woken."""
     template = tmp_path / "between.yaml"
     template.write_text(BETWEEN)
     h1 = h2 = None
@@ -300,10 +302,17 @@ def test_a_holder_stalled_between_two_tasks_starts_no_task_once_woken(
         os.kill(h1.proc.pid, signal.SIGCONT)
         assert h1.proc.wait(30) == 4, h1.text()
         woke = _after_wake(h1, mark)
-        assert "M[T=2]" not in woke, woke
+        if stall == "task.ended-recorded@1":
+            # T=1's end is stored beside the claim and start of T=2 (issue 38): H1 may have
+            # claimed or started T=2 before it stalled; woken, it stores nothing of it
+            assert "M[T=2] succeeded" not in woke, woke
+            if "M[T=2]" in woke:
+                assert "M[T=2] not stored" in woke, woke
+        else:
+            assert "M[T=2]" not in woke, woke
+            assert "T2-RAN" not in "".join(h1.out), h1.text()
         lost_lines = [line for line in woke.splitlines() if "lost the" in line and "lease" in line]
         assert len(lost_lines) == 1, woke
-        assert "T2-RAN" not in "".join(h1.out), h1.text()
         assert h2.proc.wait(60) == 0, h2.text()
         run, _ = _task(s3_store)
         assert run is not None

@@ -91,8 +91,14 @@ class TaskOutput:
         ``onEnter`` collects its variable changes (None for any other action). The lines before
         a message are given to ``on_output`` before the message is applied, so that what it
         causes (a checkpoint stored, said by the CLI) is shown after them, as the task printed
-        them."""
+        them.
+
+        Raises:
+            Exception: what ``on_output`` raised (the first of the batch), once every line of
+                the batch has been applied: a failing consumer loses no message.
+        """
         texts: list[str] = []
+        failed: Exception | None = None
         secrets = self.secrets
         for line in lines:
             data = line.data
@@ -114,16 +120,28 @@ class TaskOutput:
             if reading.warning is not None:
                 self.warn_line(reading.warning)
             if reading.event is not None:
-                if texts and self._on_output is not None:  # shown before what the line does
-                    self._on_output(texts)
+                if texts:  # shown before what the line does
+                    failed = failed or self._show(texts)
                     texts = []
                 self._apply(reading.event, line.number, env_changes)
             if reading.text is not None:
                 texts.append(reading.text)
         self._recorder.flush()
         self._recorder.persist()
-        if texts and self._on_output is not None:
+        if texts:
+            failed = failed or self._show(texts)
+        if failed is not None:  # every message of the batch was applied all the same
+            raise failed
+
+    def _show(self, texts: list[str]) -> Exception | None:
+        """Give ``texts`` to ``on_output``; what it raised (a closed stdout), or None."""
+        if self._on_output is None:
+            return None
+        try:
             self._on_output(texts)
+        except Exception as exc:
+            return exc
+        return None
 
     def _apply(
         self, event: MessageEvent, number: int, env_changes: dict[str, str | None] | None
