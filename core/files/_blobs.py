@@ -485,7 +485,7 @@ SETTLE_THREADS = 8
 made, so that a save does not pay for starting threads, a tenth of a millisecond or more each
 on a loaded machine, where a save of a small file settles its files twice: the files, then
 their folders). A worker idle for ``IDLE_SECONDS`` ends: a save that long after the last pays
-for starting them again, where the pool this replaced kept its threads for the process's life)."""
+for starting them again (the pool this replaced kept its threads for the process's life)."""
 
 
 def _sync_all(paths: list[str]) -> None:
