@@ -47,14 +47,17 @@ def test_a_prefect_block_runs_as_written(block, tmp_path: Path) -> None:
 
 _SHUTDOWN = re.compile(
     r"Traceback \(most recent call last\):\n(?:[ \t].*\n)*"
-    r"distributed\.comm\.core\.CommClosedError\n"
+    r"(?:tornado\.iostream\.StreamClosedError|distributed\.comm\.core\.CommClosedError)(?:: .*)?\n"
+    r"(?:[ \t]*\nThe above exception was the direct cause of the following exception:\n[ \t]*\n)?"
 )
 
 
 def _ours(out: str) -> str:
     """``out`` without Dask's own shutdown noise: a worker stopped by the block's last line
-    while its batched send to the scheduler is in flight logs a ``CommClosedError`` traceback
-    (distributed's ``BatchedSend``), after the flow run has ended; any other traceback stays."""
+    while a batched send is in flight logs a ``CommClosedError`` traceback (distributed's
+    ``BatchedSend``), and so may the scheduler, for its side of that connection (a
+    ``StreamClosedError`` chained to a ``CommClosedError``), after the flow run has ended; any
+    other traceback stays."""
     tail = out.find("Received signal SIGTERM")  # the block stops its workers
     if tail < 0:
         return out
