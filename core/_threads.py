@@ -70,6 +70,10 @@ class _Pool:
         with self._lock:
             self._idle.append(worker)
 
+    def idle_count(self) -> int:
+        with self._lock:
+            return len(self._idle)
+
     def leave(self, worker: _Worker) -> bool:
         """An idle worker that timed out asks to end: False if a job was handed to it."""
         with self._lock:
@@ -154,9 +158,7 @@ def prestart(count: int) -> None:
     after ``IDLE_SECONDS``): a caller that will hand out ``count`` jobs at once later (the
     fsyncs of a checkpoint's files) does not pay for starting threads then. Each new worker
     is started here (``threading.Thread.start`` waits until it runs)."""
-    with _POOL._lock:
-        missing = count - len(_POOL._idle)
-    for _ in range(missing):
+    for _ in range(count - _POOL.idle_count()):
         _Worker(_POOL, DaemonJob(_nothing, "openjd-idle")).start()
 
 
