@@ -23,7 +23,8 @@ The points (each a place where a crash must leave the store readable and resumab
   a local store passed on the thread that writes it, while the record's new version is being
   written and fsynced);
 - ``commit.stored``: a checkpoint committed, before the runner reports it stored;
-- ``task.process-started``: a task's action process started, its record not yet naming it;
+- ``task.process-started``: a task's action process started, its record not yet naming it
+  (but by its marker, or, where it became a spare action process, by its pid too);
 - ``task.process-recorded``: a task's process recorded, the action running;
 - ``task.ended-recorded``: a task's end recorded, before the runner reports it finished.
 - ``task.next-starting``: the next task of a session claimed and about to start while the end

@@ -245,3 +245,46 @@ def test_a_spare_being_made_as_the_runner_exits_is_not_left_behind() -> None:
         folder = done.stdout.strip()
         # at exit: the spares killed, then this runner's folder removed with its empty cgroups
         assert not os.path.exists(folder), os.listdir(folder)
+
+
+ONE = """
+specificationVersion: 'jobtemplate-2023-09'
+name: spare-record
+steps:
+- name: S
+  script:
+    actions:
+      onRun: {command: /bin/sh, args: ['-c', 'echo $$ > "$0"', 'PIDFILE']}
+"""
+
+
+def test_a_task_whose_action_becomes_a_spare_is_named_with_its_pid_in_one_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The record names the action's process before it starts, pid included, when it becomes a
+    spare (``core.process.marked_spare``): one record write where there were two (the marker
+    with pid 0, then the pid), and a runner killed in between leaves the pid to check."""
+    pidfile = tmp_path / "pid"
+    (tmp_path / "job.yaml").write_text(ONE.replace("PIDFILE", str(pidfile)))
+    marker, _ = _spare()
+    release_marker(marker)  # the spares being made again: wait for one ready
+    end = time.monotonic() + 10
+    while not spares._mine().ready and time.monotonic() < end:
+        time.sleep(0.01)
+    assert spares._mine().ready, "no spare became ready"
+    store = CheckpointStore(tmp_path / "store")
+    named: list[int] = []  # the pid of each write of the task's record that names a process
+    real = store.write_task
+
+    def write_task(record, **kwargs) -> None:  # noqa: ANN001
+        if record.process is not None:
+            named.append(record.process.pid)
+        real(record, **kwargs)
+
+    monkeypatch.setattr(store, "write_task", write_task)
+    job = prepare_job(load_template(str(tmp_path / "job.yaml")), {})
+    run_id = begin_attempt(store, job, external_key="spare-record").run_id
+    [result] = run_tasks(store, job, run_id, plan_tasks(job, "S"))
+    assert result.outcome == TaskOutcome.SUCCEEDED, result
+    action_pid = int(pidfile.read_text())
+    assert named == [action_pid], named  # before: [0, action_pid]

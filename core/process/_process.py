@@ -48,7 +48,7 @@ from core.process._cgroups import (
     spawn_in,
 )
 from core.process._reaper import is_subreaper, kill_action_tree, reap_dead_children, start_sweeper
-from core.process._spares import drop_spare, reserve_spare, take_spare
+from core.process._spares import drop_spare, reserve_spare, reserved_pid, take_spare
 
 if TYPE_CHECKING:
     from core._records import ProcessInfo
@@ -62,6 +62,7 @@ __all__ = (
     "kill_marked",
     "kill_process_group",
     "kill_recorded_process",
+    "marked_spare",
     "new_marker",
     "processes_with_marker",
     "recorded_name",
@@ -569,6 +570,19 @@ def new_marker() -> str:
     return marker
 
 
+def marked_spare(marker: str) -> ProcessIdentity | None:
+    """The identity the next action marked ``marker`` will have if it becomes the spare
+    reserved for that marker (``new_marker``; ``ActionProcess.start`` hands it the action):
+    recorded before the action starts, a task's record names its process in one write
+    (``ActionProcessNames.starting``). None when no spare is reserved as ``marker``; the
+    action may still start otherwise (the spare died, or cannot take it), and then has
+    another identity."""
+    pid = reserved_pid(marker)
+    if pid is None:
+        return None
+    return ProcessIdentity(pid=pid, pgid=pid, start_time=_create_time(pid))
+
+
 def release_marker(marker: str) -> None:
     """No more actions will be started with ``marker`` (``new_marker``): the spare action
     process reserved for it (``core.process._spares``), if no action became it, is killed and
@@ -736,7 +750,7 @@ def kill_marked(markers: list[str]) -> int:
 
 def recorded_name(info: ProcessInfo) -> str:
     """A recorded task process in a note: ``process PID``, or for a record written before the
-    process started (pid 0, ``TaskRecorder.process_starting``) the processes of its marker."""
+    process started (pid 0, ``ActionProcessNames.starting``) the processes of its marker."""
     return f"process {info.pid}" if info.pid else "the processes of its marker"
 
 

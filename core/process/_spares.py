@@ -46,7 +46,7 @@ from core.process._cgroups import (
     release_cgroup,
 )
 
-__all__ = ("KEPT_READY", "drop_spare", "reserve_spare", "take_spare")
+__all__ = ("KEPT_READY", "drop_spare", "reserve_spare", "reserved_pid", "take_spare")
 
 KEPT_READY = 2
 """Spares kept ready (or being made) per runner process: with two, the one made after a
@@ -128,6 +128,18 @@ def reserve_spare() -> tuple[str, float] | None:
     if spare is None:
         return None
     return os.path.basename(spare.cgroup), time.monotonic() - spare.made
+
+
+def reserved_pid(name: str) -> int | None:
+    """The pid of the spare reserved as ``name`` (``reserve_spare``) while it waits for its
+    action: the pid that action will have (the spare ``exec``s it, in a session of its own);
+    None when none is reserved as ``name`` or it has exited."""
+    state = _mine()
+    with state.lock:
+        spare = state.reserved.get(name)
+    if spare is None or spare.proc.poll() is not None:
+        return None
+    return spare.proc.pid
 
 
 def take_spare(

@@ -168,6 +168,8 @@ class TaskRecorder:
         self._capture: FileCapture | None = None
         """Its capture (uploads declared files while the task action runs)."""
         self.file_stats = CaptureStats()
+        self.action_process = ActionProcessNames(self)
+        """Names the task's action process in the record as it starts."""
         """Managed file data flow: bytes and files uploaded, and files whose content the store
         already had, over this execution."""
 
@@ -222,32 +224,6 @@ class TaskRecorder:
             capture.abandon()
         if self._on_lost is not None:
             self._on_lost(why)
-
-    def process_starting(self, marker: str | None) -> None:
-        """A task's process with ``marker`` (None: not a task's) is about to start: the record names
-        it (pid 0), so a runner that dies before ``process_started`` leaves it to be reaped."""
-        if marker is not None:
-            info = ProcessInfo(pid=0, pgid=0, start_time=0, host=host_id(), marker=marker)
-            with self.lock:
-                self.record.process, self.record.host = info, info.host
-            self.persist(force=True, durable=False)
-
-    def process_started(self, ident: ProcessIdentity, marker: str) -> None:
-        """The task's action process started: its record names it (written now)."""
-        kill_point("task.process-started")
-        with self.lock:
-            self.record.process = ProcessInfo(
-                pid=ident.pid,
-                pgid=ident.pgid,
-                start_time=ident.start_time,
-                host=host_id(),
-                marker=marker,
-            )
-        # Not durable (unless it replaces a record holding a checkpoint): the pid and marker
-        # serve the reaping after the runner's death, which the page cache survives; a crash of
-        # the machine leaves no process to reap.
-        self.persist(force=True, durable=False)
-        kill_point("task.process-recorded")
 
     def process_ended(self, stop: StopState) -> None:
         """The task's action process ended: the files still being captured are stored (at most
@@ -537,3 +513,50 @@ def _files_refusal(
                 "task ends (use a managed store, --files managed, to keep such files)"
             )
     return None
+
+
+class ActionProcessNames:
+    """Names a task's action process in its record (``TaskRecord.process``) as it starts, so
+    that a runner that dies leaves it to be reaped (``core.process.kill_recorded_process``):
+    once before it starts (by its marker, and by its pid where that is known already), then,
+    once started, by its pid if the first write did not. Neither write is durable (unless it
+    replaces a record holding a checkpoint): the pid and marker serve the reaping after the
+    runner's death, which the page cache survives; a crash of the machine leaves no process to
+    reap."""
+
+    def __init__(self, recorder: TaskRecorder) -> None:
+        self._recorder = recorder
+        self._expected: tuple[ProcessIdentity, str] | None = None
+        """The identity and marker ``starting`` recorded for the action about to start."""
+
+    def starting(self, marker: str | None, expected: ProcessIdentity | None = None) -> None:
+        """The task's action process marked ``marker`` (None: nothing to name) is about to
+        start: the record names it, with ``expected``'s pid when the process it will be is known
+        already (a spare action process, ``core.process.marked_spare``; ``started`` then writes
+        nothing if it is that one), else pid 0 (found by its marker alone)."""
+        self._expected = None
+        if marker is not None:
+            self._name(expected or ProcessIdentity(pid=0, pgid=0, start_time=0), marker)
+            self._expected = None if expected is None else (expected, marker)
+
+    def started(self, ident: ProcessIdentity, marker: str) -> None:
+        """The task's action process started: the record names it (written now, unless
+        ``starting`` wrote this very identity and marker already)."""
+        kill_point("task.process-started")
+        if self._expected != (ident, marker):
+            self._name(ident, marker)
+        self._expected = None
+        kill_point("task.process-recorded")
+
+    def _name(self, ident: ProcessIdentity, marker: str) -> None:
+        recorder = self._recorder
+        info = ProcessInfo(
+            pid=ident.pid,
+            pgid=ident.pgid,
+            start_time=ident.start_time,
+            host=host_id(),
+            marker=marker,
+        )
+        with recorder.lock:
+            recorder.record.process, recorder.record.host = info, info.host
+        recorder.persist(force=True, durable=False)

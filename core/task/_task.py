@@ -41,7 +41,14 @@ from core.job import (
     resolve_cancelation,
     resolve_int_field,
 )
-from core.process import MARKER_VARIABLE, ActionProcess, OutputLine, new_marker, release_marker
+from core.process import (
+    MARKER_VARIABLE,
+    ActionProcess,
+    OutputLine,
+    marked_spare,
+    new_marker,
+    release_marker,
+)
 from core.store import CheckpointStore, Lease
 from core.task._action import StopIntent, StopState, supervise
 from core.task._events import TaskEvent, TaskEventKind
@@ -586,7 +593,8 @@ class ActionRunner:
             output.handle(lines, ctx, env_changes if env_action else None)
 
         marker = marker or self._marker
-        self._recorder.process_starting(None if env_action else marker)
+        if not env_action:  # named in the record before it starts: by its pid too as a spare
+            self._recorder.action_process.starting(marker, marked_spare(marker))
         proc = ActionProcess(
             argv,
             cwd=session_dir,
@@ -600,7 +608,7 @@ class ActionRunner:
         except OSError as exc:
             return 1, f"{path}: cannot start {argv[0]!r}: {exc}"
         if not env_action:  # environments' processes are the session's to record
-            self._recorder.process_started(ident, marker)
+            self._recorder.action_process.started(ident, marker)
         self._emit(TaskEventKind.ACTION_STARTED, path)
         timed_out = supervise(
             proc,
