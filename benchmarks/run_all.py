@@ -811,13 +811,15 @@ WHY = {
         "next task while the end is stored, and the task is reported ended only once it is "
         "durable (core/run/_in_flight.py). The next task's lease file is made while the task "
         "before it runs (creating a file cost 0.05-0.5 ms here, opening one microseconds). "
-        "What is left per task: the claim (its lease, its record read), two start records "
-        "written without an fsync (the first a new file unless a spare is ready), the fork and "
-        "exec of the action, where cgroup v2 is writable its move into a cgroup of its own "
+        "What is left per task: the claim (its lease, its record read), a start record "
+        "written without an fsync (naming the action's process by its pid before it starts "
+        "where it becomes a spare action process already in its cgroup; else a second one once "
+        "it started), the hand-off to that spare or the fork and exec of the action, where "
+        "cgroup v2 is writable its move into a cgroup of its own "
         '(docs/decisions.md, "Escaped processes"), and the thread that reads its output. What '
         "would close it further: starting actions into their cgroup without the shell "
-        "(clone3's CLONE_INTO_CGROUP, which Python's subprocess lacks), and one start record "
-        "instead of two."
+        "(clone3's CLONE_INTO_CGROUP, which Python's subprocess lacks), and a record per task "
+        "appended to rather than rewritten (a format change: docs/decisions.md)."
     ),
     "throughput": (
         "Every line is decoded, checked for a protocol message and handed on in Python; "
