@@ -237,6 +237,34 @@ def test_a_chunked_step_of_a_trillion_frames_is_refused_at_once(tmp_path: Path) 
     assert seconds < CPU_AT_ONCE
 
 
+AB = """\
+specificationVersion: 'jobtemplate-2023-09'
+name: AB
+parameterDefinitions: [{name: A, type: INT}, {name: B, type: INT}]
+steps:
+- name: S
+  parameterSpace:
+    taskParameterDefinitions: [{name: I, type: INT, range: "{{Param.A}}-{{Param.B}}"}]
+  script: {actions: {onRun: {command: echo, args: ["{{Task.Param.I}}"]}}}
+"""
+
+
+def test_a_range_from_parameters_too_large_to_count_is_refused_not_a_crash(
+    tmp_path: Path,
+) -> None:
+    """openjd-model's ``len()`` of a range of more than 2**63 values raises OverflowError
+    (found by a hostile-input try: an internal error, exit 70)."""
+    path = tmp_path / "ab.yaml"
+    path.write_text(AB)
+    code, out, _ = cli(
+        "run", path, "--store", tmp_path / "store",
+        "-p", f"A={-(2**63)}", "-p", f"B={2**63 - 1}",
+    )  # fmt: skip
+    assert code == 2, out
+    assert "too large to count" in out and f"at most {MAX_TASKS_PER_STEP:,} tasks" in out
+    assert "Traceback" not in out
+
+
 def test_prepare_job_refuses_a_step_over_the_limit_for_every_adapter(template: Path) -> None:
     """The check is in prepare_job, so the CLI, Airflow and Prefect all get it."""
     start = time.process_time()

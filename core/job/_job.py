@@ -322,6 +322,14 @@ def prepare_job(
                 job_parameter_values=values,
                 environment_templates=envs or None,
             )
+    except OverflowError as exc:  # openjd-model's len() of a range past 2**63 (ssize_t)
+        raise TemplateError(
+            [
+                f"job parameters: a step's task parameter range made from them is too large "
+                f"to count ({exc}); a step may have at most {MAX_TASKS_PER_STEP:,} tasks"
+            ],
+            source=str(tmpl.source) if tmpl.source else None,
+        ) from None
     except (DecodeValidationError, ValueError, KeyError) as exc:
         lines = true_missing(tmpl, envs, given, [ln for ln in str(exc).splitlines() if ln.strip()])
         raise TemplateError(
