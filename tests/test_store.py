@@ -68,6 +68,31 @@ def test_round_trip_and_generations_kept(store_url: str) -> None:
     assert [g.generation for g in store.list_generations(tasks[0])] == [4, 5]
 
 
+def test_the_generations_of_many_tasks_are_listed_with_one_listing_of_their_run(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``list_generations_of`` gives what ``list_generations`` gives for each task, listing
+    the run's tasks folder once (a view of a 16,000-task run listed it per task: minutes)."""
+    store = CheckpointStore(store_url, keep_generations=2)
+    recs = [record(task_key=json.dumps({"I": i})) for i in range(5)]
+    for i, rec in enumerate(recs):
+        for gen in range(1, 2 + i):
+            store.commit_checkpoint(rec, ck(gen, f"t{i}-"))
+    each = [store.list_generations(r) for r in recs]
+    assert [[g.generation for g in gens] for gens in each] == [[1], [1, 2], [2, 3], [3, 4], [4, 5]]
+    listed: list[str] = []
+    real = store.fs.list_names
+
+    def list_names(path: str) -> list[str]:
+        listed.append(path)
+        return real(path)
+
+    monkeypatch.setattr(store.fs, "list_names", list_names)
+    assert store.list_generations_of(recs) == each
+    assert len(listed) == 1, listed
+    assert store.list_generations_of(recs, latest=1) == [gens[-1:] for gens in each]
+
+
 @pytest.mark.parametrize("store_url", ["s3"], indirect=True)
 def test_a_fenced_holder_remembers_a_bounded_number_of_versions(store_url: str) -> None:
     """On S3 a task's holder notes the ETag of each file it writes under its lease, so that its

@@ -270,8 +270,8 @@ def show_document(
     summaries = [report.summarize_task(t, files_mode) for t in tasks]
     timelines = []
     continued = report.continuations(tasks)
-    for t, summary in zip(tasks, summaries, strict=True):
-        generations = store.list_generations(t)
+    every = store.list_generations_of(tasks)
+    for t, summary, generations in zip(tasks, summaries, every, strict=True):
         timelines.append(report.task_timeline(t, generations))
         td = t.model_dump(mode="json")
         td["label"] = summary.label

@@ -53,10 +53,10 @@ def referenced_manifests(store: CheckpointStore, runs: list[Any]) -> tuple[set[s
     for run in runs:
         tasks, task_warnings = store.read_tasks(run.job_key, run.run_id)
         warnings.extend(task_warnings)
-        for rec in tasks:
+        for rec, generations in zip(tasks, store.list_generations_of(tasks), strict=True):
             if rec.checkpoint is not None and rec.checkpoint.manifest:
                 names.add(rec.checkpoint.manifest)
-            for gen in store.list_generations(rec):
+            for gen in generations:
                 if gen.manifest:
                     names.add(gen.manifest)
     return names, warnings

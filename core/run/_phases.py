@@ -330,14 +330,12 @@ def _generations(
 ) -> dict[tuple[str, str], list[CheckpointData]]:
     """The stored generations of the records that hold a checkpoint (an unreadable listing
     leaves that task with its latest checkpoint only)."""
-    out = {}
-    for rec in records:
-        if rec.checkpoint is not None:
-            try:
-                out[(rec.step, rec.task_key)] = store.list_generations(rec)
-            except StoreError:
-                continue
-    return out
+    holding = [rec for rec in records if rec.checkpoint is not None]
+    try:
+        every = store.list_generations_of(holding)
+    except StoreError:
+        return {}
+    return {(rec.step, rec.task_key): gens for rec, gens in zip(holding, every, strict=True)}
 
 
 def finish_attempt(

@@ -509,6 +509,13 @@ class CheckpointStore:
         many of the newest are read)."""
         return self.tasks.list_generations(record, latest)
 
+    def list_generations_of(
+        self, records: Sequence[TaskRecord], latest: int | None = None
+    ) -> list[list[CheckpointData]]:
+        """``list_generations`` of each of ``records``, in order, each run's folder listed once
+        (``TaskRecords.list_generations_of``)."""
+        return self.tasks.list_generations_of(records, latest)
+
 
 def run_files_mode(store: CheckpointStore, run: RunRecord) -> str:
     """How ``run`` keeps its checkpoint files, ``shared`` or ``managed``: as fixed when it was

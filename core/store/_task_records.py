@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import posixpath
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from core._errors import LeaseLostError, StoreError
@@ -358,19 +358,56 @@ class TaskRecords:
         self, record: TaskRecord, latest: int | None = None
     ) -> list[CheckpointData]:
         """The stored checkpoint generations of a task, oldest first; ``latest``: only the
-        files of that many of the newest (a view of a store keeping thousands reads no more)."""
+        files of that many of the newest (a view of a store keeping thousands reads no more).
+
+        Raises:
+            StoreError: the run's tasks folder cannot be listed."""
         tid = task_id_for(record.step, record.task_key)
         tdir = self.layout.in_run(record.job_key, record.run_id, "tasks")
-        gens: list[CheckpointData] = []
         prefix = f"{tid}.gen-"
         names = [
             name
             for name in self.fs.list_names(tdir)
             if name.startswith(prefix) and name.endswith(".json")
         ]
+        return self._read_generations(tdir, prefix, names, latest)
+
+    def list_generations_of(
+        self, records: Sequence[TaskRecord], latest: int | None = None
+    ) -> list[list[CheckpointData]]:
+        """``list_generations`` of each of ``records``, in their order, listing each run's tasks
+        folder once: a view of a run of n tasks lists n names once, not n times (a run of
+        16,000 tasks took minutes the other way).
+
+        Raises:
+            StoreError: a run's tasks folder cannot be listed."""
+        listings: dict[tuple[str, str], dict[str, list[str]]] = {}
+        out: list[list[CheckpointData]] = []
+        for record in records:
+            run = (record.job_key, record.run_id)
+            tdir = self.layout.in_run(record.job_key, record.run_id, "tasks")
+            if run not in listings:
+                by_task: dict[str, list[str]] = {}
+                for name in self.fs.list_names(tdir):
+                    stem, gen, _rest = name.partition(".gen-")
+                    if gen and name.endswith(".json"):
+                        by_task.setdefault(stem, []).append(name)
+                listings[run] = by_task
+            tid = task_id_for(record.step, record.task_key)
+            names = listings[run].get(tid, [])
+            out.append(self._read_generations(tdir, f"{tid}.gen-", names, latest))
+        return out
+
+    def _read_generations(
+        self, tdir: str, prefix: str, names: list[str], latest: int | None
+    ) -> list[CheckpointData]:
+        """The generations in the files ``names`` of ``tdir`` (each ``prefix`` + number), oldest
+        first; ``latest``: only that many of the newest are read; an unreadable one is left
+        out."""
         if latest is not None:
             number = _name_number(prefix)
             names = sorted(names, key=number)[-latest:] if latest > 0 else []
+        gens: list[CheckpointData] = []
         for name in names:
             try:
                 data = self.records.read(posixpath.join(tdir, name), GenerationFile)
