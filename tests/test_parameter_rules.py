@@ -119,6 +119,24 @@ def env_file(tmp_path: Path, name: str, definition: dict[str, Any]) -> Path:
 
 
 @pytest.mark.parametrize(
+    ("text", "what"),
+    [("root:x:0:0:root:/root:/bin/bash\n", "a single text value"), ("", "empty"),
+     ("- a\n- b\n", "a list"), ("12\n", "a number")],
+)  # fmt: skip
+def test_an_environment_file_that_is_no_mapping_is_named_so(
+    tmp_path: Path, text: str, what: str
+) -> None:
+    """``--env /etc/passwd`` said ``string indices must be integers`` (openjd-model's
+    TypeError); a hostile-input try."""
+    env = tmp_path / "env.yaml"
+    env.write_text(text)
+    with pytest.raises(TemplateError) as info:
+        load_environment_template(env)
+    assert f"an environment template must be a mapping; this file is {what}" in str(info.value)
+    assert str(env) in str(info.value)
+
+
+@pytest.mark.parametrize(
     ("env_def", "job_fields", "says"),
     [
         (

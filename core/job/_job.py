@@ -136,6 +136,13 @@ def load_environment_template(path: str | Path) -> EnvironmentTemplate:
     p = Path(path)
     text = read_input_file(p, "environment template")
     obj = load_document(text, json_format=p.suffix.lower() == ".json", source=p)
+    if not isinstance(obj, dict):  # openjd-model's decode fails on it with a TypeError
+        kinds = {str: "a single text value", list: "a list", bool: "a boolean"}
+        what = "empty" if obj is None else kinds.get(type(obj), "a number")
+        raise TemplateError(
+            [f"<root>: an environment template must be a mapping; this file is {what}"],
+            source=str(p),
+        )
     problems = int64_problems(obj)  # openjd-model 0.14 takes INT values past int64
     if problems:
         raise TemplateError(problems, source=str(p))
