@@ -424,3 +424,18 @@ def test_list_generations_latest_reads_only_the_newest(tmp_path: Path) -> None:
     assert st.list_generations(rec, latest=0) == []
     assert [g.generation for g in st.list_generations(rec)] == [999_999, 1_000_000]  # set aside
     assert not old.exists()
+
+
+def test_a_lease_file_that_cannot_be_taken_is_named_with_its_suffix(tmp_path: Path) -> None:
+    """The error names the lease's own file (``….lock``), not its base name (a hostile-input
+    try replaced a task's lock file with a folder: the message named a path that did not
+    exist)."""
+    from core.store._lease import take_lease_once
+
+    store = CheckpointStore(str(tmp_path / "store"))
+    base = raw_path(store, f"{RUN_DIR}/tasks/{task_id_for('S', '{}')}")
+    leases = store.fs.leases()
+    os.makedirs(base + leases.suffix)
+    with pytest.raises(StoreError) as info:
+        take_lease_once(store.fs, base, 60.0)
+    assert store.fs.where(base + leases.suffix) in str(info.value), str(info.value)

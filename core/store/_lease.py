@@ -162,7 +162,8 @@ def take_lease_once(fs: StoreFS, base: str, ttl_seconds: float) -> Lease | None:
     try:
         return _take(fs, leases, base + leases.suffix, ttl_seconds)
     except OSError as exc:
-        raise StoreError(f"cannot take the lease {fs.where(base)}: {os_reason(exc)}") from None
+        where = fs.where(base + leases.suffix)
+        raise StoreError(f"cannot take the lease {where}: {os_reason(exc)}") from None
 
 
 def _take(fs: StoreFS, leases: LeaseFiles, path: str, ttl: float) -> Lease | None:
