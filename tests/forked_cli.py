@@ -26,6 +26,7 @@ Usage::
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -191,8 +192,11 @@ class ForkedProcess:
             return self.returncode
 
     def send_signal(self, signum: int) -> None:
+        """As ``Popen.send_signal``: nothing once it has ended, also when the server reaps it
+        between the check and the signal (CI saw ``ProcessLookupError`` there)."""
         if self.returncode is None:
-            os.kill(self.pid, signum)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signum)
 
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)
