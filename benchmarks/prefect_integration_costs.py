@@ -128,7 +128,7 @@ def task_run_phases(ours_flow) -> tuple[PhaseTimes, list[float]]:
     import core.task._session as session
     import core.task._task as task_module
     from core.store import _lease
-    from core.task._recorder import TaskRecorder
+    from core.task._recorder import ActionProcessNames
     from prefect_integration import _artifacts, _tasks
 
     phases = [
@@ -143,8 +143,8 @@ def task_run_phases(ours_flow) -> tuple[PhaseTimes, list[float]]:
         ("release the lease", _lease.Lease, "release"),
         ("make the session folder", session.Session, "open"),
         ("remove the session folder", session, "remove_tree"),
-        ("record: process starting (not durable)", TaskRecorder, "process_starting"),
-        ("record: process started (not durable)", TaskRecorder, "process_started"),
+        ("record: the action's process named (not durable)", ActionProcessNames, "starting"),
+        ("record: ... named once started, if not a spare", ActionProcessNames, "started"),
         ("record: the task's end (durable)", task_module.TaskExecution, "_finish"),
         ("fsync (of record writes)", os, "fsync"),
         ("make the action's cgroup", process, "action_cgroup"),
