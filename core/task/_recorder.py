@@ -168,10 +168,10 @@ class TaskRecorder:
         self._capture: FileCapture | None = None
         """Its capture (uploads declared files while the task action runs)."""
         self.file_stats = CaptureStats()
-        self.action_process = ActionProcessNames(self)
-        """Names the task's action process in the record as it starts."""
         """Managed file data flow: bytes and files uploaded, and files whose content the store
         already had, over this execution."""
+        self.action_process = ActionProcessNames(self)
+        """Names the task's action process in the record as it starts."""
 
     # --- the record -------------------------------------------------------------------------------
     def changed(self) -> None:
@@ -529,15 +529,13 @@ class ActionProcessNames:
         self._expected: tuple[ProcessIdentity, str] | None = None
         """The identity and marker ``starting`` recorded for the action about to start."""
 
-    def starting(self, marker: str | None, expected: ProcessIdentity | None = None) -> None:
-        """The task's action process marked ``marker`` (None: nothing to name) is about to
-        start: the record names it, with ``expected``'s pid when the process it will be is known
-        already (a spare action process, ``core.process.marked_spare``; ``started`` then writes
-        nothing if it is that one), else pid 0 (found by its marker alone)."""
-        self._expected = None
-        if marker is not None:
-            self._name(expected or ProcessIdentity(pid=0, pgid=0, start_time=0), marker)
-            self._expected = None if expected is None else (expected, marker)
+    def starting(self, marker: str, expected: ProcessIdentity | None = None) -> None:
+        """The task's action process marked ``marker`` is about to start: the record names it,
+        with ``expected``'s pid when the process it will be is known already (a spare action
+        process, ``core.process.marked_spare``; ``started`` then writes nothing if it is that
+        one), else pid 0 (found by its marker alone)."""
+        self._name(expected or ProcessIdentity(pid=0, pgid=0, start_time=0), marker)
+        self._expected = None if expected is None else (expected, marker)
 
     def started(self, ident: ProcessIdentity, marker: str) -> None:
         """The task's action process started: the record names it (written now, unless
