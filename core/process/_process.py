@@ -186,7 +186,7 @@ class ActionProcess:
             is_subreaper()
         ):  # orphans re-parented here that exit during the action (core.process._reaper)
             start_sweeper(_live_leaders, _LEADERS_LOCK)
-        self.identity = ProcessIdentity(pid=pid, pgid=pid, start_time=_create_time(pid))
+        self.identity = _leader_identity(pid)
         # One thread reads the output and sees the exit (a pidfd beside the pipe, Linux 5.3);
         # without pidfds a second thread waits for the exit.
         try:
@@ -578,8 +578,13 @@ def marked_spare(marker: str) -> ProcessIdentity | None:
     action may still start otherwise (the spare died, or cannot take it), and then has
     another identity."""
     pid = reserved_pid(marker)
-    if pid is None:
-        return None
+    return None if pid is None else _leader_identity(pid)
+
+
+def _leader_identity(pid: int) -> ProcessIdentity:
+    """The identity of an action's process ``pid``, the leader of a session of its own: one
+    formula for both ``ActionProcess.start`` and ``marked_spare``, whose results a task's
+    record compares (``ActionProcessNames.started``)."""
     return ProcessIdentity(pid=pid, pgid=pid, start_time=_create_time(pid))
 
 
