@@ -362,15 +362,7 @@ class TaskRecords:
 
         Raises:
             StoreError: the run's tasks folder cannot be listed."""
-        tid = task_id_for(record.step, record.task_key)
-        tdir = self.layout.in_run(record.job_key, record.run_id, "tasks")
-        prefix = f"{tid}.gen-"
-        names = [
-            name
-            for name in self.fs.list_names(tdir)
-            if name.startswith(prefix) and name.endswith(".json")
-        ]
-        return self._read_generations(tdir, prefix, names, latest)
+        return self.list_generations_of([record], latest)[0]
 
     def list_generations_of(
         self, records: Sequence[TaskRecord], latest: int | None = None
