@@ -147,28 +147,46 @@ def test_the_copy_falls_back_silently_and_copies_every_byte(tmp_path: Path) -> N
                 source.unlink()
 
 
-def test_a_copy_that_does_not_hash_to_its_name_is_not_stored(tmp_path: Path) -> None:
-    store = CheckpointStore(str(tmp_path / "store"), files="managed")
+def test_an_upload_that_does_not_hash_to_its_name_is_not_stored(
+    tmp_path: Path, s3_store: str
+) -> None:
+    """Object stores stream a large file and hash it again on the way (``Blobs.upload``);
+    content that no longer hashes to the name it was given is not stored under it."""
+    store = CheckpointStore(s3_store, files="managed")
     blobs = Blobs(store.fs)
     src = tmp_path / "f.bin"
-    src.write_bytes(os.urandom(1 << 20))
+    src.write_bytes(os.urandom(5 << 20))  # over SMALL_UPLOAD_BYTES: streamed
     fd = os.open(src, os.O_RDONLY)
     try:
         wrong = Digest("blake3", blake3.blake3(b"what the file held before").hexdigest())
         with pytest.raises(RestoreError, match="changed while it was being stored"):
-            blobs.stage_verified(fd, wrong)
+            blobs.upload(fd, wrong)
         right = Digest("blake3", blake3.blake3(src.read_bytes()).hexdigest())
-        tmp, size = blobs.stage_verified(fd, right)
-        assert size == 1 << 20 and not (tmp_path / "store" / right.key).exists()  # not named yet
-        manifest = blobs.stage_bytes(b"{}")
-        blobs.settle([(tmp, right.key), (manifest, "manifests/00/00.json")])
+        assert blobs.upload(fd, right) == 5 << 20
     finally:
         os.close(fd)
+    root = s3_store.removeprefix("s3://")
+    stored = sorted(p.removeprefix(root + "/") for p in store.fs.fsspec.find(root))
+    # nothing under the wrong name, no temporary object left
+    assert stored == [right.key]
+    with blobs.open_read(right.key) as fh:
+        assert fh.read() == src.read_bytes()
+
+
+def test_staged_files_are_named_only_once_all_are_synced(tmp_path: Path) -> None:
+    store = CheckpointStore(str(tmp_path / "store"), files="managed")
+    blobs = Blobs(store.fs)
+    data = os.urandom(1 << 20)
+    right = Digest("blake3", blake3.blake3(data).hexdigest())
+    tmp = blobs.stage_bytes(data)
+    assert not (tmp_path / "store" / right.key).exists()  # not named yet
+    manifest = blobs.stage_bytes(b"{}")
+    blobs.settle([(tmp, right.key), (manifest, "manifests/00/00.json")])
     stored = sorted(p.relative_to(tmp_path / "store") for p in (tmp_path / "store").rglob("*")
                     if p.is_file())  # fmt: skip
-    # nothing under the wrong name, no temporary file left
+    # no temporary file left
     assert stored == [Path(right.key), Path("manifests/00/00.json")]
-    assert (tmp_path / "store" / right.key).read_bytes() == src.read_bytes()
+    assert (tmp_path / "store" / right.key).read_bytes() == data
 
 
 def test_an_old_format_store_made_by_hand_restores(tmp_path: Path) -> None:
@@ -302,7 +320,7 @@ def test_a_generation_after_the_upgrade_mixes_both_names_and_restores(tmp_path: 
     assert (out / "samples.txt").read_bytes() == b"epoch 5\n"
 
 
-@pytest.mark.parametrize("mib", [1, 9])  # hashed first, then copied; copied while hashed
+@pytest.mark.parametrize("mib", [1, 9])  # read and hashed in memory; copied while hashed
 def test_content_the_store_has_is_not_stored_again_by_another_task(
     tmp_path: Path, mib: int
 ) -> None:

@@ -65,9 +65,9 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from core._errors import StoreError
-from core._hashing import NEW_ALGORITHM, Digest, hash_fd, new_hasher
+from core._hashing import NEW_ALGORITHM, Digest, new_hasher
 from core._threads import prestart, run_beside
-from core.files._copy import copy_and_hash, copy_fd
+from core.files._copy import copy_and_hash
 
 if TYPE_CHECKING:
     from core.fs import StoreFS
@@ -236,17 +236,15 @@ class Blobs:
                 pass
 
     def upload(self, source_fd: int, digest: Digest) -> int:
-        """Stream the open file ``source_fd`` (from its start) to ``digest``'s blob, verifying
-        that its content still hashes to ``digest``. Returns the bytes written.
+        """Object stores: stream the open file ``source_fd`` (from its start) to ``digest``'s
+        blob, verifying that its content still hashes to ``digest``. Returns the bytes written.
+        (A local store stages content instead: ``stage_bytes``, ``stage_copy``, then
+        ``settle``.)
 
         Raises:
             RestoreError: the content changed while it was read (nothing is stored).
             StoreError: the store cannot be written.
         """
-        if self.local:
-            tmp, size = self.stage_verified(source_fd, digest)
-            self.settle([(tmp, digest.key)])
-            return size
         tmp = self._tmp_name()
         final = self.path(digest.key)
         try:
@@ -272,34 +270,6 @@ class Blobs:
         caller's."""
         self.fs.makedirs_confined(posixpath.dirname(tmp))
         return os.open(tmp, access | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-
-    def stage_verified(self, source_fd: int, digest: Digest) -> tuple[str, int]:
-        """Local stores: copy the open file ``source_fd`` (whole, whatever its position) to a
-        temporary file in the store (cloned where the file system can, else copied in the
-        kernel: ``core.files._copy.copy_fd``) and hash the copy: it must hash to ``digest``. Returns
-        the temporary file's path and its size; the caller then ``settle`` or ``discard`` it
-        (nothing is synced yet).
-
-        Raises:
-            RestoreError: the copy does not hash to ``digest`` (the file changed since it was
-                hashed; nothing is left).
-            StoreError: the store cannot be written (nothing is left).
-        """
-        tmp = self._tmp_name()
-        try:
-            fd = self._create_tmp(tmp, os.O_RDWR)
-            try:
-                _how, size = copy_fd(source_fd, fd)
-                got, _ = hash_fd(fd, digest.algo)
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            self._discard(tmp)
-            raise StoreError(f"cannot store {self.fs.where(tmp)}: {exc}") from None
-        if got != digest.hex:
-            self._discard(tmp)
-            raise RestoreError("its content changed while it was being stored")
-        return tmp, size
 
     def stage_bytes(self, data: bytes) -> str:
         """Local stores: ``data`` in a new temporary file in the store (not synced); the caller
