@@ -49,6 +49,21 @@ def test_the_first_write_renames_and_later_writes_swap_in_a_spare(tmp_path: Path
         assert (tmp_path / name).stat().st_nlink == 1  # one name per file, no hard link
 
 
+def test_a_spare_made_ahead_becomes_the_first_version_of_a_new_file(tmp_path: Path) -> None:
+    folder = tmp_path / "tasks"
+    _replace.prepare_spare(str(folder))  # no folder yet: nothing made, nothing raised
+    folder.mkdir()
+    _replace.prepare_spare(str(folder))
+    [spare] = tmp_names(folder)
+    made = (folder / spare).stat().st_ino
+    _replace.prepare_spare(str(folder))  # it has one: no second
+    assert tmp_names(folder) == [spare]
+    replace_local(str(folder / "new.json"), b"first", durable=False)
+    assert (folder / "new.json").read_bytes() == b"first"
+    assert (folder / "new.json").stat().st_ino == made  # renamed into place, no file made
+    assert tmp_names(folder) == []
+
+
 def test_spares_are_bounded_per_folder(tmp_path: Path) -> None:
     paths = [tmp_path / f"r{i}.json" for i in range(10)]
     for p in paths:

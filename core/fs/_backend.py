@@ -212,6 +212,11 @@ class ObjectBackend(Protocol):
         the new version instead of making a file; elsewhere left for the caller to delete.
         OSError is the caller's."""
 
+    def prepare_replace(self, folder: str) -> None:
+        """Make ahead what a ``replace_file`` in ``folder`` will need where making it costs (a
+        local store: a spare file, ``core.fs._replace.prepare_spare``); nothing elsewhere. Best
+        effort: never raises."""
+
     def read_record(self, path: str) -> bytes:
         """The bytes of the regular file ``path``, never following a link.
 

@@ -82,6 +82,9 @@ class FsspecBackend:
         self.makedirs(posixpath.dirname(path))  # (no file to reuse: ``reuse`` is left as it is)
         self.fs.pipe_file(path, body)
 
+    def prepare_replace(self, folder: str) -> None:
+        pass  # a write here makes no file of its own to save
+
     def read_record(self, path: str) -> bytes:
         info = self.fs.info(path)
         if info.get("type") != "file":

@@ -32,7 +32,7 @@ from core.fs._backend import (
     where,
 )
 from core.fs._fsspec import open_fs
-from core.fs._replace import replace_local
+from core.fs._replace import prepare_spare, replace_local
 
 __all__ = ("FlockLeases", "LocalBackend")
 
@@ -114,6 +114,9 @@ class LocalBackend:
         except FileNotFoundError:
             self.makedirs(posixpath.dirname(path))
             replace_local(path, body, durable=durable, reuse=reuse)
+
+    def prepare_replace(self, folder: str) -> None:
+        prepare_spare(folder)
 
     def read_record(self, path: str) -> bytes:
         return _read_local(path)

@@ -15,7 +15,9 @@ without making new ones where Linux allows it:
   does; what a crash leaves under a spare's name is a ``.tmp-`` file, as an interrupted write
   always could.
 - where a file is written for the first time there is nothing to swap with: a spare (or a new
-  file) is renamed into place.
+  file) is renamed into place. A spare can be made ahead (``prepare_spare``), off the path of
+  that write: the runner does so for the next task's first record while the task before runs
+  (``CheckpointStore.prepare_task_lease``).
 - where the exchange is refused (a file system without it, an older kernel) the folder falls
   back to new files and ``os.replace`` (the behaviour before spares).
 
@@ -39,7 +41,7 @@ from typing import Any
 from core._killpoints import kill_point
 from core._threads import run_beside
 
-__all__ = ("PairFirstError", "replace_local", "replace_local_pair")
+__all__ = ("PairFirstError", "prepare_spare", "replace_local", "replace_local_pair")
 
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 _REWRITE = os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
@@ -158,6 +160,11 @@ class _Spares:
                 return
         _unlink_quietly(tmp)
 
+    def wanted(self, parent: str) -> bool:
+        """True when ``parent`` has no spare (and its files are replaced by exchanges)."""
+        with self._lock:
+            return not self._by_folder.get(parent) and self.swaps(parent)
+
     def exchange(self, tmp: str, path: str) -> bool:
         """Swap ``tmp`` and ``path``: True when swapped, False when there is nothing at
         ``path`` or the file system refuses (then the caller renames). OSError as rename's."""
@@ -196,6 +203,22 @@ _SPARES = _Spares()
 atexit.register(_SPARES.drop_all)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_SPARES.forget)
+
+
+def prepare_spare(parent: str) -> None:
+    """Make a spare for the folder ``parent`` ahead of a write there, when it has none: the
+    write then renames it into place instead of making a file, the dearest part of a write on
+    ext4 (a task's first record, written while the record of the task before is still being
+    replaced: measured here 0.29 ms with a new file). Best effort: never raises (the write
+    makes a file, or says why it cannot)."""
+    if not _SPARES.wanted(parent):
+        return
+    try:
+        fd, tmp = _new_tmp(parent)
+    except OSError:
+        return
+    os.close(fd)
+    _SPARES.give(parent, tmp)
 
 
 def replace_local(

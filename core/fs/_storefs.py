@@ -300,6 +300,12 @@ class StoreFS:
             except OSError as exc:
                 raise StoreError(f"cannot write {self.where(path)}: {os_reason(exc)}") from None
 
+    def prepare_replace(self, folder: str) -> None:
+        """Make ahead, off the path of a later write, what a ``replace_file`` in ``folder`` (a
+        ``confined`` path) will need where making it costs (a local store: a spare file).
+        Best effort: never raises."""
+        self.backend.prepare_replace(folder)
+
     def replace_file(
         self,
         path: str,

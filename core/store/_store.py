@@ -400,12 +400,15 @@ class CheckpointStore:
         return take_lease(self.fs, base, self._ttl(ttl_seconds), wait_seconds)
 
     def prepare_task_lease(self, job_key: str, run_id: str, step: str, task_key: str) -> None:
-        """Make ahead what taking the task's lease will need (``LeaseFiles.prepare``: a local
-        lock file), off the path of the task that takes it. Best effort: never raises."""
+        """Make ahead what taking the task's lease and writing its first record will need
+        (``LeaseFiles.prepare``: a local lock file; ``StoreFS.prepare_replace``: a local spare
+        file beside it), off the path of the task that takes it. Best effort: never raises."""
         try:
             base = self._task_lease_base(job_key, run_id, step, task_key)
             leases = self.fs.leases()
-            leases.prepare(self.fs.confined(base + leases.suffix))
+            path = self.fs.confined(base + leases.suffix)
+            leases.prepare(path)
+            self.fs.prepare_replace(posixpath.dirname(path))
         except (OSError, StoreError):
             pass  # the take does it, or says why it cannot
 
