@@ -20,7 +20,7 @@ from conftest import CliProcess, run_cli
 from escaping import alive_with_argv, escapes, kill_left, template
 
 from core.process import MARKER_VARIABLE, ActionProcess, new_marker
-from core.process._cgroups import containment, kill_cgroup, release_cgroup
+from core.process._cgroups import containment, in_cgroup, kill_cgroup, release_cgroup
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or not containment().cgroups,
@@ -178,3 +178,32 @@ def test_a_cgroup_is_emptied_by_freezing_where_cgroup_kill_is_missing(tmp_path: 
     finally:
         kill_left(argvs)
         proc.kill_tree()
+
+
+def test_a_cgroup_with_one_made_below_it_is_released_whole_and_membership_is_its_own(
+    tmp_path: Path,
+) -> None:
+    folder = containment().folder
+    assert folder is not None
+    box = os.path.join(folder, f"test-{os.getpid()}-{time.monotonic_ns()}")
+    inner = os.path.join(box, "inner")
+    os.makedirs(inner)
+    proc = subprocess.Popen(
+        ["sh", "-c", 'echo 0 >"$0" && exec sleep 30', os.path.join(inner, "cgroup.procs")]
+    )
+    try:
+        end = time.monotonic() + 10
+        while not in_cgroup(proc.pid, inner) and time.monotonic() < end:
+            time.sleep(0.01)
+        assert in_cgroup(proc.pid, inner)
+        assert not in_cgroup(proc.pid, box)  # below it is not in it
+        assert not release_cgroup(box)  # a process is left: kept
+        assert os.path.isdir(inner)
+    finally:
+        proc.kill()
+        proc.wait()
+    end = time.monotonic() + 10
+    while not release_cgroup(box) and time.monotonic() < end:  # emptied once it is reaped
+        time.sleep(0.01)
+    assert not os.path.exists(box)  # the one below it went first
+    assert not in_cgroup(proc.pid, box)  # a cgroup that is gone holds nothing

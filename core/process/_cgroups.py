@@ -543,6 +543,15 @@ def _populated(cgroup: str) -> bool:
         return False
 
 
+def in_cgroup(pid: int, cgroup: str) -> bool:
+    """True if process ``pid`` is in ``cgroup`` itself (not below it: one read of its
+    ``cgroup.procs``, where ``_pids`` walks every cgroup below)."""
+    try:
+        return str(pid).encode() in _read(os.path.join(cgroup, "cgroup.procs")).split()
+    except OSError:
+        return False
+
+
 def _pids(cgroup: str) -> list[int]:
     found: list[int] = []
     for folder, _dirs, _files in os.walk(cgroup):
@@ -631,6 +640,8 @@ def release_cgroup_later(cgroup: str) -> None:
 def release_cgroup(cgroup: str) -> bool:
     """Remove ``cgroup`` (and cgroups an action made below it) if no process is left in it.
     Returns True if it is gone."""
+    if _rmdir(cgroup):  # the common case, a cgroup with none below it: no walk of its files
+        return True
     for folder, _dirs, _files in os.walk(cgroup, topdown=False):
         if folder != cgroup:
             _rmdir(folder)

@@ -38,9 +38,9 @@ from dataclasses import dataclass
 from core._threads import start_daemon
 from core.process._cgroups import (
     _SH,
-    _pids,
     _sh_argv,
     containment,
+    in_cgroup,
     kill_cgroup,
     note_made,
     release_cgroup,
@@ -110,7 +110,7 @@ def reserve_spare() -> tuple[str, float] | None:
             candidate = state.ready.pop(0)  # the oldest first: the likeliest to be in
             if candidate.proc.poll() is not None:
                 _drop(candidate)
-            elif candidate.proc.pid in _pids(candidate.cgroup):
+            elif in_cgroup(candidate.proc.pid, candidate.cgroup):  # it moved itself in
                 spare = candidate
             else:  # still moving itself in: kept for a later action
                 waiting.append(candidate)
