@@ -343,6 +343,23 @@ def test_resume_action_gets_checkpoint_values_and_unknown_status_is_recorded(
     assert any("recorded as UNKNOWN" in w for w in r.ex.warnings)
 
 
+def test_a_checkpoint_state_with_a_nul_byte_fails_the_resume_with_where_it_is(
+    tmp_path: Path,
+) -> None:
+    # a state edited by hand (or saved with "\u0000") can be resumed from only by a file, not
+    # as an argument: the action fails naming the argument, not with Popen's ValueError
+    job = make_job(
+        {"command": "python3", "args": ["-c", "print('fresh')"]},
+        resume={"command": "python3", "args": ["-c", "print(1)", "{{Task.Checkpoint.State}}"]},
+    )
+    ck = CheckpointData(generation=2, state="a\0b", file=None, saved_at=0.0, attempt=1)
+    r = Runner(job, CheckpointStore(tmp_path / "store"), resume=ck)
+    result = r.join()
+    assert result.outcome == TaskOutcome.FAILED
+    assert result.message.startswith("steps[0].script.actions.onCheckpointResume: args[2] ")
+    assert "NUL byte" in result.message and "embedded null byte" not in result.message
+
+
 def test_unknown_resume_status_is_reported_as_an_event_like_the_others(tmp_path: Path) -> None:
     # GIVEN a resume action that never reports openjd_checkpoint_resume_status
     job = make_job(

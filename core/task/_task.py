@@ -703,9 +703,18 @@ def _resolve_action(
     """An action's command line, timeout and CHECKPOINT parts, resolved against ``symtab``.
 
     Raises:
-        ValueError: a format string, an expression or a resolved value is not valid.
+        ValueError: a format string, an expression or a resolved value is not valid (an
+            argument with a NUL byte among them).
     """
     argv = [action.command.resolve(symtab=symtab)] + resolve_args(action.args, symtab)
+    for index, text in enumerate(argv):
+        if "\0" in text:  # no execve can pass one: say which, not Popen's "embedded null byte"
+            where = "command" if index == 0 else f"args[{index - 1}]"
+            raise ValueError(
+                f"{where} resolves to text with a NUL byte (U+0000), which no program can be "
+                "given as an argument (a value it uses holds one: a task's checkpoint state, a "
+                "parameter)"
+            )
     timeout = resolve_int_field(
         getattr(action, "timeout", None), symtab, ge=1, description="timeout"
     )
