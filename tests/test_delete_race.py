@@ -288,6 +288,38 @@ def test_a_delete_killed_midway_leaves_the_run_whole_or_gone_and_gc_removes_the_
     assert _runs_json(store_url) == {**doc, "runs": [], "warnings": []}
 
 
+@pytest.mark.parametrize(
+    ("store_url", "kill_at"),
+    [("local", "delete.marked"), ("local", "delete.removing@10"), ("s3", "delete.removing@1")],
+    indirect=["store_url"],
+)
+def test_deleting_again_a_run_whose_delete_was_killed_finishes_that_delete(
+    store_url: str, kill_at: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``checkpoints delete`` of a run whose delete was killed after its mark finishes it
+    (once no live process holds a lease of it: on S3 the killed deleter's after its ttl),
+    rather than leaving it to ``gc``; a run that was never there is still "no run"."""
+    monkeypatch.setenv("OPENJD_CHECKPOINT_LEASE_SECONDS", LEASE_SECONDS)
+    run_id, _template, _fail = _failed_run(store_url, tmp_path)
+    killed = run_cli(
+        "checkpoints", "delete", run_id, "--store", store_url,
+        env=dict(os.environ, OPENJD_CHECKPOINT_KILL_AT=kill_at), timeout=120,
+    )  # fmt: skip
+    assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr)
+    end = time.monotonic() + 60
+    while True:
+        again = run_cli("checkpoints", "delete", run_id, "--store", store_url, timeout=120)
+        if again.returncode != 4 or time.monotonic() > end:
+            break
+        assert "is being deleted by a live process" in again.stderr, again.stderr
+        time.sleep(0.5)
+    assert again.returncode == 0, (again.returncode, again.stderr)
+    assert f"finished deleting run {run_id}, whose delete was interrupted" in again.stdout
+    assert _folders(store_url) == {}
+    gone = run_cli("checkpoints", "delete", run_id, "--store", store_url, timeout=60)
+    assert gone.returncode == 2 and f"no run {run_id!r}" in gone.stderr, gone.stderr
+
+
 @LOCAL_AND_S3
 def test_gc_removes_a_run_folder_a_killed_delete_left_without_its_record(
     store_url: str, tmp_path: Path

@@ -72,6 +72,7 @@ from core.local import (
     collect_file_garbage,
     delete_run,
     describe_exit,
+    finish_interrupted_delete,
     finish_interrupted_deletes,
     load_environment_template,
     no_run_words,
@@ -339,9 +340,19 @@ def _store_run(args: argparse.Namespace) -> tuple[CheckpointStore, Any]:
 
 
 def _cmd_delete(args: argparse.Namespace) -> int:
-    store, run = _store_run(args)
-    if run is None:
-        return 2
+    store = _store_from(args)
+    run = store.find_run(args.run_id)
+    if run is None:  # a delete killed midway is finished here, not left to gc
+        try:
+            done = finish_interrupted_delete(store, args.run_id)
+        except RunError as exc:
+            print(f"openjd-checkpoint: refused: {exc}", file=sys.stderr)
+            return EXIT_CODES["refused"]
+        if done is None:
+            print(f"openjd-checkpoint: {no_run_words(store, args.run_id)}", file=sys.stderr)
+            return 2
+        print(done)
+        return 0
     try:
         notes = delete_run(store, run)
     except RunError as exc:  # running now, or deleted meanwhile

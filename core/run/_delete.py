@@ -40,7 +40,7 @@ from core.store import (
 )
 from core.task import no_run_words
 
-__all__ = ("delete_run", "finish_interrupted_deletes")
+__all__ = ("delete_run", "finish_interrupted_delete", "finish_interrupted_deletes")
 
 
 def delete_run(store: CheckpointStore, run: RunRecord) -> list[str]:
@@ -136,6 +136,50 @@ def _task_fields(store: CheckpointStore, path: str) -> dict[str, object]:
     return data if isinstance(data, dict) else {}
 
 
+def finish_interrupted_delete(store: CheckpointStore, run_id: str) -> str | None:
+    """``finish_interrupted_deletes`` for the one run ``run_id`` of any job (``checkpoints
+    delete`` named a run whose delete was killed midway: it finishes that delete rather than
+    leave it to ``gc``). Returns a line for a person; None if no run ``run_id`` is marked as
+    being deleted.
+
+    Raises:
+        RunError: a live process is deleting it now (or holds one of its leases).
+        StoreError: the store cannot be read or written.
+    """
+    for key in store.fs.list_names(store.layout.jobs_dir):
+        if not is_job_key(key):
+            continue
+        for marked_id, where in store.removal.marked(key):
+            if marked_id != run_id:
+                continue
+            if not _finish_marked(store, where, store.lease_seconds):
+                raise RunError(
+                    f"run {run_id} is being deleted by a live process (a lease of it is held); "
+                    "nothing was removed"
+                )
+            return f"finished deleting run {run_id}, whose delete was interrupted"
+    return None
+
+
+def _finish_marked(store: CheckpointStore, where: str, ttl: float) -> bool:
+    """Remove the files of the run folder ``where``, marked as being deleted, if no live
+    process holds a lease of it (its deleter died); False if one does (left as it is)."""
+    own = posixpath.join(where, "lease")
+    if store.is_local:
+        if store.removal.held_leases(where):
+            return False  # its deleter is still at work
+        store.removal.remove(where, None)
+        return True
+    lease = take_lease_once(store.fs, own, ttl)
+    if lease is None:
+        return False  # its deleter is still at work
+    if store.removal.held_leases(where, but=own):
+        lease.release()
+        return False
+    store.removal.remove(where, lease)
+    return True
+
+
 def finish_interrupted_deletes(store: CheckpointStore, *, grace_seconds: float) -> list[str]:
     """Finish the deletes that were interrupted (``gc``): remove every run marked as being
     deleted whose leases no live process holds (its deleter died), and every run folder with
@@ -153,20 +197,8 @@ def finish_interrupted_deletes(store: CheckpointStore, *, grace_seconds: float) 
         if not is_job_key(key):
             continue
         for run_id, where in store.removal.marked(key):
-            own = posixpath.join(where, "lease")
-            if store.is_local:
-                if store.removal.held_leases(where):
-                    continue  # its deleter is still at work
-                store.removal.remove(where, None)
-            else:
-                lease = take_lease_once(store.fs, own, ttl)
-                if lease is None:
-                    continue  # its deleter is still at work
-                if store.removal.held_leases(where, but=own):
-                    lease.release()
-                    continue
-                store.removal.remove(where, lease)
-            lines.append(f"finished deleting run {run_id}, whose delete was interrupted")
+            if _finish_marked(store, where, ttl):
+                lines.append(f"finished deleting run {run_id}, whose delete was interrupted")
         now = time.time()
         for run_id in store.removal.without_record(key):
             run_dir = store.layout.run_dir(key, run_id)

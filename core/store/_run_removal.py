@@ -61,7 +61,7 @@ def being_deleted_words(run_id: str) -> str:
     """What a person is told of a run marked as being deleted."""
     return (
         f"run {run_id} is being deleted ('checkpoints delete' or 'gc'; if that was "
-        "interrupted, 'gc' removes what is left)"
+        f"interrupted, 'checkpoints delete {run_id}' again or 'gc' removes what is left)"
     )
 
 
