@@ -5,6 +5,7 @@ fields the README documents. Real subprocesses, real signals, a real store."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 from pathlib import Path
@@ -263,3 +264,29 @@ def test_every_task_of_a_managed_run_says_managed_saved_or_not(tmp_path: Path) -
     assert rows["Render[Frame=5-6]"]["generation"] is None  # only the finished frame kept
     assert rows["Render[Frame=5-6]"]["frames_done"] == 1  # a count; show lists them
     assert {r["files_mode"] for r in rows.values()} == {"managed"}
+
+
+def test_a_killed_runs_duration_reaches_its_last_task_change(tmp_path: Path) -> None:
+    """A CLI run killed midway wrote its run record last when it started: its duration in
+    ``runs`` is up to its tasks' last change, not 0 s."""
+    template = tmp_path / "two.yaml"
+    template.write_text(
+        "specificationVersion: jobtemplate-2023-09\n"
+        "name: Killed\n"
+        "steps:\n"
+        "- name: S\n"
+        "  parameterSpace:\n"
+        "    taskParameterDefinitions:\n"
+        "    - {name: F, type: INT, range: '1-2'}\n"
+        "  script:\n"
+        "    actions:\n"
+        "      onRun: {command: python3, args: [-c, 'import time; time.sleep(1.5)']}\n"
+    )
+    store = str(tmp_path / "store")
+    run = CliProcess("run", str(template), "--store", store, "--max-parallel", "1")
+    run.wait_for("S[F=2] started", timeout=60, stream="err")
+    os.killpg(run.proc.pid, signal.SIGKILL)
+    run.wait(30)
+    [row] = as_json("runs", "--store", store)["runs"]
+    assert row["status"] == "interrupted"
+    assert row["duration_seconds"] >= 1.4, row  # task 1 ran 1.5 s before task 2 started

@@ -121,7 +121,11 @@ def run_summary(store: CheckpointStore, run: RunRecord, tasks: list[TaskRecord])
         "started_at": run.created_at,
         "started_time": _iso(run.created_at),
         "updated_at": run.updated_at,
-        "duration_seconds": round(max(0.0, run.updated_at - run.created_at), 3),
+        # to the run's last change: its record's, or a task's (a run whose process was
+        # killed wrote its record last when it started)
+        "duration_seconds": round(
+            max(0.0, max([run.updated_at, *(t.updated_at for t in tasks)]) - run.created_at), 3
+        ),
         "tasks": len(tasks),
         "tasks_with_checkpoints": sum(1 for t in tasks if t.checkpoint is not None),
         "tasks_resumable": sum(1 for t in tasks if report.summarize_task(t).resumable),
