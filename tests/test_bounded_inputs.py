@@ -227,6 +227,27 @@ def test_a_step_of_a_trillion_tasks_is_refused_at_once(tmp_path: Path, template:
     assert seconds < CPU_AT_ONCE
 
 
+def test_check_warns_of_a_step_too_large_with_the_defaults_and_run_refuses_it(
+    tmp_path: Path,
+) -> None:
+    """``check`` accepts a template whose defaults make a step too large (other values may
+    not, and ``openjd check`` accepts it) and warns that ``run`` refuses it as it is."""
+    path = tmp_path / "big.yaml"
+    path.write_text(TEMPLATE.replace("default: 2}", f"default: {10**7}}}"))
+    code, out, _ = cli("check", path)
+    assert code == 0, out
+    assert "warning: with its parameters' defaults steps[0] (Work): the parameter space has " in out
+    assert "10,000,000 tasks" in out and "run refuses that; give smaller values with -p" in out
+    proc = subprocess.run(cli_cmd("check", str(path), "--json"), capture_output=True, text=True)
+    assert proc.returncode == 0 and len(json.loads(proc.stdout)["warnings"]) == 1, proc.stdout
+    code, out, _ = cli("run", path, "--store", tmp_path / "store")
+    assert code == 2 and "10,000,000 tasks" in out, out
+    small = tmp_path / "small.yaml"
+    small.write_text(TEMPLATE)
+    proc = subprocess.run(cli_cmd("check", str(small), "--json"), capture_output=True, text=True)
+    assert proc.returncode == 0 and json.loads(proc.stdout)["warnings"] == [], proc.stdout
+
+
 def test_a_chunked_step_of_a_trillion_frames_is_refused_at_once(tmp_path: Path) -> None:
     path = tmp_path / "chunked.yaml"
     path.write_text(CHUNKED)

@@ -585,6 +585,24 @@ def cmd_check(args: argparse.Namespace) -> int:
         return 2
 
 
+def _too_large_by_default(template: Any) -> list[str]:
+    """Why ``run`` would refuse ``template`` with its parameters' defaults for its size (a
+    step of more than ``MAX_TASKS_PER_STEP`` tasks): ``check`` accepts it, as ``openjd check``
+    does, since other values may make it smaller, and warns. None when a parameter has no
+    default, or the job is created."""
+    from core import prepare_job
+
+    try:
+        prepare_job(template)
+    except TemplateError as exc:
+        return [
+            f"with its parameters' defaults {p} (run refuses that; give smaller values with -p)"
+            for p in exc.problems
+            if "the limit is" in p or "too large to count" in p
+        ]
+    return []
+
+
 def _check(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -618,9 +636,12 @@ def _check(args: argparse.Namespace) -> int:
         return 0
     tmpl = load_template(args.template)
     doc = check_document(tmpl, str(args.template))
+    doc["warnings"] = _too_large_by_default(tmpl)
     if getattr(args, "json", False):
         _dump(doc)
         return 0
+    for text in doc["warnings"]:
+        print(f"warning: {text}", file=sys.stderr)
     print(f"{args.template}: valid job template {tmpl.name!r}")
     if tmpl.extensions:
         print(f"  extensions: {', '.join(sorted(tmpl.extensions))}")
