@@ -1288,3 +1288,59 @@ def test_an_unreadable_outputs_index_is_named_and_gc_then_removes_no_content(
     assert gc.returncode == 0, gc.stderr
     assert "no stored file content was removed" in gc.stderr and index.name in gc.stderr
     assert sorted(store.glob("blobs/blake3/*/*")) == blobs
+
+
+def test_the_printed_resume_command_restores_files_kept_under_a_file_root(tmp_path: Path) -> None:
+    """The "to resume:" line of a suspended run repeats its ``--files`` and ``--file-root``
+    options: run as printed, the task resumes with its file restored under that root (without
+    them the root is not allowed there, and the task would run from the top)."""
+    import shlex
+    import signal
+    import subprocess
+
+    from conftest import ROOT, CliProcess
+
+    root = tmp_path / "outside"
+    root.mkdir()
+    template = tmp_path / "root.yaml"
+    template.write_text(
+        textwrap.dedent(
+            f"""\
+            specificationVersion: jobtemplate-2023-09
+            extensions: [CHECKPOINT]
+            name: Root
+            steps:
+            - name: S
+              script:
+                actions:
+                  onRun:
+                    command: python3
+                    args:
+                    - -c
+                    - |
+                      import json, time
+                      open({str(root / "w.bin")!r}, "wb").write(b"weights")
+                      print("openjd_checkpoint_save: " + json.dumps(
+                          {{"state": "1", "file": {str(root / "w.bin")!r}}}), flush=True)
+                      time.sleep(60)
+                  onCheckpointResume:
+                    command: python3
+                    args: [-c, "import sys; print('GOT', open(sys.argv[1], 'rb').read())",
+                           "{{{{Task.Checkpoint.File}}}}"]
+            """
+        )
+    )
+    store = str(tmp_path / "store")
+    run = CliProcess(
+        "run", str(template), "--store", store, "--files", "managed", "--file-root", str(root)
+    )
+    run.wait_for("checkpoint generation 1 stored", timeout=60, stream="err")
+    run.proc.send_signal(signal.SIGINT)
+    assert run.wait(60) == 75, run.stderr
+    [hint] = [ln for ln in run.stderr.splitlines() if "to resume: " in ln]
+    cmd = shlex.split(hint.split("to resume: ", 1)[1].split("  (or", 1)[0])
+    assert cmd[-4:] == ["--files", "managed", "--file-root", str(root)], cmd
+    (root / "w.bin").unlink()  # as on another host: restored from the store
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "GOT b'weights'" in done.stdout + done.stderr

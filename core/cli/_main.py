@@ -285,6 +285,10 @@ def _report(args: argparse.Namespace, result: RunResult, store: CheckpointStore)
         cmd = [*_program(), "resume", result.run_id]
         if args.store:
             cmd += ["--store", str(args.store)]
+        if args.files:  # as given: a resume without them restores no file outside the session
+            cmd += ["--files", str(args.files)]
+        for root in args.file_root or ():
+            cmd += ["--file-root", str(root)]
         say(f"  checkpoints kept in {store.location}\n")
         say(f"  to resume: {shlex.join(cmd)}  (or run the same 'run' command again)\n")
 
@@ -361,6 +365,12 @@ def _cmd_delete(args: argparse.Namespace) -> int:
     for note in notes:
         print(f"openjd-checkpoint: {note}", file=sys.stderr)
     print(f"deleted run {run.run_id} and its checkpoints")
+    if store.fs.list_names(store.fs.root.rstrip("/") + "/blobs"):  # a managed store's files
+        print(
+            "  checkpoint files kept in the store (managed) are freed by 'gc' once no other "
+            f"run uses them and they are older than its grace period "
+            f"({DEFAULT_GC_GRACE_SECONDS:g} s by default; --grace-seconds)"
+        )
     return 0
 
 
