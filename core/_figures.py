@@ -509,7 +509,8 @@ def figures_words(doc: Mapping[str, Any]) -> list[str]:
         mean = commit["total"] / commit["count"]
         out.append(
             f"commits: {commit['count']:,}, {_seconds(mean)} on average (largest "
-            f"{_seconds(commit['max'])}); {int(stored.get('total', 0)):,} bytes stored"
+            f"{_seconds(commit['max'])}); {int(stored.get('total', 0)):,} bytes committed "
+            "over them (content the store had already is kept once)"
         )
     resumes = doc.get("resumes") or {}
     if resumes:

@@ -270,7 +270,10 @@ def _refusal(path: str, session_dir: str, roots: list[str]) -> str | None:
         where = "the session working directory"
         if roots:
             where += " or the allowed roots (" + ", ".join(roots) + ")"
-        return f"it is not under {where} once links are resolved"
+        return (
+            f"it is not under {where} once links are resolved (a folder outside the session "
+            "is allowed with --file-root, or $OPENJD_CHECKPOINT_FILE_ROOTS)"
+        )
     try:
         mode = os.stat(path).st_mode
     except OSError:
