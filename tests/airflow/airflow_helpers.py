@@ -426,11 +426,21 @@ class AirflowClient:
         expect: Iterable[int] | None = (200,),
         **kwargs: Any,
     ) -> httpx.Response:
-        """One request; ``expect=None`` returns any response, otherwise others raise."""
+        """One request; ``expect=None`` returns any response, otherwise others raise. A 500
+        whose reason is SQLite's "database is locked" (the API server's metadata database is a
+        file that the scheduler and the task processes write too; Airflow does not retry it)
+        is sent again, for up to 30 s: every request here sets a state or reads one, so
+        sending it again does what it would have done."""
         headers = dict(kwargs.pop("headers", None) or {})
         if auth:
             headers["Authorization"] = f"Bearer {self.token()}"
-        resp = self.http.request(method, path, headers=headers, **kwargs)
+        end = time.monotonic() + 30
+        while True:
+            resp = self.http.request(method, path, headers=headers, **kwargs)
+            locked = resp.status_code == 500 and "database is locked" in resp.text
+            if not locked or time.monotonic() > end:
+                break
+            time.sleep(0.5)
         if expect is not None and resp.status_code not in tuple(expect):
             raise AirflowApiError(resp)
         return resp
