@@ -1344,3 +1344,27 @@ def test_the_printed_resume_command_restores_files_kept_under_a_file_root(tmp_pa
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "GOT b'weights'" in done.stdout + done.stderr
+
+
+def test_a_small_file_that_grows_while_it_is_read_is_read_no_further_than_one_byte_more(
+    tmp_path: Path,
+) -> None:
+    """A file read whole into memory (under ``STAGE_BYTES``) that a writer appends to after
+    its size was taken is read to one byte past that size, no more (it grew: the capture
+    refuses it), in a few reads, not one byte at a time to wherever the writer got to."""
+    from core.files._capture import _read_all
+
+    path = tmp_path / "growing.bin"
+    path.write_bytes(os.urandom(1 << 20))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        with open(path, "ab") as out:
+            out.write(os.urandom(4 << 20))  # appended after the size was taken
+        started = time.monotonic()
+        got = _read_all(fd, size)
+        assert len(got) == size + 1
+        assert time.monotonic() - started < 1.0
+        assert _read_all(fd, 5 << 20) == path.read_bytes()  # the whole file: all of it
+    finally:
+        os.close(fd)

@@ -251,15 +251,20 @@ class _Content:
 
 
 def _read_all(fd: int, size: int) -> bytes:
-    """The whole content of the open file ``fd`` (about ``size`` bytes), by positioned reads."""
+    """The content of the open file ``fd``, expected to be ``size`` bytes, by positioned reads
+    of at most ``size + 1`` bytes in all: one byte more than expected says that it grew while
+    it was read, which the caller's size check refuses, so memory stays bounded by ``size``
+    whatever a writer appends meanwhile."""
     parts: list[bytes] = []
     offset = 0
-    while True:
-        chunk = os.pread(fd, max(size - offset, 0) + 1, offset)
+    want = size + 1
+    while offset < want:
+        chunk = os.pread(fd, want - offset, offset)
         if not chunk:
-            return b"".join(parts)
+            break
         parts.append(chunk)
         offset += len(chunk)
+    return b"".join(parts)
 
 
 def _refusal(path: str, session_dir: str, roots: list[str]) -> str | None:
