@@ -588,7 +588,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 def _too_large_by_default(template: Any) -> list[str]:
     """Why ``run`` would refuse ``template`` with its parameters' defaults for its size (a
     step of more than ``MAX_TASKS_PER_STEP`` tasks): ``check`` accepts it, as ``openjd check``
-    does, since other values may make it smaller, and warns. None when a parameter has no
+    does, since other values may make it smaller, and warns. Empty when a parameter has no
     default, or the job is created."""
     from core import prepare_job
 
