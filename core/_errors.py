@@ -23,12 +23,21 @@ class TemplateError(OpenJDCheckpointError, ValueError):
 
     Each entry of ``problems`` is one finding, written ``<field path>: <message>``, where the
     field path is dotted from the template's root, as in
-    ``steps[0].script.actions.onRun.checkpointCancelation.signalToNotify``.
+    ``steps[0].script.actions.onRun.checkpointCancelation.signalToNotify``. ``too_large``:
+    those of ``problems`` that refuse a step for its size (more than ``MAX_TASKS_PER_STEP``
+    tasks, or a range too large to count), which other job parameter values may cure.
     """
 
-    def __init__(self, problems: list[str], *, source: str | None = None) -> None:
+    def __init__(
+        self,
+        problems: list[str],
+        *,
+        source: str | None = None,
+        too_large: list[str] | None = None,
+    ) -> None:
         self.problems = list(problems)
         self.source = source
+        self.too_large = list(too_large or [])
         where = f"{source}: " if source else ""
         if len(self.problems) == 1:
             text = f"{where}{self.problems[0]}"

@@ -293,6 +293,13 @@ def test_prepare_job_refuses_a_step_over_the_limit_for_every_adapter(template: P
         prepare_job(template, {"N": MAX_TASKS_PER_STEP + 1})
     assert time.process_time() - start < CPU_AT_ONCE
     assert f"{MAX_TASKS_PER_STEP + 1:,} tasks" in str(info.value)
+    assert info.value.too_large == info.value.problems  # the one problem is the step's size
+    with pytest.raises(TemplateError) as info:  # the largest INT: its size again
+        prepare_job(template, {"N": 2**63 - 1})
+    assert info.value.too_large and info.value.too_large == info.value.problems
+    with pytest.raises(TemplateError) as info:  # another problem is not
+        prepare_job(template, {"N": "x"})
+    assert info.value.problems and info.value.too_large == []
     job = prepare_job(template, {"N": MAX_TASKS_PER_STEP})
     assert task_count(job, "Work") == MAX_TASKS_PER_STEP
 

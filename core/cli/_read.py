@@ -597,8 +597,7 @@ def _too_large_by_default(template: Any) -> list[str]:
     except TemplateError as exc:
         return [
             f"with its parameters' defaults {p} (run refuses that; give smaller values with -p)"
-            for p in exc.problems
-            if "the limit is" in p or "too large to count" in p
+            for p in exc.too_large
         ]
     return []
 

@@ -330,12 +330,12 @@ def prepare_job(
                 environment_templates=envs or None,
             )
     except OverflowError as exc:  # openjd-model's len() of a range past 2**63 (ssize_t)
+        problem = (
+            f"job parameters: a step's task parameter range made from them is too large "
+            f"to count ({exc}); a step may have at most {MAX_TASKS_PER_STEP:,} tasks"
+        )
         raise TemplateError(
-            [
-                f"job parameters: a step's task parameter range made from them is too large "
-                f"to count ({exc}); a step may have at most {MAX_TASKS_PER_STEP:,} tasks"
-            ],
-            source=str(tmpl.source) if tmpl.source else None,
+            [problem], source=str(tmpl.source) if tmpl.source else None, too_large=[problem]
         ) from None
     except (DecodeValidationError, ValueError, KeyError) as exc:
         lines = true_missing(tmpl, envs, given, [ln for ln in str(exc).splitlines() if ln.strip()])
@@ -345,9 +345,12 @@ def prepare_job(
         ) from None
     problems = int_value_problems(values)
     problems += value_problems(values, [tmpl.document, *(_dump(e) for e in envs)])
-    problems += task_count_problems(job)
+    too_large = task_count_problems(job)
+    problems += too_large
     if problems:
-        raise TemplateError(problems, source=str(tmpl.source) if tmpl.source else None)
+        raise TemplateError(
+            problems, source=str(tmpl.source) if tmpl.source else None, too_large=too_large
+        )
     return PreparedJob(
         template=tmpl,
         job=job,
