@@ -23,7 +23,7 @@ from core._hashing import Digest
 from core.files import Blobs, FileCapture, RestoreError, restore_checkpoint
 from core.files._blobs import ManifestEntry
 from core.files._copy import copy_and_hash, copy_fd
-from core.run import collect_file_garbage
+from core.run import collect_file_garbage, holds_managed_files
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "data" / "store_v1" / "store"
@@ -373,3 +373,21 @@ def test_a_file_declared_without_a_save_is_in_the_store_once_the_capture_is_idle
     finally:
         capture.close()
     assert not list((tmp_path / "store" / "blobs" / "tmp").iterdir())
+
+
+def test_a_store_holds_managed_files_once_a_capture_stored_one_until_gc_frees_it(
+    tmp_path: Path,
+) -> None:
+    store = CheckpointStore(str(tmp_path / "store"), files="managed")
+    assert not holds_managed_files(store)  # nothing stored yet (no blobs folder)
+    session = tmp_path / "session"
+    session.mkdir()
+    (session / "w.bin").write_bytes(b"weights")
+    capture = FileCapture(store.fs, str(session), [], warn=pytest.fail)
+    try:
+        _commit(capture, str(session / "w.bin"))
+    finally:
+        capture.close()
+    assert holds_managed_files(store)
+    collect_file_garbage(store, grace_seconds=0)  # no record references it
+    assert not holds_managed_files(store)

@@ -74,6 +74,7 @@ from core.local import (
     describe_exit,
     finish_interrupted_delete,
     finish_interrupted_deletes,
+    holds_managed_files,
     load_environment_template,
     no_run_words,
 )
@@ -365,22 +366,13 @@ def _cmd_delete(args: argparse.Namespace) -> int:
     for note in notes:
         print(f"openjd-checkpoint: {note}", file=sys.stderr)
     print(f"deleted run {run.run_id} and its checkpoints")
-    if _holds_managed_files(store):
+    if holds_managed_files(store):
         print(
             "  checkpoint files kept in the store (managed) are freed by 'gc' once no other "
             f"run uses them and they are older than its grace period "
             f"({DEFAULT_GC_GRACE_SECONDS:g} s by default; --grace-seconds)"
         )
     return 0
-
-
-def _holds_managed_files(store: CheckpointStore) -> bool:
-    """True if the store holds files of managed checkpoints (its ``blobs`` folder is not
-    empty); False if it cannot tell (the delete is done: no error for this)."""
-    try:
-        return bool(store.fs.list_names(store.fs.root.rstrip("/") + "/blobs"))
-    except StoreError:
-        return False
 
 
 def _cmd_stop(args: argparse.Namespace) -> int:

@@ -29,7 +29,7 @@ from core.run._attempt import (
 from core.run._delete import delete_run, finish_interrupted_delete, finish_interrupted_deletes
 from core.run._escalation import Escalation, StopEscalation
 from core.run._executor import StepRun, TaskExecutor, run_tasks
-from core.run._gc import DEFAULT_GC_GRACE_SECONDS, collect_file_garbage
+from core.run._gc import DEFAULT_GC_GRACE_SECONDS, collect_file_garbage, holds_managed_files
 from core.run._group_stop import GroupStop, StopRequest
 from core.run._metrics import MetricSink, OpenTelemetrySink, default_sinks
 from core.run._notice_settings import NoticeSettings
@@ -82,6 +82,7 @@ __all__ = (
     "begin_attempt",
     "classify_group",
     "collect_file_garbage",
+    "holds_managed_files",
     "declare_done",
     "DEFAULT_GC_GRACE_SECONDS",
     "delete_run",

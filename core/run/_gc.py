@@ -24,11 +24,30 @@ __all__ = (
     "DEFAULT_GC_GRACE_SECONDS",
     "GcReport",
     "collect_file_garbage",
+    "holds_managed_files",
     "referenced_manifests",
 )
 
 DEFAULT_GC_GRACE_SECONDS = 3600.0
 """Content younger than this (seconds) is never collected: a live run may still commit it."""
+
+
+def holds_managed_files(store: CheckpointStore) -> bool:
+    """True if the store holds files of managed checkpoints (a blob under ``blobs/<algo>/``),
+    which only ``collect_file_garbage`` frees; False if it holds none, or cannot tell (a
+    caller says so after a delete that is done: no error for this). Lists at most the 256
+    prefix folders of each content name's algorithm, stopping at the first that has one."""
+    from core._errors import StoreError
+
+    try:
+        for algo in ALGORITHMS:
+            top = posixpath.join(store.fs.root, "blobs", algo)
+            for prefix in store.fs.list_names(top):
+                if store.fs.list_names(posixpath.join(top, prefix)):
+                    return True
+    except StoreError:
+        return False
+    return False
 
 
 # --- garbage collection ------------------------------------------------------------------------
