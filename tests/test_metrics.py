@@ -32,6 +32,7 @@ from core._figures import (
     suggested_interval,
 )
 from core._records import AttemptSpan, CheckpointData, InterruptionCause
+from core.task._history import note_committed, note_stored
 
 REPO = Path(__file__).resolve().parent.parent
 FIB = REPO / "examples" / "fibonacci" / "fibonacci-fast.yaml"
@@ -93,6 +94,25 @@ def test_a_span_left_open_and_followed_by_another_is_a_lost_worker() -> None:
     second = {f.metric.name: f for f in attempt_figures("J", rec, 1)}
     assert second[RESUMES.name].labels["status"] == "RESUMED"
     assert attempt_figures("J", _record(AttemptSpan(attempt=1, started_at=0.0))) == []  # running
+
+
+def test_a_commit_measured_shorter_than_its_estimate_leaves_the_largest_as_measured() -> None:
+    """``note_stored`` counts a commit at an estimate (to the write, plus the last write's time);
+    ``note_committed`` puts the measured duration in its place. The span's largest commit is
+    then the largest measured one, as the exported histogram's max is, never the estimate (CI
+    saw 0.008007 kept against 0.008006 exported)."""
+    rec = _record(AttemptSpan(attempt=1, started_at=100.0))
+    measured = []
+    for estimate, after in ((0.004, 0.003), (0.009, 0.006), (0.002, 0.005)):
+        data = CheckpointData(generation=len(measured) + 1, state="s", saved_at=101.0,
+                              attempt=1, commit_seconds=estimate)  # fmt: skip
+        earlier = note_stored(rec, data, None)
+        note_committed(rec, earlier, estimate, after)
+        measured.append(after)
+    span = rec.history[-1]
+    assert span.commits == 3
+    assert span.commit_seconds == pytest.approx(sum(measured))
+    assert span.commit_seconds_max == max(measured) == 0.006
 
 
 def test_the_suggested_interval_is_youngs_formula_over_the_recorded_figures() -> None:

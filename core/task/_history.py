@@ -68,13 +68,18 @@ def note_stored(
     return before
 
 
-def note_committed(rec: TaskRecord, before: float | None, after: float) -> None:
+def note_committed(
+    rec: TaskRecord, earlier: AttemptSpan | None, before: float | None, after: float
+) -> None:
     """The commit ``note_stored`` counted took ``after`` seconds in all, not ``before``: the
-    open span's sums say so (written with the record's next write)."""
+    open span's sums say so (written with the record's next write). ``earlier``: the span as
+    ``note_stored`` returned it, whose largest commit is the one before this commit's estimate
+    (``before`` may exceed ``after``, and must not stay the largest)."""
     if rec.history and rec.history[-1].ended_at is None and before is not None:
         span = rec.history[-1]
         span.commit_seconds += after - before
-        span.commit_seconds_max = max(span.commit_seconds_max, after)
+        largest = earlier.commit_seconds_max if earlier is not None else span.commit_seconds_max
+        span.commit_seconds_max = max(largest, after)
 
 
 def close_span(

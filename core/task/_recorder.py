@@ -402,7 +402,7 @@ class TaskRecorder:
                 rec.checkpoint = data
             # to the durable write: the next record write (at the latest the end's) keeps it
             before, data.commit_seconds = data.commit_seconds, round(time.monotonic() - read_at, 6)
-            note_committed(rec, before, data.commit_seconds)
+            note_committed(rec, span_before, before, data.commit_seconds)
             self._write_seconds = max(
                 0.0, data.commit_seconds - (before or 0.0) + self._write_seconds
             )
