@@ -87,14 +87,12 @@ class InFlight:
             self._max * (2 if pipelined else 1), thread_name_prefix="openjd-task"
         )
         self._prepare = prepare_lease if pipelined else None
-        self._preparing = ThreadPoolExecutor(1, thread_name_prefix="openjd-prepare")
 
     def __enter__(self) -> InFlight:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._pool.shutdown(wait=True)
-        self._preparing.shutdown(wait=True)
 
     def __bool__(self) -> bool:
         return bool(self._flights)
@@ -105,19 +103,22 @@ class InFlight:
 
     def start(self, flight: Flight, peek: Callable[[], TaskSpec | None]) -> None:
         """Run ``flight``'s execution (``peek()``: the feed's task after it, or None). The task
-        after it is prepared for meanwhile, on a thread of its own (``prepare_lease(step,
-        task_key)``: its lease's file made, ``CheckpointStore.prepare_task_lease``)."""
+        after it is prepared for meanwhile, here, once ``flight`` is handed to its thread
+        (``prepare_lease(step, task_key)``: its lease's file made, best effort,
+        ``CheckpointStore.prepare_task_lease``). Not on a thread of its own: the runner is
+        bound by the interpreter's lock, and a thread more to wake per task cost 8% of a
+        trivial task's wall time (docs/decisions.md)."""
         self._flights[flight.execution] = flight
         self._busy += 1
         if any(f.freed for f in self._flights.values()):
             kill_point("task.next-starting")
         after = None if self.on_ending is None else peek()
-        if after is not None and self._prepare is not None:
-            self._preparing.submit(self._prepare, after.step_name, after.task_key)
         inline = self._here and (self.on_ending is None or after is None)
         flight.future = _start_run(self._pool, flight.execution, inline)
         execution = flight.execution
         flight.future.add_done_callback(lambda _f: self._events.put((True, execution)))
+        if after is not None and self._prepare is not None:
+            self._prepare(after.step_name, after.task_key)
 
     def wait(self, timeout: float) -> list[Flight]:
         """The tasks that ended (their result ready, their session given back), waiting up to
