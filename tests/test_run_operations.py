@@ -365,6 +365,22 @@ def _task_pid(store: Path | str) -> int:
     raise AssertionError("the task never started")
 
 
+def _wait_locked(lock: Path, timeout: float = 30.0) -> None:
+    """Wait until the counter's action holds its flock on ``lock`` (it is running)."""
+    import fcntl
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if lock.exists():
+            with open(lock, "rb") as fh:
+                try:
+                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    return  # held: the action runs
+        time.sleep(0.05)
+    raise AssertionError(f"no action locked {lock} within {timeout:g} s")
+
+
 def _when_gone(pid: int, timeout: float) -> float:
     """The time (``time.time()``) at which process ``pid`` was first seen gone or a zombie."""
     end = time.monotonic() + timeout
@@ -940,6 +956,7 @@ def test_delete_kills_what_a_dead_runner_left(tmp_path: Path) -> None:
     first = subprocess.Popen(cli_cmd(*args), cwd=ROOT, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
     pid = _task_pid(store)
+    _wait_locked(lock)  # the action runs (the record names a spare's pid before it does)
     first.send_signal(signal.SIGKILL)
     first.wait(10)
     [run] = CheckpointStore(store).list_runs()[0]
