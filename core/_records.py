@@ -15,6 +15,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = (
+    "RUN_SCHEMA_VERSION",
+    "RUN_SCHEMA_VERSIONS",
     "SCHEMA_VERSION",
     "AttemptSpan",
     "CheckpointData",
@@ -37,6 +39,15 @@ __all__ = (
 
 SCHEMA_VERSION = 1
 """Version of the record schema. A record with another version is not resumed from."""
+
+RUN_SCHEMA_VERSION = 2
+"""Version of a new run's record. Version 2 (issue 38): on a local store its tasks' leases
+are slots of one lock file (``core.fs._local.FlockLeases.member``), not a lock file each;
+a version 1 run keeps its lock files, and an openjd-checkpoint that reads only version 1
+refuses a version 2 run instead of taking its tasks' leases another way."""
+
+RUN_SCHEMA_VERSIONS = (SCHEMA_VERSION, RUN_SCHEMA_VERSION)
+"""The run record versions this openjd-checkpoint reads."""
 
 
 class RunStatus(str, Enum):
@@ -335,9 +346,10 @@ class StopRequest(_Model):
 
 
 class RunRecord(_Model):
-    """One run of a job (a template with job parameter values), across its attempts."""
+    """One run of a job (a template with job parameter values), across its attempts.
+    ``schema_version``: ``RUN_SCHEMA_VERSION`` for a new run, kept as read for an older one."""
 
-    schema_version: int = SCHEMA_VERSION
+    schema_version: int = RUN_SCHEMA_VERSION
     job_key: str
     run_id: str
     job_name: str

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from core import CheckpointData, CheckpointStore, RunRecord, StoreError, TaskRecord
 from core._hashing import canonical_json, sha256_hex
+from core.fs._local import SLOTS_FILE
 from core.fs._storefs import MAX_RECORD_BYTES
 from core.store._layout import task_id_for
 
@@ -107,16 +108,20 @@ def test_folder_linked_outside_is_refused_and_nothing_outside_is_touched(
     assert snapshot(outside) == before
 
 
-def test_lock_file_linked_outside_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("version", [1, 2])
+def test_lock_file_linked_outside_is_refused(tmp_path: Path, version: int) -> None:
+    """Run version 1: a task's lease is a lock file of its own; version 2: a slot of the
+    tasks folder's one lock file (``SLOTS_FILE``). Either linked outside is refused."""
     outside = outside_folder(tmp_path)
     store = CheckpointStore(tmp_path / "store")
-    store.write_run(run_record())
+    store.write_run(run_record().model_copy(update={"schema_version": version}))
     run_dir = tmp_path / "store" / "jobs" / JK / "runs" / RID
     (run_dir / "lease.lock").symlink_to(outside / "made-by-the-store")  # dangling
     (run_dir / "run.lock").symlink_to(outside / "foreign.txt")
     tasks = run_dir / "tasks"
     tasks.mkdir()
-    (tasks / f"{task_id_for('S', '{}')}.lock").symlink_to(outside / "task-lock")
+    lock = f"{task_id_for('S', '{}')}.lock" if version == 1 else SLOTS_FILE
+    (tasks / lock).symlink_to(outside / "task-lock")
     before = snapshot(outside)
     with pytest.raises(StoreError, match="symbolic link"):
         store.acquire_lease(run_record())
@@ -285,7 +290,7 @@ OPS = st.lists(
         st.tuples(st.just("read")),
         st.tuples(st.just("lease")),
         st.tuples(st.just("corrupt"), st.binary(max_size=40)),
-        st.tuples(st.just("link_record"), st.sampled_from(["mine", "other", "lock"])),
+        st.tuples(st.just("link_record"), st.sampled_from(["mine", "other", "lock", "slots"])),
         st.tuples(st.just("special"), st.sampled_from(["fifo", "folder", "huge"])),
         st.tuples(st.just("link_folder"), st.sampled_from(["tasks", "run", "job", "requests"])),
         st.tuples(st.just("unlink_folders")),
@@ -370,6 +375,7 @@ def test_random_abuse_never_reaches_outside_nor_loses_the_last_generation(ops: l
                     "mine": tasks / f"{tid}.json",
                     "other": other,
                     "lock": tasks / f"{tid}.lock",
+                    "slots": tasks / SLOTS_FILE,
                 }[op[1]]
                 if os.path.lexists(target) and not target.is_dir():
                     target.unlink()

@@ -142,6 +142,15 @@ class LeaseFiles(Protocol):
     """Leases have a ttl and are renewed by their holder's process (False: held as long as the
     holder's process lives, an flock)."""
 
+    members_file: str | None
+    """The name of the one file that holds a folder's member leases (``member``), None where
+    each lease is a file of its own: probing it (``held``) says whether any member is held."""
+
+    def member(self, base: str) -> str:
+        """The lease path of ``base``, one of many leases of its folder (a run's tasks): a
+        file of its own (``base`` + ``suffix``), or where one file serves them all, a slot of
+        it (a local store: ``core.fs._local.FlockLeases``)."""
+
     def take(self, path: str, body: bytes, token: str) -> LeaseClaim | None:
         """One try at the lease ``path``, with ``body`` as its content where it has one (its
         ``token`` says it is this holder's): the claim, or None if a live holder has it.

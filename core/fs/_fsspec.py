@@ -135,6 +135,7 @@ class FileLeases:
     (it is in this process), so no holder is ever shown."""
 
     suffix = ".lease.json"
+    members_file: str | None = None
     expire = True
 
     def __init__(self, backend: FsspecBackend, *, alive: bool = False) -> None:
@@ -150,6 +151,9 @@ class FileLeases:
             return self.backend.read_record(path)
         except FileNotFoundError:
             return None
+
+    def member(self, base: str) -> str:
+        return base + self.suffix  # an object of its own per lease
 
     def take(self, path: str, body: bytes, token: str) -> LeaseClaim | None:
         with self.guard():

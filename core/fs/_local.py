@@ -6,17 +6,23 @@ between the root and a path the store touches may be a symbolic link (the root i
 one: it is what the user named); record files are opened with ``O_NOFOLLOW`` and read only
 when they are regular files of at most ``MAX_RECORD_BYTES``; folders are made one component at
 a time. Leases and locks are ``flock``s (``FlockLeases``), which the kernel drops when their
-owner dies: a holder is alive as long as it holds one.
+owner dies: a holder is alive as long as it holds one. The many leases of one folder (a run's
+tasks) are slots of one lock file instead, each a one-byte open file description lock
+(``F_OFD_SETLK``, Linux 3.15), which the kernel drops the same way: making a lock file per task
+cost a new inode per task (issue 38: on this machine's ext4 about a tenth of a trivial task's
+CPU, most of it in the inode allocator skipping recently deleted inodes).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import posixpath
 import shutil
 import stat
+import struct
 import time
 from collections.abc import Iterator
 from typing import Any, ClassVar
@@ -34,7 +40,7 @@ from core.fs._backend import (
 from core.fs._fsspec import open_fs
 from core.fs._replace import prepare_spare, replace_local
 
-__all__ = ("FlockLeases", "LocalBackend")
+__all__ = ("SLOTS_FILE", "FlockLeases", "LocalBackend", "slot_of")
 
 
 class LocalBackend:
@@ -188,24 +194,92 @@ class LocalBackend:
         return fd
 
 
+SLOTS_FILE = "leases.lock"
+"""The lock file of a folder's member leases (``FlockLeases.member``)."""
+
+_SLOT = "#"
+"""In a member lease's path, between its lock file and its slot (the byte it locks)."""
+
+
+def _ofd_commands() -> tuple[int, int] | None:
+    """``(F_OFD_GETLK, F_OFD_SETLK)`` where this system has open file description locks, else
+    None (member leases are then lock files of their own, as before issue 38)."""
+    import fcntl
+
+    get, set_ = getattr(fcntl, "F_OFD_GETLK", None), getattr(fcntl, "F_OFD_SETLK", None)
+    return (get, set_) if get is not None and set_ is not None else None
+
+
+_OFD = _ofd_commands()
+
+
+def slot_of(name: str) -> int:
+    """The byte of ``SLOTS_FILE`` that the member lease ``name`` locks: 63 bits of its
+    BLAKE2b hash (two names of one folder share one with a chance of about 1 in 10^13 for a
+    million tasks; sharing would make one wait for the other, never both run)."""
+    digest = hashlib.blake2b(name.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
+def _split_slot(path: str) -> tuple[str, int | None]:
+    """A lease path as (its lock file, its slot or None for a whole-file flock)."""
+    file, sep, slot = path.rpartition(_SLOT)
+    if not sep or not slot.isdigit():
+        return path, None
+    return file, int(slot)
+
+
+def _ofd_lock(fd: int, cmd: int, slot: int, kind: int, length: int = 1) -> int:
+    """``fcntl(fd, cmd)`` on the byte ``slot`` (``length`` bytes from it; 0: to the end of any
+    file): the lock type it reports (``F_OFD_GETLK``) or set. OSError (EAGAIN: another holder
+    has it) is the caller's."""
+    flock = struct.pack("hhqqi4x", kind, os.SEEK_SET, slot, length, 0)
+    return int(struct.unpack("hhqqi4x", _fcntl().fcntl(fd, cmd, flock))[0])
+
+
+def _fcntl() -> Any:
+    import fcntl
+
+    return fcntl
+
+
 class FlockLeases:
     """Leases and locks as exclusive ``flock``s on lock files (``LeaseFiles``): held as long as
-    the holder's process lives (the kernel drops them when it dies), never renewed."""
+    the holder's process lives (the kernel drops them when it dies), never renewed. A member
+    lease (``member``: one of many in a folder, a run's tasks) is a slot of the folder's one
+    ``SLOTS_FILE``, locked the same way (an open file description lock on one byte)."""
 
     suffix = ".lock"
     expire = False
+    members_file: str | None = SLOTS_FILE if _OFD is not None else None
 
     def __init__(self, backend: LocalBackend) -> None:
         self.backend = backend
+        self._made: set[str] = set()
+        """Slots files this process made or opened (``prepare`` has nothing more to do)."""
+
+    def member(self, base: str) -> str:
+        """``base``'s lease as a slot of its folder's ``SLOTS_FILE``: ``FILE#SLOT`` (a lock file
+        of its own, ``base`` + ``suffix``, without open file description locks)."""
+        if _OFD is None:
+            return base + self.suffix
+        folder, name = posixpath.split(base)
+        return f"{folder}/{SLOTS_FILE}{_SLOT}{slot_of(name)}"
 
     def take(self, path: str, body: bytes, token: str) -> LeaseClaim | None:
-        import fcntl
-
-        fd = self.backend.open_lock(path)
+        file, slot = _split_slot(path)
+        fd = self.backend.open_lock(file)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+            if slot is None:
+                _fcntl().flock(fd, _fcntl().LOCK_EX | _fcntl().LOCK_NB)
+            else:
+                assert _OFD is not None  # member() names no slot without them
+                self._made.add(file)
+                _ofd_lock(fd, _OFD[1], slot, _fcntl().F_WRLCK)
+        except OSError as exc:
             os.close(fd)
+            if slot is not None and exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise  # not "held": the caller says why it cannot be taken
             return None
         return LeaseClaim(path, token, handle=fd)
 
@@ -219,17 +293,27 @@ class FlockLeases:
 
     def prepare(self, path: str) -> None:
         """The lock file made (an empty regular file, as a released lease leaves it), so that
-        the take only opens it."""
+        the take only opens it (a slots file: once per process)."""
+        file, slot = _split_slot(path)
+        if slot is not None and file in self._made:
+            return
         try:
-            os.close(self.backend.open_lock(path))
+            os.close(self.backend.open_lock(file))
+            if slot is not None:
+                self._made.add(file)
         except (OSError, StoreError):
             pass  # the take makes it, or says why it cannot
 
     def held(self, path: str) -> bool:
-        import fcntl
-
+        """True if a live holder has the lease ``path``; a ``SLOTS_FILE`` named without a slot:
+        if one has any of its slots (flocks and slots are apart: an flock probe sees none)."""
+        file, slot = _split_slot(path)
+        if slot is None and _OFD is not None and posixpath.basename(file) == SLOTS_FILE:
+            slot, whole = 0, True
+        else:
+            whole = False
         try:
-            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            fd = os.open(file, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError as exc:
             if exc.errno in (errno.ENOENT, errno.ELOOP):
                 return False  # gone, or a link: no lease of ours
@@ -237,7 +321,11 @@ class FlockLeases:
                 f"cannot probe {where(self.backend.location, path)}: {os_reason(exc)}"
             ) from None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if slot is not None:  # what a write lock there would wait for
+                assert _OFD is not None
+                kind = _ofd_lock(fd, _OFD[0], slot, _fcntl().F_WRLCK, 0 if whole else 1)
+                return kind != _fcntl().F_UNLCK
+            _fcntl().flock(fd, _fcntl().LOCK_EX | _fcntl().LOCK_NB)
         except OSError:
             return True
         finally:

@@ -150,11 +150,15 @@ class ObjectLeases:
     module docstring. A holder renews its lease with the version it wrote last."""
 
     suffix = ".lease.json"
+    members_file: str | None = None
     expire = True
 
     def __init__(self, backend: FsspecBackend, objects: ConditionalObjects) -> None:
         self.backend = backend
         self.objects = objects
+
+    def member(self, base: str) -> str:
+        return base + self.suffix  # an object of its own per lease
 
     def take(self, path: str, body: bytes, token: str) -> LeaseClaim | None:
         """Create the lease object; if it is there and expired (``lease_alive`` by the server's

@@ -137,33 +137,37 @@ def hold_lock(fs: StoreFS, path: str, timeout: float) -> Iterator[None]:
 
 
 def take_lease(
-    fs: StoreFS, base: str, ttl_seconds: float, wait_seconds: float = 0.0
+    fs: StoreFS, base: str, ttl_seconds: float, wait_seconds: float = 0.0, *, member: bool = False
 ) -> Lease | None:
     """The lease ``base`` (its file: ``base.lock`` with an flock on a local store,
-    ``base.lease.json`` elsewhere), None if a live holder has it.
+    ``base.lease.json`` elsewhere; with ``member``, one of many leases of its folder,
+    ``LeaseFiles.member``: on a local store a slot of the folder's one lock file), None if a
+    live holder has it.
 
     ``wait_seconds``: keep trying that long, so that another process that merely probes
     the lease (``*_lease_held``, which takes and drops it) is not mistaken for a holder."""
     end = time.monotonic() + wait_seconds
     while True:
-        lease = take_lease_once(fs, base, ttl_seconds)
+        lease = take_lease_once(fs, base, ttl_seconds, member=member)
         if lease is not None or time.monotonic() >= end:
             return lease
         time.sleep(0.02)
 
 
-def take_lease_once(fs: StoreFS, base: str, ttl_seconds: float) -> Lease | None:
+def take_lease_once(
+    fs: StoreFS, base: str, ttl_seconds: float, *, member: bool = False
+) -> Lease | None:
     """One try of ``take_lease``: the lease, or None if a live holder has it.
 
     Raises:
         StoreError: the lease's file cannot be made, read or written.
     """
     leases = _leases(fs, "take the lease", base)
+    path = leases.member(base) if member else base + leases.suffix
     try:
-        return _take(fs, leases, base + leases.suffix, ttl_seconds)
+        return _take(fs, leases, path, ttl_seconds)
     except OSError as exc:
-        where = fs.where(base + leases.suffix)
-        raise StoreError(f"cannot take the lease {where}: {os_reason(exc)}") from None
+        raise StoreError(f"cannot take the lease {fs.where(path)}: {os_reason(exc)}") from None
 
 
 def _take(fs: StoreFS, leases: LeaseFiles, path: str, ttl: float) -> Lease | None:

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from core._errors import StoreError
-from core._records import SCHEMA_VERSION, RunRecord, TaskRecord
+from core._records import RUN_SCHEMA_VERSIONS, SCHEMA_VERSION, RunRecord, TaskRecord
 from core.fs import NotARecordError, StoreFS, WriteFence
 from core.store._layout import task_id_for
 
@@ -118,10 +118,12 @@ class RecordFiles:
             NotARecordError, ValueError, RecursionError, ValidationError: not such a record.
         """
         obj = json.loads(raw.decode("utf-8"))
-        if isinstance(obj, dict) and obj.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
+        versions = RUN_SCHEMA_VERSIONS if model is RunRecord else (SCHEMA_VERSION,)
+        if isinstance(obj, dict) and obj.get("schema_version", SCHEMA_VERSION) not in versions:
             raise StoreError(
                 f"{self.fs.where(path)} has schema version {obj.get('schema_version')!r}, "
-                f"this openjd-checkpoint reads version {SCHEMA_VERSION}"
+                f"this openjd-checkpoint reads version "
+                f"{' or '.join(str(v) for v in versions)}"
             )
         rec = model.model_validate(obj)
         parts = path.split("/")

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from core._errors import StoreError
 from core._killpoints import kill_point
 from core._records import ProcessInfo, RunRecord
-from core.fs import NotARecordError, StoreFS, list_files, os_reason
+from core.fs import LeaseFiles, NotARecordError, StoreFS, list_files, os_reason
 from core.store._layout import Layout, is_run_id
 from core.store._lease import Lease, hold_lock
 from core.store._record_io import RecordFiles
@@ -195,12 +195,28 @@ class RunRemoval:
                     continue
                 path = self.fs.confined(base + suffix)
                 try:
-                    if leases.held(path):
+                    if not leases.held(path):
+                        continue
+                    if name == leases.members_file:  # which tasks, by their records
+                        held.extend(self._held_members(leases, folder) or [base])
+                    else:
                         held.append(base)
                 except OSError as exc:
                     raise StoreError(
                         f"cannot probe {self.fs.where(path)}: {os_reason(exc)}"
                     ) from None
+        return held
+
+    def _held_members(self, leases: LeaseFiles, folder: str) -> list[str]:
+        """The tasks of the tasks folder ``folder`` with a record whose member lease a live
+        process holds, as paths without suffix (a task claimed but with no record yet is not
+        named: the caller names the members file then). OSError is the caller's."""
+        held: list[str] = []
+        for name in self.fs.list_names(folder):
+            if name.endswith(".json") and not name.startswith("."):
+                base = posixpath.join(folder, name[: -len(".json")])
+                if leases.held(self.fs.confined(leases.member(base))):
+                    held.append(base)
         return held
 
     # --- finding runs being deleted ------------------------------------------------------------

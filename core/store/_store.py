@@ -42,6 +42,7 @@ import psutil
 from core._errors import StoreError
 from core._host import FileDataFlow, file_flow_from_env, file_roots_from_env, host_id
 from core._records import (
+    RUN_SCHEMA_VERSION,
     CheckpointData,
     ProcessInfo,
     RunRecord,
@@ -178,6 +179,8 @@ class CheckpointStore:
 
         self.file_flow = file_flow_from_env(files)
         self._run_flows: dict[tuple[str, str], FileDataFlow] = {}
+        self._member_leases: dict[tuple[str, str], bool] = {}
+        """Per run: are its task leases members (``_task_leases_are_members``)."""
         self.file_roots = file_roots_from_env(file_roots)
         loc = str(location) if location is not None else default_store_location()
         if not loc.strip():
@@ -227,6 +230,8 @@ class CheckpointStore:
         """The run's record, None if there is none or the run is being deleted (unless
         ``deleting``: ``RunRecord.deleting``). Raises StoreError if it is unreadable."""
         rec: RunRecord | None = self.records.read(self.layout.run_path(job_key, run_id), RunRecord)
+        if rec is not None:  # its version says how its task leases are held (never changes)
+            self._member_leases[(job_key, run_id)] = rec.schema_version >= RUN_SCHEMA_VERSION
         return None if rec is not None and rec.deleting and not deleting else rec
 
     def list_runs(self, job_key: str | None = None) -> tuple[list[RunRecord], list[str]]:
@@ -397,7 +402,8 @@ class CheckpointStore:
         live holder has it. Same mechanism as ``acquire_lease``: a dead holder loses it at once
         on a local store, after its ttl elsewhere."""
         base = self._task_lease_base(job_key, run_id, step, task_key)
-        return take_lease(self.fs, base, self._ttl(ttl_seconds), wait_seconds)
+        member = task_leases_are_members(self, job_key, run_id)
+        return take_lease(self.fs, base, self._ttl(ttl_seconds), wait_seconds, member=member)
 
     def prepare_task_lease(self, job_key: str, run_id: str, step: str, task_key: str) -> None:
         """Make ahead what taking the task's lease and writing its first record will need
@@ -406,7 +412,8 @@ class CheckpointStore:
         try:
             base = self._task_lease_base(job_key, run_id, step, task_key)
             leases = self.fs.leases()
-            path = self.fs.confined(base + leases.suffix)
+            member = task_leases_are_members(self, job_key, run_id)
+            path = self.fs.confined(leases.member(base) if member else base + leases.suffix)
             leases.prepare(path)
             self.fs.prepare_replace(posixpath.dirname(path))
         except (OSError, StoreError):
@@ -534,6 +541,24 @@ def _held(lease: Lease | None) -> bool:
         return True
     lease.release()
     return False
+
+
+def task_leases_are_members(store: CheckpointStore, job_key: str, run_id: str) -> bool:
+    """True when the run's task leases are members of its tasks folder (``LeaseFiles.member``:
+    a run record of version 2, ``RUN_SCHEMA_VERSION``), False for a version 1 run's lease
+    files of their own, or a run without a record. Read once per run and kept on the store (a
+    run's version never changes).
+
+    Raises:
+        StoreError: the run's record cannot be read."""
+    known = store._member_leases.get((job_key, run_id))
+    if known is None:
+        run = store.read_run(job_key, run_id, deleting=True)
+        if run is None:
+            return False
+        known = run.schema_version >= RUN_SCHEMA_VERSION
+        store._member_leases[(job_key, run_id)] = known
+    return known
 
 
 def run_file_flow(store: CheckpointStore, job_key: str, run_id: str) -> FileDataFlow:
