@@ -263,7 +263,7 @@ def test_a_record_unreadable_once_is_read_again_before_it_is_set_aside(
     files.write(path, {"n": 7})
     real = fs.read_bytes
     torn = iter([b'{"n": 7}xx'])
-    monkeypatch.setattr(fs, "read_bytes", lambda p: next(torn, None) or real(p))
+    monkeypatch.setattr(fs, "read_bytes", lambda p, **kw: next(torn, None) or real(p, **kw))
     assert files.read(path, Rec) == Rec(n=7)
     assert os.listdir(fs.root) == ["rec.json"]  # nothing set aside
 

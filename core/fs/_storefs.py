@@ -383,14 +383,17 @@ class StoreFS:
         """``path`` named for a message, with the store's location (credentials hidden)."""
         return where(self.location, path)
 
-    def read_bytes(self, path: str) -> bytes | None:
-        """The bytes of the record file at ``path``, None if there is none.
+    def read_bytes(self, path: str, *, checked: bool = False) -> bytes | None:
+        """The bytes of the record file at ``path``, None if there is none. ``checked``: the
+        caller has had its folder checked just before (``list_names``, for the records it
+        lists: a run's thousands of task records are not each checked again).
 
         Raises:
             NotARecordError: not a regular file, or larger than ``MAX_RECORD_BYTES`` (never read).
             StoreError: it cannot be read (the operating system's reason).
         """
-        self.confined(path)
+        if not checked:
+            self.confined(path)
         try:
             return self.backend.read_record(path)
         except FileNotFoundError:

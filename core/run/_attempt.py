@@ -79,6 +79,8 @@ __all__ = (
     "prepare_run_job",
     "reap_orphans",
     "reap_run",
+    "reap_sessions",
+    "reap_task",
 )
 
 
@@ -138,20 +140,8 @@ def reap_run(store: CheckpointStore, run: RunRecord) -> list[str]:
     daemons). A task or session whose lease is free has no live runner, so whatever its record
     says is still running is an orphan; a process that merely reused a recorded pid is never
     touched (``kill_recorded_process``). Returns a note per kill, for the log."""
-    notes: list[str] = []
+    notes = reap_sessions(store, run)
     me = host_id()
-    for session in store.sessions.list(run.job_key, run.run_id):
-        if session.host != me or store.sessions.lease_held(
-            run.job_key, run.run_id, session.session_id
-        ):
-            continue
-        killed = kill_marked(session.markers)
-        store.sessions.delete(run.job_key, run.run_id, session.session_id)
-        if killed:
-            notes.append(
-                f"stopped {killed} environment process(es) left running by a dead session "
-                f"of run {run.run_id}"
-            )
     # This first read after a crash is the one that sets an unreadable record aside (and
     # rebuilds it from its newest generation): the resume check that follows finds the record
     # readable, so the warning is said here or never.
@@ -169,15 +159,46 @@ def reap_run(store: CheckpointStore, run: RunRecord) -> list[str]:
             rest = "" if isinstance(w, TaskRebuilt) else "; that task runs from the top"
             notes.append(f"warning: {w}{rest}")
     for rec in records:
-        assert rec.process is not None
-        if store.task_lease_held(run.job_key, run.run_id, rec.step, rec.task_key):
+        note = reap_task(store, run, rec)
+        if note:
+            notes.append(note)
+    return notes
+
+
+def reap_sessions(store: CheckpointStore, run: RunRecord) -> list[str]:
+    """The sessions' part of ``reap_run``: kill, on this host, what the dead sessions of one
+    run left running (an environment's daemons), and delete their records. Returns a note
+    per kill."""
+    notes: list[str] = []
+    me = host_id()
+    for session in store.sessions.list(run.job_key, run.run_id):
+        if session.host != me or store.sessions.lease_held(
+            run.job_key, run.run_id, session.session_id
+        ):
             continue
-        if kill_recorded_process(rec.process):
+        killed = kill_marked(session.markers)
+        store.sessions.delete(run.job_key, run.run_id, session.session_id)
+        if killed:
             notes.append(
-                f"stopped {recorded_name(rec.process)} of {rec.step} left running by a dead "
-                f"runner of run {run.run_id}"
+                f"stopped {killed} environment process(es) left running by a dead session "
+                f"of run {run.run_id}"
             )
     return notes
+
+
+def reap_task(store: CheckpointStore, run: RunRecord, rec: TaskRecord) -> str | None:
+    """The task's part of ``reap_run``: kill the process ``rec`` names if it runs on this host
+    and the task's lease is free (its runner died). Returns the note of the kill, else None."""
+    if rec.process is None or rec.process.host != host_id():
+        return None
+    if store.task_lease_held(run.job_key, run.run_id, rec.step, rec.task_key):
+        return None
+    if kill_recorded_process(rec.process):
+        return (
+            f"stopped {recorded_name(rec.process)} of {rec.step} left running by a dead "
+            f"runner of run {run.run_id}"
+        )
+    return None
 
 
 def reap_orphans(

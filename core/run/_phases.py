@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from core._errors import RunError, StoreError
 from core._records import CheckpointData, RunCondition, RunPhase, RunStatus, TaskRecord, TaskStatus
 from core.job import KeptCollector, PlanHistory, PreparedJob, TaskSpec, iter_plan, new_task_record
-from core.run._attempt import iter_attempt_records, reap_run, require_run
+from core.run._attempt import iter_attempt_records, reap_sessions, reap_task, require_run
 from core.store import CheckpointStore, Lease
 from core.task import RefusalCode, ResumeRefusedError, TerminationMode, resolve_termination
 
@@ -376,7 +376,8 @@ def finish_attempt(
         run = require_run(store, job, run_id)
         if fence is not None:
             fence.confirm()
-        reap_run(store, run)  # nothing of the attempt is left running on this host
+        reap_sessions(store, run)  # nothing of the attempt is left running on this host:
+        # its sessions' now, each task's as its record is read below (one pass over them)
         term = resolve_termination(store.read_stop_requests(job.job_key, run_id), run.attempt)
         mode = term.mode
         # The records, read once: kept as planning needs them, and what is counted of them.
@@ -386,6 +387,7 @@ def finish_attempt(
         ran: set[tuple[str, str]] = set()  # tasks started in this attempt (original keys)
         kept = KeptCollector()  # what the run's checkpoints were, should it succeed
         for rec in iter_attempt_records(store, job, run):
+            reap_task(store, run, rec)
             records.add(rec)
             kept.add(rec)
             stopped = stopped or rec.status in _STOPPED

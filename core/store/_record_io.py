@@ -71,9 +71,9 @@ class RecordFiles:
             path, data, durable=durable, fence=fence, new=new, reuse=reuse, checked=checked
         )
 
-    def read(self, path: str, model: type[Any]) -> Any:
+    def read(self, path: str, model: type[Any], *, checked: bool = False) -> Any:
         """The record of type ``model`` at ``path``, None if there is none. A run or task record
-        must name the folders it is in.
+        must name the folders it is in. ``checked``: see ``StoreFS.read_bytes``.
 
         Raises:
             SetAsideError: it is unreadable and has been moved aside (kept).
@@ -82,7 +82,7 @@ class RecordFiles:
         """
         raw: bytes | None = None
         try:
-            raw = self.fs.read_bytes(path)
+            raw = self.fs.read_bytes(path, checked=checked)
             if raw is None:
                 return None
             return self._parse(raw, path, model)
@@ -93,7 +93,7 @@ class RecordFiles:
         # whole the second time (``core.fs._local._read_local`` already checks a local read).
         if raw is not None:
             try:
-                again = self.fs.read_bytes(path)
+                again = self.fs.read_bytes(path, checked=checked)
                 if again is None:
                     return None
                 if again != raw:
@@ -140,12 +140,12 @@ class RecordFiles:
                     )
         return rec
 
-    def read_own_task(self, path: str, tid: str) -> TaskRecord | None:
+    def read_own_task(self, path: str, tid: str, *, checked: bool = False) -> TaskRecord | None:
         """The task record at ``path``, which must be task ``tid``'s own: one that names another
         task (an edited ``step`` or ``task_key``, a file copied over another) is set aside like
         an unreadable one (``SetAsideError``; on a read-only store a ``StoreError``), so that
         no task is planned twice or under a name it does not have."""
-        rec: TaskRecord | None = self.read(path, TaskRecord)
+        rec: TaskRecord | None = self.read(path, TaskRecord, checked=checked)
         if rec is not None and task_id_for(rec.step, rec.task_key) != tid:
             if self.read_only:
                 raise StoreError(f"{self.fs.where(path)} names another task")

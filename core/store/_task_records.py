@@ -337,7 +337,9 @@ class TaskRecords:
             if not wanted(name):
                 continue
             try:
-                rec = self.records.read_own_task(posixpath.join(tdir, name), name[: -len(".json")])
+                rec = self.records.read_own_task(  # the folder: checked by list_names
+                    posixpath.join(tdir, name), name[: -len(".json")], checked=True
+                )
             except SetAsideError as exc:
                 rebuilt = self._rebuild_task(
                     job_key, run_id, name[: -len(".json")], names, str(exc)
