@@ -796,6 +796,26 @@ def frameworks(report: Report, airflow: bool, prefect: bool) -> None:
             line for line in out.stdout.strip().splitlines() if not _LOG_LINE.match(line)
         )
         report.note(f"{script} ({venv}), exit {out.returncode}:\n\n```\n{shown}\n```")
+        for unit, ratio, goal, met in _FRAMEWORK_GOAL.findall(shown):
+            report.add(
+                Row(
+                    "6. frameworks",
+                    f"{'Airflow' if 'airflow' in script else 'Prefect'}: per task {unit} vs "
+                    f"the plain {'BashOperator' if 'airflow' in script else 'Prefect task'}",
+                    f"{ratio}x",
+                    "1.00x",
+                    float(ratio),
+                    f"at most {goal}x (issue 38)",
+                    met == "met",
+                    "" if met == "met" else "frameworks",
+                )
+            )
+
+
+_FRAMEWORK_GOAL = re.compile(
+    r"ratio per task (instance|run) ([\d.]+)\b.*?goal <= ([\d.]+): (met|NOT met)"
+)
+"""A framework benchmark's goal line (``airflow_adapter.py``, ``prefect_integration_costs.py``)."""
 
 
 # --- the report ------------------------------------------------------------------------------
@@ -825,9 +845,12 @@ WHY = {
         'an fsync of its folder; docs/decisions.md, "Which writes are durable"); since issue 38 '
         "it is off the session's critical path: once a task succeeded its session starts the "
         "next task while the end is stored, and the task is reported ended only once it is "
-        "durable (core/run/_in_flight.py). The next task's lease file is made while the task "
-        "before it runs (creating a file cost 0.05-0.5 ms here, opening one microseconds). "
-        "What is left per task: the claim (its lease, its record read), a start record "
+        "durable (core/run/_in_flight.py). A task's lease is a byte of the run's one lock file "
+        "(no file made per task: on this machine's ext4 a new file costs an inode allocation "
+        "that skips recently deleted inodes one by one), and its record file is made ahead, by "
+        "the thread that hands the task before to its thread. The runner is bound by the "
+        "interpreter's lock: about 200 futex calls a task, its threads handing work to each "
+        "other. What is left per task: the claim (its lease, its record read), a start record "
         "written without an fsync (naming the action's process by its pid before it starts "
         "where it becomes a spare action process already in its cgroup; else a second one once "
         "it started), the hand-off to that spare or the fork and exec of the action, where "
@@ -836,6 +859,15 @@ WHY = {
         "would close it further: starting actions into their cgroup without the shell "
         "(clone3's CLONE_INTO_CGROUP, which Python's subprocess lacks), and a record per task "
         "appended to rather than rewritten (a format change: docs/decisions.md)."
+    ),
+    "frameworks": (
+        "The per-phase profile is in the framework's details below. A Prefect task run of ours "
+        "is its own OpenJD session: besides Prefect's task engine (as much as a plain task run "
+        "costs) it claims the task (its lease, its record), makes and removes a session "
+        "folder, reads the run record, hands the action to a spare process in its cgroup, and "
+        "writes the task's end durably. What would close it: one session per flow run on a "
+        "worker process of its own, outside Prefect's task runs, so that a task run only hands "
+        "its task over (a change to how the Prefect integration runs tasks)."
     ),
     "throughput": (
         "Every line is decoded, checked for a protocol message and handed on in Python; "
@@ -934,7 +966,8 @@ def write_markdown(path: Path, report: Report, command: str, machine: list[str],
         seen.add(r.why)
         lines.append(f"- **{r.what}** ({r.ours} against {r.baseline}): {WHY.get(r.why, '')}")
     lines += ["", "## Details", ""]
-    lines += [f"- {d}" if not d.startswith("```") and "\n" not in d else d for d in report.details]
+    for d in report.details:  # a note of several lines (a fenced block) is a paragraph
+        lines += [f"- {d}"] if not d.startswith("```") and "\n" not in d else ["", d, ""]
     path.write_text("\n".join(lines) + "\n")
 
 

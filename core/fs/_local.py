@@ -215,8 +215,9 @@ _OFD = _ofd_commands()
 
 def slot_of(name: str) -> int:
     """The byte of ``SLOTS_FILE`` that the member lease ``name`` locks: 63 bits of its
-    BLAKE2b hash (two names of one folder share one with a chance of about 1 in 10^13 for a
-    million tasks; sharing would make one wait for the other, never both run)."""
+    BLAKE2b hash (two of a million names of one folder share one with a chance of about 1 in
+    18 million, n^2 / 2^64; sharing would make one wait for the other, never both run). The
+    file stays empty: a lock may lie past its end."""
     digest = hashlib.blake2b(name.encode("utf-8"), digest_size=8).digest()
     return int.from_bytes(digest, "big") >> 1
 

@@ -6,6 +6,10 @@ Layout under the root (a local directory or any fsspec URL)::
     jobs/<job_key>/runs/<run_id>/run.json                       the run's record (run.lock, lease.*)
     jobs/<job_key>/runs/<run_id>/tasks/<task_id>.json           latest task record
     jobs/<job_key>/runs/<run_id>/tasks/<task_id>.gen-<N>.json   checkpoint generation N
+    jobs/<job_key>/runs/<run_id>/tasks/leases.lock              the tasks' leases (local store,
+                                                                run version 2; version 1 and
+                                                                other stores: <task_id>.lock
+                                                                or <task_id>.lease.json)
     jobs/<job_key>/runs/<run_id>/requests/<time>-<id>.json      stop requests
     jobs/<job_key>/runs/<run_id>/sessions/<session_id>.json     open sessions (and their leases)
     jobs/<job_key>/runs/<run_id>/logs/<name>.log.gz             task output logs
