@@ -167,7 +167,9 @@ def take_lease_once(
     try:
         return _take(fs, leases, path, ttl_seconds)
     except OSError as exc:
-        raise StoreError(f"cannot take the lease {fs.where(path)}: {os_reason(exc)}") from None
+        file, _, slot = path.rpartition("#")  # a member's slot is not a file to name
+        shown = file if member and slot.isdigit() else path
+        raise StoreError(f"cannot take the lease {fs.where(shown)}: {os_reason(exc)}") from None
 
 
 def _take(fs: StoreFS, leases: LeaseFiles, path: str, ttl: float) -> Lease | None:

@@ -119,7 +119,10 @@ class RecordFiles:
         """
         obj = json.loads(raw.decode("utf-8"))
         versions = RUN_SCHEMA_VERSIONS if model is RunRecord else (SCHEMA_VERSION,)
-        if isinstance(obj, dict) and obj.get("schema_version", SCHEMA_VERSION) not in versions:
+        if isinstance(obj, dict) and "schema_version" not in obj:
+            obj["schema_version"] = SCHEMA_VERSION  # a record without one is version 1
+        version = obj.get("schema_version") if isinstance(obj, dict) else SCHEMA_VERSION
+        if type(version) is not int or version not in versions:  # not true, 2.0 or "2"
             raise StoreError(
                 f"{self.fs.where(path)} has schema version {obj.get('schema_version')!r}, "
                 f"this openjd-checkpoint reads version "
