@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from core import CheckpointStore, RunRecord, StoreError, TaskRecord
+from core import CheckpointStore, RunRecord, StoreError
 from core._records import RUN_SCHEMA_VERSION
 from core.fs._local import SLOTS_FILE, slot_of
 from core.store._layout import task_id_for
@@ -149,31 +149,6 @@ def test_slots_of_a_million_task_ids_do_not_collide() -> None:
     slots = {slot_of(name) for name in names}
     assert len(slots) == len(names)
     assert all(0 <= s < 2**63 for s in list(slots)[:1000])
-
-
-def test_a_deleted_slots_file_is_not_made_again_under_held_leases(tmp_path: Path) -> None:
-    """``leases.lock`` deleted by hand while a task's lease is held in it: a new file would not
-    exclude that holder, so taking a lease of the run is refused (naming the file) and preparing
-    one does not make it again, while the folder holds task records; once it is made again by
-    hand, leases are taken again."""
-    store = _store(tmp_path)
-    proc, said = _holder(tmp_path, '{"F":"1"}')
-    try:
-        assert said == "held"
-        rec = TaskRecord(job_key=JK, run_id=RID, step="S", task_key='{"F":"1"}', parameters={})
-        store.write_task(rec)
-        slots = _tasks(tmp_path) / SLOTS_FILE
-        slots.unlink()
-        with pytest.raises(StoreError, match=r"leases\.lock is missing but the folder holds task"):
-            store.acquire_task_lease(JK, RID, "S", '{"F":"1"}')
-        store.prepare_task_lease(JK, RID, "S", '{"F":"2"}')
-        assert not slots.exists()
-    finally:
-        _stop(proc)
-    slots.touch()
-    lease = store.acquire_task_lease(JK, RID, "S", '{"F":"1"}')
-    assert lease is not None
-    lease.release()
 
 
 def test_a_lease_that_cannot_be_taken_names_the_file_not_the_slot(tmp_path: Path) -> None:

@@ -169,20 +169,16 @@ class LocalBackend:
     def leases(self) -> LeaseFiles:
         return self._leases
 
-    def open_lock(self, path: str, *, create: bool = True) -> int:
+    def open_lock(self, path: str) -> int:
         """An open descriptor of the regular lock file ``path`` (made if missing, with its
-        folders, none of which may be a link: ``makedirs``; with ``create`` False, a missing
-        file is FileNotFoundError). OSError is the caller's; a link or a non-file there is a
-        StoreError. The callers pass ``StoreFS.confined`` paths (their folders checked): the
-        folders are made only when the open finds one missing."""
-        flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-        flags |= os.O_CREAT if create else 0
+        folders, none of which may be a link: ``makedirs``). OSError is the caller's; a link or
+        a non-file there is a StoreError. The callers pass ``StoreFS.confined`` paths (their
+        folders checked): the folders are made only when the open finds one missing."""
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
         try:
             try:
                 fd = os.open(path, flags, 0o600)
             except FileNotFoundError:
-                if not create:
-                    raise
                 self.makedirs(posixpath.dirname(path))
                 fd = os.open(path, flags, 0o600)
         except OSError as exc:
@@ -273,7 +269,7 @@ class FlockLeases:
 
     def take(self, path: str, body: bytes, token: str) -> LeaseClaim | None:
         file, slot = _split_slot(path)
-        fd = self.backend.open_lock(file) if slot is None else self._open_slots(file)
+        fd = self.backend.open_lock(file)
         try:
             if slot is None:
                 _fcntl().flock(fd, _fcntl().LOCK_EX | _fcntl().LOCK_NB)
@@ -298,43 +294,16 @@ class FlockLeases:
 
     def prepare(self, path: str) -> None:
         """The lock file made (an empty regular file, as a released lease leaves it), so that
-        the take only opens it (a slots file: once per process, never once deleted)."""
+        the take only opens it (a slots file: once per process)."""
         file, slot = _split_slot(path)
         if slot is not None and file in self._made:
             return
         try:
-            os.close(self.backend.open_lock(file) if slot is None else self._open_slots(file))
+            os.close(self.backend.open_lock(file))
             if slot is not None:
                 self._made.add(file)
         except (OSError, StoreError):
             pass  # the take makes it, or says why it cannot
-
-    def _open_slots(self, file: str) -> int:
-        """An open descriptor of the slots file ``file``, made if missing, unless its folder
-        holds task records: the file is made before a folder's first record (by the first
-        lease taken there) and removed after its last, so it was deleted while leases may be
-        held in it, and a new file would not exclude their holders.
-
-        Raises:
-            StoreError: it was deleted; or what ``open_lock`` raises.
-        """
-        try:
-            return self.backend.open_lock(file, create=False)
-        except FileNotFoundError:
-            pass
-        folder = posixpath.dirname(file)
-        try:
-            names = os.listdir(folder)
-        except FileNotFoundError:
-            names = []
-        if any(n.endswith(".json") and not n.startswith(".") for n in names):
-            raise StoreError(
-                f"{where(self.backend.location, file)} is missing but the folder holds task "
-                "records: it was deleted, and the leases held in it with it (a new one would "
-                "not exclude their holders); once no process runs these tasks, make it again "
-                "empty (touch it) to go on"
-            )
-        return self.backend.open_lock(file)
 
     def held(self, path: str) -> bool:
         """True if a live holder has the lease ``path``; a ``SLOTS_FILE`` named without a slot:
