@@ -87,7 +87,9 @@ def _at(events: list[tuple[str, str, float]], label: str, kind: str) -> float:
 def test_the_next_task_starts_while_the_end_of_the_one_before_is_stored(
     tmp_path: Path, slow_record_fsyncs: None
 ) -> None:
-    events, (results, on_disk), _ = _run(tmp_path, "true")
+    # the second runs 0.2 s, so that the two ends in flight are stored well apart (started
+    # 6 ms apart, a loaded machine's scheduling could make them end together: CI saw 0.1 ms)
+    events, (results, on_disk), _ = _run(tmp_path, "test {{Task.Param.F}} != 2 || sleep 0.2")
     assert [r.outcome for r in results] == [TaskOutcome.SUCCEEDED] * 3
     first, second, third = "S[F=1]", "S[F=2]", "S[F=3]"
     # the second started before the first was reported ended (its end was being stored) ...
