@@ -184,3 +184,17 @@ def test_a_run_record_s_version_is_an_integer_it_knows_and_absent_is_version_1(
     assert lease is not None
     assert [p.name for p in _tasks(tmp_path).iterdir()] == [f"{task_id_for('S', '{}')}.lock"]
     lease.release()
+
+
+def test_records_that_have_no_version_field_still_read(tmp_path: Path) -> None:
+    """A stop request has no ``schema_version``: the run record's version rules leave it be
+    (a bug of this change once made every stop request unreadable, so a suspended run ended
+    failed)."""
+    from core._records import StopRequest
+
+    store = _store(tmp_path)
+    run = store.read_run(JK, RID)
+    assert run is not None
+    store.add_stop_request(run, StopRequest(mode="Suspended", attempt=1, requested_at=1.0))
+    (request,) = store.read_stop_requests(JK, RID)
+    assert request.mode == "Suspended"
