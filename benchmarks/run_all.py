@@ -799,7 +799,7 @@ def frameworks(report: Report, airflow: bool, prefect: bool) -> None:
         for unit, ratio, goal, met in _FRAMEWORK_GOAL.findall(shown):
             report.add(
                 Row(
-                    "6. frameworks",
+                    "7. frameworks",
                     f"{'Airflow' if 'airflow' in script else 'Prefect'}: per task {unit} vs "
                     f"the plain {'BashOperator' if 'airflow' in script else 'Prefect task'}",
                     f"{ratio}x",
@@ -977,11 +977,11 @@ def metrics_cost(report: Report, quick: bool) -> None:
     from benchmarks.metrics_cost import measure
 
     n = 100 if quick else 300
-    print(f"7. checkpoint metrics ({n} tasks saving one checkpoint each, 9 pairs)", flush=True)
+    print(f"6. checkpoint metrics ({n} tasks saving one checkpoint each, 9 pairs)", flush=True)
     on, off = measure(n, pairs=9)
     report.add(
         Row(
-            "7. checkpoint metrics",
+            "6. checkpoint metrics",
             "a task storing a checkpoint, metrics exported over OTLP vs none",
             f"{on * 1000:.2f} ms",
             f"{off * 1000:.2f} ms (no metrics)",
