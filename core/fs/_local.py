@@ -204,8 +204,10 @@ _SLOT = "#"
 def _ofd_commands() -> tuple[int, int] | None:
     """``(F_OFD_GETLK, F_OFD_SETLK)`` where this system has open file description locks, else
     None (member leases are then lock files of their own, as before issue 38)."""
-    import fcntl
-
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        return None
     get, set_ = getattr(fcntl, "F_OFD_GETLK", None), getattr(fcntl, "F_OFD_SETLK", None)
     return (get, set_) if get is not None and set_ is not None else None
 
