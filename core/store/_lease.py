@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import posixpath
 import threading
 import time
 import uuid
@@ -167,8 +168,8 @@ def take_lease_once(
     try:
         return _take(fs, leases, path, ttl_seconds)
     except OSError as exc:
-        file, _, slot = path.rpartition("#")  # a member's slot is not a file to name
-        shown = file if member and slot.isdigit() else path
+        slots = leases.members_file if member else None  # a slot of it: name the file
+        shown = posixpath.join(posixpath.dirname(base), slots) if slots else path
         raise StoreError(f"cannot take the lease {fs.where(shown)}: {os_reason(exc)}") from None
 
 

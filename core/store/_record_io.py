@@ -121,7 +121,9 @@ class RecordFiles:
         versions = RUN_SCHEMA_VERSIONS if model is RunRecord else (SCHEMA_VERSION,)
         if model is RunRecord and isinstance(obj, dict) and "schema_version" not in obj:
             obj["schema_version"] = SCHEMA_VERSION  # a run record without one is version 1
-        version = obj.get("schema_version", SCHEMA_VERSION) if isinstance(obj, dict) else 1
+        version = (
+            obj.get("schema_version", SCHEMA_VERSION) if isinstance(obj, dict) else SCHEMA_VERSION
+        )
         if type(version) is not int or version not in versions:  # not true, 2.0 or "2"
             raise StoreError(
                 f"{self.fs.where(path)} has schema version {obj.get('schema_version')!r}, "

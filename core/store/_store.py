@@ -551,14 +551,9 @@ def task_leases_are_members(store: CheckpointStore, job_key: str, run_id: str) -
 
     Raises:
         StoreError: the run's record cannot be read."""
-    known = store._member_leases.get((job_key, run_id))
-    if known is None:
-        run = store.read_run(job_key, run_id, deleting=True)
-        if run is None:
-            return False
-        known = run.schema_version >= RUN_SCHEMA_VERSION
-        store._member_leases[(job_key, run_id)] = known
-    return known
+    if (job_key, run_id) not in store._member_leases:
+        store.read_run(job_key, run_id, deleting=True)  # which keeps what its version says
+    return store._member_leases.get((job_key, run_id), False)
 
 
 def run_file_flow(store: CheckpointStore, job_key: str, run_id: str) -> FileDataFlow:
