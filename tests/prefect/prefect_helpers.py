@@ -509,14 +509,14 @@ def wait_for_flow_run(
             time.sleep(interval)
 
 
-def seconds_between_states(flow_run_id: uuid.UUID, first: str, last: StateType) -> float:
-    """Seconds from the flow run's first state named ``first`` to its first state of type
-    ``last``, by the server's own timestamps (so a slow client process is not counted)."""
+def seconds_from_state_to_last_log(flow_run_id: uuid.UUID, state: str) -> float:
+    """Seconds from the flow run's first state named ``state`` (the server's timestamp) to the
+    flow run's last log line (stamped by the flow run process as it logged it, on the same
+    clock): how long the process ran on after that state, whatever the runner does later."""
     with get_client(sync_client=True) as client:
         states = client.read_flow_run_states(flow_run_id)
-    start = next(s.timestamp for s in states if s.name == first)
-    end = next(s.timestamp for s in states if s.type == last and s.timestamp >= start)
-    return (end - start).total_seconds()
+    start = next(s.timestamp for s in states if s.name == state)
+    return (flow_run_logs(flow_run_id)[-1].timestamp - start).total_seconds()
 
 
 def flow_run_states(flow_run_id: uuid.UUID) -> list[tuple[str, str]]:
