@@ -203,25 +203,26 @@ def _submit_step(
     originals = plan_tasks(job, step)
     attempt_part = attempt if job.template.is_finally(step) else None  # see group_result_key
     futures = []
+    options = task_run_options(
+        job,
+        step,
+        host_requirements=config.host_requirements,
+        task_retries=config.task_retries,
+        task_retry_delay_seconds=config.task_retry_delay_seconds,
+        interruption_retries=config.interruption_retries,
+        result_storage=config.result_storage,
+    )
+    step_task = run_group.with_options(**options)
     for group in core.group_tasks(originals, config.max_task_runs_per_step):
-        options = task_run_options(
-            job,
-            step,
-            group,
-            host_requirements=config.host_requirements,
-            task_retries=config.task_retries,
-            task_retry_delay_seconds=config.task_retry_delay_seconds,
-            interruption_retries=config.interruption_retries,
-            result_storage=config.result_storage,
-        )
         futures.append(
-            run_group.with_options(**options).submit(
+            step_task.submit(
                 job.job_key,
                 run_id,
                 step,
                 [s.to_dict() for s in group],
                 _store_location(config),
                 cache_key(job.job_key, run_id, step, group, attempt_part),
+                core.group_label(group),
                 files=store.file_flow.value,
                 file_roots=list(store.file_roots),
                 interruption_notices=config.interruption_notices,

@@ -33,8 +33,6 @@ from prefect.logging import get_run_logger
 from core import (
     DEFAULT_INTERRUPTION_RETRIES,
     PreparedJob,
-    TaskSpec,
-    group_label,
     interruption_resumes,
 )
 
@@ -159,7 +157,6 @@ def requirements(job: PreparedJob, step: str) -> list[str]:
 def task_run_options(
     job: PreparedJob,
     step: str,
-    group: Sequence[TaskSpec],
     *,
     host_requirements: Mapping[str, Sequence[str]],
     task_retries: int,
@@ -167,11 +164,16 @@ def task_run_options(
     interruption_retries: int,
     result_storage: Any = None,
 ) -> dict[str, Any]:
-    """``run_group.with_options(**options)`` for one group: its name (``core.group_label``),
-    the tags its step's host requirements map to, and its retries (``RetryRule``: errors and
-    interruptions counted apart; ``task_retry_delay_seconds`` before either)."""
+    """``run_group.with_options(**options)`` for the task runs of one step: each is named by
+    its ``label`` parameter (``core.group_label`` of its group), tagged with what its step's
+    host requirements map to, and retried by ``RetryRule`` (errors and interruptions counted
+    apart; ``task_retry_delay_seconds`` before either).
+
+    One set a step, not one a group: ``with_options`` makes a new ``Task``, whose ``__init__``
+    reads the function's source (``inspect.getsource``, 3.6 ms here), and the flow body's
+    submissions hold the interpreter's lock while the step's first task runs run."""
     options: dict[str, Any] = {
-        "task_run_name": group_label(group),
+        "task_run_name": "{label}",
         "retries": task_retries + interruption_retries,
         "retry_delay_seconds": task_retry_delay_seconds,
         "retry_condition_fn": RetryRule(task_retries, interruption_retries),

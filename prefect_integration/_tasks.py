@@ -110,6 +110,7 @@ def run_group(
     originals: list[dict[str, Any]],
     store_location: str,
     result_key: str,
+    label: str | None = None,
     files: str | None = None,
     file_roots: list[str] | None = None,
     interruption_notices: str | None = None,
@@ -117,6 +118,9 @@ def run_group(
     resume_how: str | None = None,
 ) -> Any:
     """Run what is left of a group of a step's original tasks (``TaskSpec.to_dict()`` each).
+
+    ``label`` names the group (``core.group_label``): the task run's name
+    (``task_run_options``), and its progress artifact's title.
 
     ``files`` and ``file_roots`` are the store's file data flow and allowed roots as the flow
     run resolved them (None: this process's ``$OPENJD_CHECKPOINT_FILES``): they travel with the
@@ -166,7 +170,7 @@ def run_group(
             logger.info("%s | %s", execution.spec.label, line)
 
     progress = GroupProgress(
-        _task_run_name(step),
+        label or _task_run_name(step),
         [s.task_key for s in specs],
         done_before=max(0, len(originals_specs) - len(specs)),
         warn=logger.warning,
