@@ -5,7 +5,9 @@
   2.3).
 - A job template that does not declare CHECKPOINT stores none of its tasks' saves and captures
   no file in a managed store; suspended, it says it is not resumable (once per task) rather
-  than "checkpointed; run again to continue"."""
+  than "checkpointed; run again to continue".
+- A step of a CHECKPOINT template without ``onCheckpointResume`` stores its saves, and says
+  once per task that a resume does not use them."""
 
 from __future__ import annotations
 
@@ -114,6 +116,49 @@ def test_a_template_without_checkpoint_stores_no_save_and_says_it_is_not_resumab
     assert all(r.checkpoint is None and not r.pending_files for r in records), records
     blobs = [p for p in (store / "blobs").rglob("*") if p.is_file()]
     assert blobs == [], blobs
+
+
+NO_RESUME_ACTION = """\
+specificationVersion: jobtemplate-2023-09
+extensions: [CHECKPOINT]
+name: no resume action
+steps:
+- name: Loop
+  script:
+    actions:
+      onRun:
+        command: python3
+        args:
+        - -c
+        - |
+          import sys, time
+          print("STARTED-FROM-THE-TOP", flush=True)
+          for i in range(1, 4):
+              print('openjd_checkpoint_save: {"state": "%d"}' % i, flush=True)
+              time.sleep(0.05)
+          sys.exit(1)
+"""
+
+
+def test_a_save_of_a_step_without_onCheckpointResume_is_stored_and_says_a_resume_ignores_it(
+    tmp_path: Path, store: Path
+) -> None:
+    """A CHECKPOINT template whose step has no ``onCheckpointResume`` stores its saves (an
+    author adding the action later finds them: docs/decisions.md), but says once per task that
+    a resume does not use them, instead of reporting a checkpoint kept without a word (the
+    retry runs ``onRun`` from its start)."""
+    template = tmp_path / "no-resume.yaml"
+    template.write_text(NO_RESUME_ACTION)
+    first = run_cli("run", template, "--store", store)
+    assert first.returncode == 1, first.stderr
+    said = "stored, but this step has no onCheckpointResume: a resume runs onRun from its start"
+    assert first.stderr.count(said) == 1, first.stderr
+    [rec] = _records(store)
+    assert rec.checkpoint is not None and rec.checkpoint.state == "3"
+    again = run_cli("run", template, "--store", store)
+    assert again.returncode == 1, again.stderr
+    assert "STARTED-FROM-THE-TOP" in again.stdout, again.stdout
+    assert again.stderr.count(said) == 1, again.stderr
 
 
 # A first save whose file takes a while to store (256 MiB, sparse), then ``{}`` once the runner

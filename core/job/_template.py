@@ -31,7 +31,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pydantic
 from openjd.model import (
@@ -247,6 +247,15 @@ class CheckpointJobTemplate:
 
     def is_resumable(self, step_name: str) -> bool:
         return step_name in self.resume_actions
+
+    def saves_of(self, step_name: str) -> Literal["ignored", "unused", "resumed"]:
+        """What becomes of the saves of the step's tasks (docs/decisions.md, "A template that
+        does not declare CHECKPOINT stores none of its saves"): ``ignored`` without the
+        CHECKPOINT extension, ``unused`` (stored, but no resume runs from them) in a step
+        without ``onCheckpointResume``, else ``resumed``."""
+        if "CHECKPOINT" not in self.extensions:
+            return "ignored"
+        return "resumed" if self.is_resumable(step_name) else "unused"
 
 
 def load_template(path: str | Path) -> CheckpointJobTemplate:

@@ -119,9 +119,12 @@ class TaskRecorder:
     stored, a file not restored); ``emit`` a ``TaskEvent`` kind and value (``checkpoint_saved``,
     ``status``); ``fence`` and ``on_lost``: the task's lease, under which every write is
     made, and what is called once it is lost (``TaskWrites``);
-    ``resumable``, False for a task of a template that does not declare the CHECKPOINT
-    extension: its saves and file declarations are refused (nothing of them could ever be
-    used) and no file is captured; ``stopped_at`` says when the task was first asked to stop
+    ``saves`` (``CheckpointJobTemplate.saves_of``): ``ignored`` for a task of a template that
+    does not declare the CHECKPOINT extension: its saves and file declarations are refused
+    (nothing of them could ever be used) and no file is captured; ``unused`` for a task of a
+    step without ``onCheckpointResume`` in a CHECKPOINT template: its saves are stored (an
+    author adding the action later finds them, docs/decisions.md), with one warning that a
+    resume does not use them; ``stopped_at`` says when the task was first asked to stop
     (None: not yet), for its attempt span (``note_stored``)."""
 
     def __init__(
@@ -134,7 +137,7 @@ class TaskRecorder:
         emit: Callable[..., None],
         fence: Lease | None = None,
         on_lost: Callable[[str], None] | None = None,
-        resumable: bool = True,
+        saves: str = "resumed",
         stopped_at: Callable[[], float | None] = lambda: None,
     ) -> None:
         self.record = record
@@ -146,8 +149,9 @@ class TaskRecorder:
         self._on_lost = on_lost
         self.writes = TaskWrites(store, fence, self._lost) if store is not None else None
         """How the record and checkpoints are written (None: nothing is stored)."""
-        self.resumable = resumable
+        self.resumable = saves != "ignored"
         self._unresumable_told = False
+        self._unused_told = saves != "unused"  # nothing to tell where a resume uses them
         self.lock = threading.RLock()
         """Guards ``record`` and everything below."""
         self._dirty = False
@@ -307,6 +311,13 @@ class TaskRecorder:
         with self.lock:
             self._pending_save, self._save_dataset, self._saved = event, None, True
             self._save_read_at = time.monotonic()
+            told, self._unused_told = self._unused_told, True
+        if not told:
+            self._warn(
+                "openjd_checkpoint_save stored, but this step has no onCheckpointResume: a "
+                "resume runs onRun from its start and does not use it (add onCheckpointResume "
+                "to resume from it; said once per task)"
+            )
         return None
 
     def _unresumable(self, kind: str) -> str | None:

@@ -198,7 +198,7 @@ class TaskExecution:
             emit=self._emit,
             fence=lease,
             on_lost=self._lease_lost,
-            resumable="CHECKPOINT" in job.template.extensions,
+            saves=job.template.saves_of(spec.step_name),
             stopped_at=lambda: self._stop.requested_at,
         )
         self._output = TaskOutput(
