@@ -272,6 +272,13 @@ def test_bad_template_and_parameters_exit_2(tmp_path: Path) -> None:
     assert r.returncode == 2 and "N" in r.stderr
     r = run_cli("run", str(EXAMPLES / "fibonacci" / "fibonacci.yaml"), "-p", "Nope=1", cwd=ROOT)
     assert r.returncode == 2 and "Nope" in r.stderr
+    # a value quoted in the refusal reaches the terminal with its control characters escaped
+    # (an escape sequence could set the terminal's title, or hide the rest of the line)
+    value = "\x1b[31mRED\x1b]0;title\x07"
+    r = run_cli("run", str(EXAMPLES / "fibonacci" / "fibonacci.yaml"), "-p", f"N={value}")
+    assert r.returncode == 2, r.stderr
+    assert "\\x1b[31mRED\\x1b]0;title\\x07" in r.stderr, r.stderr
+    assert "\x1b" not in r.stderr and "\x07" not in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize(

@@ -193,6 +193,38 @@ def test_reading_commands_change_nothing_in_a_damaged_store(
         assert snapshot() == before, args
 
 
+def test_a_link_in_one_run_s_folder_hides_no_other_run(
+    store: dict[str, Any], tmp_path: Path
+) -> None:
+    """One run's ``tasks`` folder replaced by a symbolic link (the store follows none): ``runs``
+    and ``checkpoints list`` still list every run, with a warning naming the link; ``gc``
+    removes the other runs it may, keeps that one and every checkpoint file (the run's
+    records, unread, may name them), says why, and exits 3. Nothing outside the store is
+    touched."""
+    import shutil
+
+    copy = tmp_path / "store"
+    shutil.copytree(store["store"], copy)
+    fib = store["ids"]["Fibonacci checkpointing job (fast)"]
+    (run_dir,) = copy.glob(f"jobs/*/runs/{fib}")
+    elsewhere = tmp_path / "elsewhere"
+    (run_dir / "tasks").rename(elsewhere)
+    (run_dir / "tasks").symlink_to(elsewhere)
+    outside = sorted(p.name for p in elsewhere.iterdir())
+    listed = as_json("runs", "--store", str(copy))
+    assert fib in {r["run_id"] for r in listed["runs"]}
+    assert len(listed["runs"]) == len(store["ids"]), listed
+    assert any("symbolic link" in w and fib in w for w in listed["warnings"]), listed
+    plain = cli("checkpoints", "list", "--store", str(copy))
+    assert plain.returncode == 0 and "symbolic link" in plain.stderr, plain.stderr
+    swept = cli("gc", "--retention-days", "0", "--grace-seconds", "0", "--store", str(copy))
+    assert swept.returncode == 3, swept
+    assert f"run {fib} kept" in swept.stderr and "none removed" in swept.stderr, swept.stderr
+    assert "run(s) removed; kept 1" in swept.stdout, swept.stdout
+    assert [p.name for p in copy.glob("jobs/*/runs/*")] == [fib]
+    assert sorted(p.name for p in elsewhere.iterdir()) == outside
+
+
 def test_a_run_a_scheduler_drives_is_running_not_interrupted(tmp_path: Path) -> None:
     """A run begun by a scheduler (Airflow's ``openjd_begin``, Prefect's flow: an external key,
     no driving process, no run lease; its tasks run in the scheduler's workers) is ``running``

@@ -413,6 +413,7 @@ def _cmd_gc(args: argparse.Namespace) -> int:
     runs = _store_runs(store)
     cutoff = time.time() - args.retention_days * 86400
     removed = 0
+    refused = 0  # runs the store would not let go of (a link in a run's folder): said, kept
     for r in runs:
         if r.updated_at > cutoff:
             continue
@@ -420,12 +421,20 @@ def _cmd_gc(args: argparse.Namespace) -> int:
             notes = delete_run(store, r)
         except RunError:
             continue  # running now: kept
+        except StoreError as exc:  # one run's folder hides no other run
+            refused += 1
+            _refusal(StoreError(f"run {r.run_id} kept: {exc}"))
+            continue
         for note in notes:
             print(f"openjd-checkpoint: {note}", file=sys.stderr)
         removed += 1
         print(f"removed run {r.run_id} ({report.run_status_words(r.status.value)}, {r.job_name})")
     print(f"{removed} run(s) removed; kept {len(runs) - removed}")
-    swept = collect_file_garbage(store, grace_seconds=args.grace_seconds)
+    try:
+        swept = collect_file_garbage(store, grace_seconds=args.grace_seconds)
+    except StoreError as exc:  # a run's records unread: the files they name may not go
+        _refusal(StoreError(f"checkpoint files: none removed: {exc}"))
+        return EXIT_CODES["store"]
     for w in swept.warnings:
         print(f"warning: {w}", file=sys.stderr)
     if swept.blobs_removed or swept.manifests_removed or swept.uploads_removed:
@@ -445,7 +454,7 @@ def _cmd_gc(args: argparse.Namespace) -> int:
                 else ""
             )
         )
-    return 0
+    return EXIT_CODES["store"] if refused else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -638,6 +647,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F) if chr(c) not in "\n\t"}
+"""Control characters (but newline and tab) as ``\\xNN``, for ``str.translate``."""
+
+
+def _refusal(exc: BaseException) -> None:
+    """Say why the command was refused, on standard error, with control characters escaped:
+    a message may quote what the user gave (``-p``, a file's text), and an escape sequence in
+    it must not reach the terminal (``-p $'N=\\e]0;title\\a'`` set the window's title)."""
+    _write(sys.stderr, f"openjd-checkpoint: {str(exc).translate(_CONTROLS)}\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``openjd-checkpoint`` console script. Returns the exit code."""
     try:
@@ -662,19 +682,19 @@ def main(argv: list[str] | None = None) -> int:
         _write(sys.stderr, "openjd-checkpoint: interrupted before the run started\n")
         return EXIT_CODES["canceled"]
     except TemplateError as exc:
-        print(f"openjd-checkpoint: {exc}", file=sys.stderr)
+        _refusal(exc)
         return EXIT_CODES["usage"]
     except ResumeRefusedError as exc:
-        print(f"openjd-checkpoint: {exc}", file=sys.stderr)
+        _refusal(exc)
         return EXIT_CODES["refused"]
     except (StoreError, RunError) as exc:
-        print(f"openjd-checkpoint: {exc}", file=sys.stderr)
+        _refusal(exc)
         return EXIT_CODES["store"]
     except OpenJDCheckpointError as exc:  # pragma: no cover
-        print(f"openjd-checkpoint: {exc}", file=sys.stderr)
+        _refusal(exc)
         return 1
     except OSError as exc:  # a path the user gave that cannot be read or written: no traceback
-        _write(sys.stderr, f"openjd-checkpoint: {exc}\n")
+        _refusal(exc)
         return EXIT_CODES["store"]
     except Exception:  # a bug: say so, with the traceback, and do not look like a task failure
         import traceback

@@ -15,7 +15,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
-from core import CheckpointStore, RunRecord, TaskRecord, TemplateError, report
+from core import CheckpointStore, RunRecord, StoreError, TaskRecord, TemplateError, report
 from core.local import read_figures, run_figures, run_files_mode, runner_lost
 
 __all__ = (
@@ -167,7 +167,10 @@ def _runs_and_tasks(
             print(f"warning: {w}", file=sys.stderr)
     out = []
     for r in runs:
-        tasks, task_warnings = store.read_tasks(r.job_key, r.run_id)
+        try:
+            tasks, task_warnings = store.read_tasks(r.job_key, r.run_id)
+        except StoreError as exc:  # one run's folder (a link put there) hides no other run
+            tasks, task_warnings = [], [f"run {r.run_id}: its task records are not read: {exc}"]
         for w in task_warnings:
             _warn(warnings, w, as_json)
         out.append((r, tasks))
