@@ -37,7 +37,12 @@ def run_python(
         "steps": [
             {
                 "name": "S",
-                "script": {"actions": {"onRun": {"command": "python3", "args": ["-c", script]}}},
+                "script": {
+                    "actions": {  # resumable, as a step that saves is: no warning that it is not
+                        "onRun": {"command": "python3", "args": ["-c", script]},
+                        "onCheckpointResume": {"command": "python3", "args": ["-c", script]},
+                    }
+                },
             }
         ],
     }

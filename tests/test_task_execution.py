@@ -283,6 +283,7 @@ def test_malformed_output_warns_task_keeps_running_and_checkpoint_stays(tmp_path
     job = make_job(
         {"command": "python3", "args": ["{{Task.File.Noisy}}"]},
         files={"Noisy": NOISY},
+        resume={"command": "true"},  # resumable: every warning is about an output line
     )
     store = CheckpointStore(tmp_path / "store")
     r = Runner(job, store)
