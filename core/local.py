@@ -31,6 +31,7 @@ from core.run import (
     TaskExecutor,
     collect_file_garbage,
     delete_run,
+    delete_set_aside_run,
     enter_finally,
     finish_interrupted_delete,
     finish_interrupted_deletes,
@@ -39,8 +40,9 @@ from core.run import (
     mark_timed_out,
     read_figures,
     run_figures,
+    set_aside_runs,
 )
-from core.store import run_files_mode
+from core.store import SetAsideError, run_files_mode
 from core.task import clean_stale_sessions, no_run_words, runner_lost
 
 __all__ = (
@@ -51,6 +53,7 @@ __all__ = (
     "decode_json",
     "DEFAULT_GC_GRACE_SECONDS",
     "delete_run",
+    "delete_set_aside_run",
     "describe_exit",
     "enter_finally",
     "Escalation",
@@ -58,6 +61,8 @@ __all__ = (
     "METRICS",
     "read_figures",
     "run_figures",
+    "set_aside_runs",
+    "SetAsideError",
     "SUGGESTED_INTERVAL_VARIABLE",
     "finish_interrupted_delete",
     "finish_interrupted_deletes",

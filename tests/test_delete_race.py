@@ -353,6 +353,85 @@ def test_gc_removes_a_run_folder_a_killed_delete_left_without_its_record(
 
 
 @LOCAL_AND_S3
+def test_a_run_whose_record_was_set_aside_is_named_by_runs_and_removed_by_delete(
+    store_url: str, tmp_path: Path
+) -> None:
+    """A run whose ``run.json`` was unreadable is set aside (here by ``gc``), not listed, and
+    kept by ``gc`` for a person: ``runs`` names it with the command that removes it, and
+    ``checkpoints delete`` removes it with its checkpoints. A second delete finds no run."""
+    template = one_step_template(
+        tmp_path / "t.yaml",
+        "torn",
+        'print(\'openjd_checkpoint_save: {"state": "1"}\', flush=True); exit(1)',
+    )
+    ran = run_cli("run", template, "--store", store_url, "-q", timeout=60)
+    assert ran.returncode == 1, ran.stderr
+    st = CheckpointStore(store_url)
+    [run] = st.list_runs()[0]
+    st.fs.replace_file(st.layout.run_path(run.job_key, run.run_id), b"{torn", durable=True)
+    gc = run_cli("gc", "--grace-seconds", "0", "--store", store_url, timeout=60)
+    assert gc.returncode == 0, gc.stderr
+    assert "unreadable" in gc.stderr, gc.stderr  # set aside, and kept for a person
+    names = _folders(store_url)[run.run_id]
+    assert "run.json" not in names and "tasks" in names, names
+    listed = run_cli("runs", "--json", "--store", store_url, timeout=60)
+    warnings = json.loads(listed.stdout)["warnings"]
+    assert any(
+        w.startswith(f"run {run.run_id}: its run record was unreadable and is kept as ")
+        and f"'openjd-checkpoint checkpoints delete {run.run_id}'" in w
+        for w in warnings
+    ), warnings
+    deleted = run_cli("checkpoints", "delete", run.run_id, "--store", store_url, timeout=60)
+    assert deleted.returncode == 0, deleted.stderr
+    assert f"deleted run {run.run_id}, whose run record was unreadable" in deleted.stdout
+    assert run.run_id not in _folders(store_url)
+    assert "unreadable" not in run_cli("runs", "--store", store_url, timeout=60).stderr
+    again = run_cli("checkpoints", "delete", run.run_id, "--store", store_url, timeout=60)
+    assert again.returncode == 2 and "no run" in again.stderr, again.stderr
+
+
+def test_deleting_a_torn_run_sets_its_record_aside_and_refuses_while_a_task_runs(
+    tmp_path: Path,
+) -> None:
+    """``checkpoints delete`` of a run whose ``run.json`` is torn and was never set aside
+    sets it aside and deletes the run in one go; while a task of the run holds its lease, it
+    refuses (exit 4), naming the task, and removes nothing."""
+    store_url = str(tmp_path / "store")
+    template = one_step_template(
+        tmp_path / "t.yaml", "busy", "import time; print('BUSY', flush=True); time.sleep(60)"
+    )
+    job = prepare_job(template)
+    st = CheckpointStore(store_url)
+    attempt = begin_attempt(st, job, external_key="dag/torn")
+    [spec] = plan_step(st, job, attempt.run_id, "S")
+    worker = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "run_worker.py"), store_url, attempt.job_key,
+         attempt.run_id, json.dumps(spec.to_dict())],
+        stdout=subprocess.PIPE, text=True, start_new_session=True, cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )  # fmt: skip
+    try:
+        assert worker.stdout is not None
+        for line in worker.stdout:  # the task runs, holding its lease
+            if "BUSY" in line:
+                break
+        run_json = st.layout.run_path(attempt.job_key, attempt.run_id)
+        st.fs.replace_file(run_json, b"{torn", durable=True)
+        refused = run_cli("checkpoints", "delete", attempt.run_id, "--store", store_url)
+        assert refused.returncode == 4, (refused.returncode, refused.stderr)
+        assert f"run {attempt.run_id} is running (task S " in refused.stderr, refused.stderr
+        names = _folders(store_url)[attempt.run_id]
+        assert any(n.startswith("run.json.unreadable-") for n in names), names
+        assert "tasks" in names, names
+    finally:
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait()
+    deleted = run_cli("checkpoints", "delete", attempt.run_id, "--store", store_url)
+    assert deleted.returncode == 0, deleted.stderr
+    assert attempt.run_id not in _folders(store_url)
+
+
+@LOCAL_AND_S3
 def test_delete_refuses_while_a_task_of_the_run_runs_naming_it(
     store_url: str, tmp_path: Path
 ) -> None:

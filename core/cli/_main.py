@@ -67,10 +67,12 @@ from core.local import (
     EXIT_CODES,
     Escalation,
     OpenJDCheckpointError,
+    SetAsideError,
     action_containment,
     become_child_subreaper,
     collect_file_garbage,
     delete_run,
+    delete_set_aside_run,
     describe_exit,
     finish_interrupted_delete,
     finish_interrupted_deletes,
@@ -346,16 +348,30 @@ def _store_run(args: argparse.Namespace) -> tuple[CheckpointStore, Any]:
 
 def _cmd_delete(args: argparse.Namespace) -> int:
     store = _store_from(args)
-    run = store.find_run(args.run_id)
+    try:
+        run = store.find_run(args.run_id)
+    except SetAsideError as exc:  # its record, unreadable, was set aside just now: deleted below
+        print(f"warning: {exc}", file=sys.stderr)
+        run = None
     if run is None:  # a delete killed midway is finished here, not left to gc
         try:
             done = finish_interrupted_delete(store, args.run_id)
         except RunError as exc:
             print(f"openjd-checkpoint: refused: {exc}", file=sys.stderr)
             return EXIT_CODES["refused"]
-        if done is None:
-            print(f"openjd-checkpoint: {no_run_words(store, args.run_id)}", file=sys.stderr)
-            return 2
+        if done is None:  # a run whose record was set aside as unreadable: deleted here
+            try:
+                lines = delete_set_aside_run(store, args.run_id)
+            except RunError as exc:
+                print(f"openjd-checkpoint: refused: {exc}", file=sys.stderr)
+                return EXIT_CODES["refused"]
+            if lines is None:
+                print(f"openjd-checkpoint: {no_run_words(store, args.run_id)}", file=sys.stderr)
+                return 2
+            for note in lines[:-1]:
+                print(f"openjd-checkpoint: {note}", file=sys.stderr)
+            print(lines[-1])
+            return 0
         print(done)
         return 0
     try:

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from core import CheckpointStore, RunRecord, StoreError, TaskRecord, TemplateError, report
-from core.local import read_figures, run_figures, run_files_mode, runner_lost
+from core.local import read_figures, run_figures, run_files_mode, runner_lost, set_aside_runs
 
 __all__ = (
     "JSON_SCHEMA_VERSION",
@@ -174,6 +174,8 @@ def _runs_and_tasks(
         for w in task_warnings:
             _warn(warnings, w, as_json)
         out.append((r, tasks))
+    for line in set_aside_runs(store, known={r.run_id for r in runs}):
+        _warn(warnings, line, as_json)
     return out, warnings
 
 

@@ -26,7 +26,13 @@ from core.run._attempt import (
     plan_step,
     prepare_run_job,
 )
-from core.run._delete import delete_run, finish_interrupted_delete, finish_interrupted_deletes
+from core.run._delete import (
+    delete_run,
+    delete_set_aside_run,
+    finish_interrupted_delete,
+    finish_interrupted_deletes,
+    set_aside_runs,
+)
 from core.run._escalation import Escalation, StopEscalation
 from core.run._executor import StepRun, TaskExecutor, run_tasks
 from core.run._gc import DEFAULT_GC_GRACE_SECONDS, collect_file_garbage, holds_managed_files
@@ -90,8 +96,10 @@ __all__ = (
     "Escalation",
     "EXIT_CODES",
     "finish_attempt",
+    "delete_set_aside_run",
     "finish_interrupted_delete",
     "finish_interrupted_deletes",
+    "set_aside_runs",
     "GroupEnd",
     "GroupStop",
     "GroupVerdict",

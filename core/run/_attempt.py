@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from core._errors import RunError, StoreError, TemplateError
 from core._host import FileDataFlow, host_id
@@ -77,6 +77,7 @@ __all__ = (
     "plan_group",
     "plan_step",
     "prepare_run_job",
+    "RunIds",
     "reap_orphans",
     "reap_run",
     "reap_sessions",
@@ -134,7 +135,15 @@ class Attempt:
         )
 
 
-def reap_run(store: CheckpointStore, run: RunRecord) -> list[str]:
+class RunIds(NamedTuple):
+    """A run named by its job key and id alone: what ``reap_run`` needs of a run, for one
+    whose record cannot be read (``core.run._delete.delete_set_aside_run``)."""
+
+    job_key: str
+    run_id: str
+
+
+def reap_run(store: CheckpointStore, run: RunRecord | RunIds) -> list[str]:
     """Kill, on this host, what dead holders left running of one run: the processes of its
     tasks whose lease is free, and of its sessions whose lease is free (an environment's
     daemons). A task or session whose lease is free has no live runner, so whatever its record
@@ -165,7 +174,7 @@ def reap_run(store: CheckpointStore, run: RunRecord) -> list[str]:
     return notes
 
 
-def reap_sessions(store: CheckpointStore, run: RunRecord) -> list[str]:
+def reap_sessions(store: CheckpointStore, run: RunRecord | RunIds) -> list[str]:
     """The sessions' part of ``reap_run``: kill, on this host, what the dead sessions of one
     run left running (an environment's daemons), and delete their records. Returns a note
     per kill."""
@@ -186,7 +195,7 @@ def reap_sessions(store: CheckpointStore, run: RunRecord) -> list[str]:
     return notes
 
 
-def reap_task(store: CheckpointStore, run: RunRecord, rec: TaskRecord) -> str | None:
+def reap_task(store: CheckpointStore, run: RunRecord | RunIds, rec: TaskRecord) -> str | None:
     """The task's part of ``reap_run``: kill the process ``rec`` names if it runs on this host
     and the task's lease is free (its runner died). Returns the note of the kill, else None."""
     if rec.process is None or rec.process.host != host_id():

@@ -29,18 +29,25 @@ from core._errors import RunError
 from core._killpoints import kill_point
 from core._records import ProcessInfo, RunRecord
 from core.fs import NotARecordError, file_mtime, list_files
-from core.run._attempt import reap_run
+from core.run._attempt import RunIds, reap_run
 from core.store import (
     CheckpointStore,
     describe_holder,
     is_job_key,
+    is_run_id,
     read_holder,
     take_lease_once,
     this_process,
 )
 from core.task import no_run_words
 
-__all__ = ("delete_run", "finish_interrupted_delete", "finish_interrupted_deletes")
+__all__ = (
+    "delete_run",
+    "delete_set_aside_run",
+    "finish_interrupted_delete",
+    "finish_interrupted_deletes",
+    "set_aside_runs",
+)
 
 
 def delete_run(store: CheckpointStore, run: RunRecord) -> list[str]:
@@ -86,6 +93,86 @@ def delete_run(store: CheckpointStore, run: RunRecord) -> list[str]:
     return notes
 
 
+def delete_set_aside_run(store: CheckpointStore, run_id: str) -> list[str] | None:
+    """Delete a run whose ``run.json`` was set aside as unreadable (``run.json.unreadable-<time>``;
+    docs/decisions.md, "Records that cannot be read") and that has had no record since, with
+    its task records and checkpoints (``checkpoints delete``). No reader finds such a run, and
+    ``gc`` keeps its folder for a person: this is how that person removes it, once they have
+    looked. As ``delete_run``: under the job's lock and the run's lease, refused while a live
+    process holds a lease of one of its tasks or sessions, what dead holders left running on
+    this host killed first (``reap_run``), marked before its files go.
+
+    Returns ``reap_run``'s notes and, last, a line saying what was deleted; None if the store
+    has no such run (no folder ``run_id``, or one with a readable ``run.json``).
+
+    Raises:
+        RunError: a live process holds the run's lease or a lease of one of its tasks or
+            sessions.
+        StoreError: the store cannot be read or written.
+    """
+    if not is_run_id(run_id):
+        return None
+    for key in store.fs.list_names(store.layout.jobs_dir):
+        if not is_job_key(key) or not store.removal.kept_records(key, run_id):
+            continue
+        with store.job_lock(key):
+            kept = store.removal.kept_records(key, run_id)
+            if not kept:  # deleted, or given a record again, meanwhile
+                return None
+            lease = store.acquire_run_lease(key, run_id)
+            if lease is None:
+                held = read_holder(store.fs, store.layout.run_lease(key, run_id))
+                owner = held.owner if held is not None else None
+                raise RunError(f"run {run_id} is running ({_who(store, owner)}); stop it first")
+            try:
+                ids = RunIds(key, run_id)
+                _refuse_if_busy(store, ids, store.layout.run_dir(key, run_id))
+                notes = reap_run(store, ids)
+                kill_point("delete.marking")
+                where = store.removal.mark(key, run_id, this_process())
+                if where is None:
+                    return None
+                try:
+                    _refuse_if_busy(store, ids, where)
+                except RunError:
+                    store.removal.unmark(key, run_id, where)
+                    raise
+            except BaseException:
+                lease.release()
+                raise
+        kill_point("delete.marked")
+        store.removal.remove(where, lease)
+        return [
+            *notes,
+            f"deleted run {run_id}, whose run record was unreadable (it was kept as {kept[-1]}), "
+            "and its checkpoints",
+        ]
+    return None
+
+
+def set_aside_runs(
+    store: CheckpointStore, known: set[str] | frozenset[str] = frozenset()
+) -> list[str]:
+    """A line per run of the store whose ``run.json`` was set aside as unreadable and that has
+    had no record since (``delete_set_aside_run`` removes one), for ``runs``: no reader lists
+    such a run. ``known``: ids of runs read already, not looked at again.
+
+    Raises:
+        StoreError: the store cannot be read.
+    """
+    lines = []
+    for key in store.fs.list_names(store.layout.jobs_dir):
+        if not is_job_key(key):
+            continue
+        for run_id, kept in store.removal.set_aside(key, known=known):
+            lines.append(
+                f"run {run_id}: its run record was unreadable and is kept as {kept} in its "
+                f"folder; the run is not listed or resumed; 'openjd-checkpoint checkpoints "
+                f"delete {run_id}' deletes it with its checkpoints"
+            )
+    return lines
+
+
 def _who(store: CheckpointStore, owner: ProcessInfo | None) -> str:
     """``process P on host H`` (saying so when it has ended on this host), else ``another
     process``."""
@@ -102,7 +189,7 @@ def _run_holder(store: CheckpointStore, run: RunRecord) -> str:
     return _who(store, held.owner if held is not None and held.owner else run.runner)
 
 
-def _refuse_if_busy(store: CheckpointStore, run: RunRecord, where: str) -> None:
+def _refuse_if_busy(store: CheckpointStore, run: RunRecord | RunIds, where: str) -> None:
     """RunError if a live process holds a lease of a task or session of the run, whose folder
     is ``where`` (the caller's own run lease aside), naming the first."""
     held = store.removal.held_leases(where, but=posixpath.join(where, "lease"))

@@ -4,9 +4,9 @@ records read with their checks (``_record_io``), leases and locks (``_lease``), 
 store's layout of ids and paths (``_layout``). Stands on ``fs``.
 """
 
-from core.store._layout import is_job_key, new_run_id
+from core.store._layout import is_job_key, is_run_id, new_run_id
 from core.store._lease import HeldLease, Lease, read_holder, take_lease_once, this_process
-from core.store._record_io import RunSetAside, TaskRebuilt
+from core.store._record_io import RunSetAside, SetAsideError, TaskRebuilt
 from core.store._run_removal import RunBeingDeleted, being_deleted_words
 from core.store._store import (
     CheckpointStore,
@@ -23,6 +23,7 @@ __all__ = (
     "describe_holder",
     "HeldLease",
     "is_job_key",
+    "is_run_id",
     "Lease",
     "new_run_id",
     "read_holder",
@@ -30,6 +31,7 @@ __all__ = (
     "run_files_mode",
     "RunBeingDeleted",
     "RunSetAside",
+    "SetAsideError",
     "take_lease_once",
     "TaskRebuilt",
     "this_process",

@@ -270,6 +270,34 @@ class RunRemoval:
         names = self.fs.list_names(self.layout.runs_dir(job_key))
         return [n for n in names if is_run_id(n) and not self.has_record(job_key, n)]
 
+    def set_aside(
+        self, job_key: str, *, known: set[str] | frozenset[str] = frozenset()
+    ) -> list[tuple[str, str]]:
+        """The job's runs whose ``run.json`` was set aside as unreadable and that have had no
+        record since (no reader finds them; ``gc`` keeps them for a person): ``(run id, the name
+        the newest unreadable record is kept as)`` each. Run ids in ``known`` (runs read
+        already) are not looked at; a run folder that cannot be listed is left out."""
+        out: list[tuple[str, str]] = []
+        for name in self.fs.list_names(self.layout.runs_dir(job_key)):
+            if is_run_id(name) and name not in known:
+                try:
+                    kept = self.kept_records(job_key, name)
+                except StoreError:  # a link put there, or unlistable: read_run said so
+                    continue
+                if kept:
+                    out.append((name, kept[-1]))
+        return out
+
+    def kept_records(self, job_key: str, run_id: str) -> list[str]:
+        """The names of the run's ``run.json`` versions set aside as unreadable
+        (``run.json.unreadable-<time>``), oldest first, when it has no ``run.json``; else (or
+        with no folder) none."""
+        names = self.fs.list_names(self.layout.run_dir(job_key, run_id))
+        if "run.json" in names:
+            return []
+        kept = [n for n in names if n.startswith("run.json.unreadable-")]
+        return sorted(kept, key=lambda n: (len(n), n))
+
     def has_record(self, job_key: str, run_id: str) -> bool:
         """True if the run's folder holds a ``run.json`` (or one set aside as unreadable)."""
         names = self.fs.list_names(self.layout.run_dir(job_key, run_id))

@@ -382,7 +382,14 @@ class CheckpointStore:
         an expired lease may be taken over: exactly one taker wins on S3 (conditional writes)
         and in one process on ``memory://``; on other stores it is best effort. The ttl is
         ``lease_seconds`` unless ``ttl_seconds`` says otherwise."""
-        base = self.layout.run_lease(run.job_key, run.run_id)
+        return self.acquire_run_lease(run.job_key, run.run_id, ttl_seconds=ttl_seconds)
+
+    def acquire_run_lease(
+        self, job_key: str, run_id: str, *, ttl_seconds: float | None = None
+    ) -> Lease | None:
+        """``acquire_lease`` of a run named by its job key and id (a run whose record cannot
+        be read: ``core.run._delete.delete_set_aside_run``)."""
+        base = self.layout.run_lease(job_key, run_id)
         return take_lease(self.fs, base, self._ttl(ttl_seconds))
 
     def _ttl(self, ttl_seconds: float | None) -> float:
