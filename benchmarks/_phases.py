@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -21,10 +21,15 @@ Phase = tuple[str, Any, str]
 
 
 class PhaseTimes:
-    """Exclusive wall time per label, over every call made inside ``root`` while installed."""
+    """Exclusive wall time per label, over every call made inside ``root`` (or one of
+    ``more_roots``, on threads of their own) while installed."""
 
-    def __init__(self, root: Phase, phases: list[Phase]) -> None:
+    def __init__(
+        self, root: Phase, phases: list[Phase], *, more_roots: Sequence[Phase] = ()
+    ) -> None:
         self.root = root
+        self.more_roots = list(more_roots)
+        """Further roots: a thread inside any root is counted (a task's own thread)."""
         self.phases = phases
         self.seconds: dict[str, float] = {}
         self.calls: dict[str, int] = {}
@@ -60,10 +65,11 @@ class PhaseTimes:
     def installed(self) -> Iterator[PhaseTimes]:
         """Time the phases inside the block (the functions are restored after it)."""
         saved = []
-        for index, (label, owner, attr) in enumerate([self.root, *self.phases]):
+        roots = 1 + len(self.more_roots)
+        for index, (label, owner, attr) in enumerate([self.root, *self.more_roots, *self.phases]):
             fn = getattr(owner, attr)
             saved.append((owner, attr, fn))
-            setattr(owner, attr, self._wrap(label, fn, index == 0))
+            setattr(owner, attr, self._wrap(label, fn, index < roots))
         try:
             yield self
         finally:

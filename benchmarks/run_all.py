@@ -411,6 +411,15 @@ def per_task(report: Report, quick: bool) -> dict[str, Any]:
                 mine / ref,
             )
         )
+        if ratio > 0.8:  # missed: where a task's time goes, phase by phase
+            profile = subprocess.run(
+                [PY, str(BENCH / "cli_phases.py"), "300"],
+                capture_output=True, text=True, env=ENV, cwd=ROOT,
+            )  # fmt: skip
+            report.note(
+                f"cli_phases.py (the per-task profile of our runner), exit {profile.returncode}:"
+                f"\n\n```\n{profile.stdout.strip()}\n```"
+            )
         report.note(
             f"per-task overhead: {n:,} tasks of `true` in one step, one session (--max-parallel "
             f"1); whole runs, ours {', '.join(f'{w:.2f}' for w in walls)} s and `openjd run`'s "
@@ -862,7 +871,9 @@ WHY = {
         '(docs/decisions.md, "Escaped processes"), and the thread that reads its output. What '
         "would close it further: starting actions into their cgroup without the shell "
         "(clone3's CLONE_INTO_CGROUP, which Python's subprocess lacks), and a record per task "
-        "appended to rather than rewritten (a format change: docs/decisions.md)."
+        "appended to rather than rewritten (a format change: docs/decisions.md). Where the "
+        "1,000-task goal is missed, the details below carry the runner's per-task profile "
+        "(benchmarks/cli_phases.py: the wall time of each phase on the runner's two threads)."
     ),
     "frameworks": (
         "The per-phase profile is in the framework's details below. A Prefect task run of ours "
