@@ -17,6 +17,23 @@ steps:
       onRun: {{command: bash, args: ["-c", "true"]}}
 """
 
+TRIVIAL = """\
+specificationVersion: 'jobtemplate-2023-09'
+name: Trivial
+parameterDefinitions:
+- {name: Frames, type: INT, default: 1}
+steps:
+- name: Render
+  parameterSpace:
+    taskParameterDefinitions:
+    - {name: Frame, type: INT, range: "1-{{Param.Frames}}"}
+  script:
+    actions:
+      onRun: {command: "true"}
+"""
+"""A step of ``Frames`` tasks (default 1) that each run ``true``, with no shell: the
+per-task benchmarks' (``run_all``, ``cli_phases``)."""
+
 FINALLY = """\
 finally:
 - name: Cleanup

@@ -29,21 +29,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _phases import PhaseTimes  # noqa: E402  (benchmarks/, the script's folder)
-
-TEMPLATE = """\
-specificationVersion: 'jobtemplate-2023-09'
-name: Trivial
-parameterDefinitions:
-- {name: Frames, type: INT, default: 1}
-steps:
-- name: Render
-  parameterSpace:
-    taskParameterDefinitions:
-    - {name: Frame, type: INT, range: "1-{{Param.Frames}}"}
-  script:
-    actions:
-      onRun: {command: "true"}
-"""
+from _templates import TRIVIAL  # noqa: E402
 
 
 def phases() -> tuple[list[tuple[str, object, str]], list[tuple[str, object, str]]]:
@@ -94,7 +80,7 @@ def main() -> None:
     timer = PhaseTimes(roots[0], timed, more_roots=roots[1:])
     with tempfile.TemporaryDirectory() as tmp:
         template = Path(tmp) / "trivial.yaml"
-        template.write_text(TEMPLATE)
+        template.write_text(TRIVIAL)
         base = ["run", str(template), "--max-parallel", "1", "-q"]
         code = cli([*base, "-p", "Frames=20", "--store", str(Path(tmp) / "warm")])  # imports
         if code:

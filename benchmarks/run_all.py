@@ -51,6 +51,8 @@ for entry in (str(ROOT), str(BENCH)):
     if entry not in sys.path:
         sys.path.insert(0, entry)
 
+from _templates import TRIVIAL  # noqa: E402  (benchmarks/, put on the path above)
+
 PY = sys.executable
 CLI = [PY, "-m", "core.cli"]
 ENV = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -252,21 +254,6 @@ def work_saved(report: Report, quick: bool) -> None:
 
 
 # --- 2. per-task overhead --------------------------------------------------------------------
-
-TRIVIAL = """\
-specificationVersion: 'jobtemplate-2023-09'
-name: Trivial
-parameterDefinitions:
-- {name: Frames, type: INT, default: 1}
-steps:
-- name: Render
-  parameterSpace:
-    taskParameterDefinitions:
-    - {name: Frame, type: INT, range: "1-{{Param.Frames}}"}
-  script:
-    actions:
-      onRun: {command: "true"}
-"""
 
 
 def _subprocess_per_task(n: int) -> float:

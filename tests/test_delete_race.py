@@ -13,13 +13,16 @@ reader, and ``gc`` removes what is left.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -27,6 +30,7 @@ import pytest
 from conftest import DATA, ROOT, CliProcess, one_step_template, run_cli
 
 from core import (
+    Attempt,
     CheckpointStore,
     RefusalCode,
     ResumeRefusedError,
@@ -111,6 +115,34 @@ def _leases_free(store: str, run_id: str) -> None:
             return
         time.sleep(0.2)
     raise AssertionError("the killed runner's leases never freed")
+
+
+@contextlib.contextmanager
+def _busy_task(store_url: str, tmp_path: Path, key: str) -> Iterator[Attempt]:
+    """A scheduler's run (no run lease) whose one task runs in a worker process holding its
+    lease (``tests/run_worker.py``), until the block ends (then the worker is killed)."""
+    template = one_step_template(
+        tmp_path / "t.yaml", "busy", "import time; print('BUSY', flush=True); time.sleep(60)"
+    )
+    job = prepare_job(template)
+    st = CheckpointStore(store_url)
+    attempt = begin_attempt(st, job, external_key=key)
+    [spec] = plan_step(st, job, attempt.run_id, "S")
+    worker = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "run_worker.py"), store_url, attempt.job_key,
+         attempt.run_id, json.dumps(spec.to_dict())],
+        stdout=subprocess.PIPE, text=True, start_new_session=True, cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )  # fmt: skip
+    try:
+        assert worker.stdout is not None
+        for line in worker.stdout:  # the task runs, holding its lease
+            if "BUSY" in line:
+                break
+        yield attempt
+    finally:
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait()
 
 
 def _alive(pid: int) -> bool:
@@ -375,19 +407,57 @@ def test_a_run_whose_record_was_set_aside_is_named_by_runs_and_removed_by_delete
     names = _folders(store_url)[run.run_id]
     assert "run.json" not in names and "tasks" in names, names
     listed = run_cli("runs", "--json", "--store", store_url, timeout=60)
-    warnings = json.loads(listed.stdout)["warnings"]
-    assert any(
-        w.startswith(f"run {run.run_id}: its run record was unreadable and is kept as ")
-        and f"'openjd-checkpoint checkpoints delete {run.run_id}'" in w
-        for w in warnings
-    ), warnings
-    deleted = run_cli("checkpoints", "delete", run.run_id, "--store", store_url, timeout=60)
+    said = f"run {run.run_id}: its run record was unreadable and is kept as "
+    [warning] = [w for w in json.loads(listed.stdout)["warnings"] if w.startswith(said)]
+    for reader in (("checkpoints", "show"), ("logs",), ("resume",)):  # not "no run"
+        read = run_cli(*reader, run.run_id, "--store", store_url, timeout=60)
+        assert read.returncode in (2, 4) and said in read.stderr, (reader, read.stderr)
+    command = shlex.split(warning.split(" '", 1)[1].rsplit("' deletes it", 1)[0])
+    assert command[:4] == ["openjd-checkpoint", "checkpoints", "delete", run.run_id], command
+    deleted = run_cli(*command[1:], timeout=60)  # as the warning says it (its --store)
     assert deleted.returncode == 0, deleted.stderr
     assert f"deleted run {run.run_id}, whose run record was unreadable" in deleted.stdout
     assert run.run_id not in _folders(store_url)
     assert "unreadable" not in run_cli("runs", "--store", store_url, timeout=60).stderr
     again = run_cli("checkpoints", "delete", run.run_id, "--store", store_url, timeout=60)
     assert again.returncode == 2 and "no run" in again.stderr, again.stderr
+
+
+def test_runs_lists_every_readable_run_beside_a_job_folder_it_cannot_list(
+    tmp_path: Path,
+) -> None:
+    """A job folder whose ``runs`` is a link (or a file named like a job key) is warned of;
+    the look for runs whose record was set aside skips it too, and the other runs are
+    listed (exit 0)."""
+    store_url = str(tmp_path / "store")
+    template = one_step_template(tmp_path / "t.yaml", "fine", "print('fine')")
+    assert run_cli("run", template, "--store", store_url, "-q", timeout=60).returncode == 0
+    st = CheckpointStore(store_url)
+    [run] = st.list_runs()[0]
+    jobs = Path(st.layout.jobs_dir)
+    (tmp_path / "outside").mkdir()
+    (jobs / "aaaaaaaaaaaaaaaa").mkdir()
+    (jobs / "aaaaaaaaaaaaaaaa" / "runs").symlink_to(tmp_path / "outside")
+    (jobs / "0123456789abcdef").write_text("")
+    listed = run_cli("runs", "--json", "--store", store_url, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    doc = json.loads(listed.stdout)
+    assert [r["run_id"] for r in doc["runs"]] == [run.run_id], doc
+    assert any("symbolic link" in w for w in doc["warnings"]), doc["warnings"]
+
+
+def test_the_newest_set_aside_record_is_named_by_its_time_not_its_length(
+    tmp_path: Path,
+) -> None:
+    """Of ``run.json.unreadable-1796649999-1`` and ``run.json.unreadable-1796650000`` the
+    second is the newer (``RunRemoval.kept_records``, oldest first)."""
+    st = CheckpointStore(str(tmp_path / "store"))
+    folder = Path(st.layout.run_dir("0123456789abcdef", "20261207-130530-27ca5f"))
+    folder.mkdir(parents=True)
+    for name in ("run.json.unreadable-1796650000", "run.json.unreadable-1796649999-1"):
+        (folder / name).write_text("{")
+    kept = st.removal.kept_records("0123456789abcdef", "20261207-130530-27ca5f")
+    assert kept == ["run.json.unreadable-1796649999-1", "run.json.unreadable-1796650000"]
 
 
 def test_deleting_a_torn_run_sets_its_record_aside_and_refuses_while_a_task_runs(
@@ -397,24 +467,8 @@ def test_deleting_a_torn_run_sets_its_record_aside_and_refuses_while_a_task_runs
     sets it aside and deletes the run in one go; while a task of the run holds its lease, it
     refuses (exit 4), naming the task, and removes nothing."""
     store_url = str(tmp_path / "store")
-    template = one_step_template(
-        tmp_path / "t.yaml", "busy", "import time; print('BUSY', flush=True); time.sleep(60)"
-    )
-    job = prepare_job(template)
     st = CheckpointStore(store_url)
-    attempt = begin_attempt(st, job, external_key="dag/torn")
-    [spec] = plan_step(st, job, attempt.run_id, "S")
-    worker = subprocess.Popen(
-        [sys.executable, str(ROOT / "tests" / "run_worker.py"), store_url, attempt.job_key,
-         attempt.run_id, json.dumps(spec.to_dict())],
-        stdout=subprocess.PIPE, text=True, start_new_session=True, cwd=ROOT,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
-    )  # fmt: skip
-    try:
-        assert worker.stdout is not None
-        for line in worker.stdout:  # the task runs, holding its lease
-            if "BUSY" in line:
-                break
+    with _busy_task(store_url, tmp_path, "dag/torn") as attempt:
         run_json = st.layout.run_path(attempt.job_key, attempt.run_id)
         st.fs.replace_file(run_json, b"{torn", durable=True)
         refused = run_cli("checkpoints", "delete", attempt.run_id, "--store", store_url)
@@ -423,9 +477,6 @@ def test_deleting_a_torn_run_sets_its_record_aside_and_refuses_while_a_task_runs
         names = _folders(store_url)[attempt.run_id]
         assert any(n.startswith("run.json.unreadable-") for n in names), names
         assert "tasks" in names, names
-    finally:
-        os.killpg(worker.pid, signal.SIGKILL)
-        worker.wait()
     deleted = run_cli("checkpoints", "delete", attempt.run_id, "--store", store_url)
     assert deleted.returncode == 0, deleted.stderr
     assert attempt.run_id not in _folders(store_url)
@@ -437,32 +488,12 @@ def test_delete_refuses_while_a_task_of_the_run_runs_naming_it(
 ) -> None:
     """A scheduler's run holds no run lease; a task running in a worker holds its own: the
     delete refuses, naming the task and its process, and the run stays whole."""
-    template = one_step_template(
-        tmp_path / "t.yaml", "busy", "import time; print('BUSY', flush=True); time.sleep(60)"
-    )
-    job = prepare_job(template)
-    st = CheckpointStore(store_url)
-    attempt = begin_attempt(st, job, external_key="dag/busy")
-    [spec] = plan_step(st, job, attempt.run_id, "S")
-    worker = subprocess.Popen(
-        [sys.executable, str(ROOT / "tests" / "run_worker.py"), store_url, attempt.job_key,
-         attempt.run_id, json.dumps(spec.to_dict())],
-        stdout=subprocess.PIPE, text=True, start_new_session=True, cwd=ROOT,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
-    )  # fmt: skip
-    try:
-        assert worker.stdout is not None
-        for line in worker.stdout:  # the task runs, holding its lease
-            if "BUSY" in line:
-                break
+    with _busy_task(store_url, tmp_path, "dag/busy") as attempt:
         refused = run_cli("checkpoints", "delete", attempt.run_id, "--store", store_url)
         assert refused.returncode == 4, (refused.returncode, refused.stderr)
         assert f"run {attempt.run_id} is running (task S " in refused.stderr, refused.stderr
         assert "on host " in refused.stderr and "stop it first" in refused.stderr
         assert "run.json" in _folders(store_url)[attempt.run_id]
-    finally:
-        os.killpg(worker.pid, signal.SIGKILL)
-        worker.wait()
 
 
 @LOCAL_AND_S3

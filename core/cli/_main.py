@@ -349,11 +349,12 @@ def _store_run(args: argparse.Namespace) -> tuple[CheckpointStore, Any]:
 
 def _cmd_delete(args: argparse.Namespace) -> int:
     store = _store_from(args)
+    set_aside: SetAsideError | None = None
     try:
         run = store.find_run(args.run_id)
     except SetAsideError as exc:  # its record, unreadable, was set aside just now: deleted below
         print(f"warning: {exc}", file=sys.stderr)
-        run = None
+        run, set_aside = None, exc
     if run is None:  # a delete killed midway is finished here, not left to gc
         try:
             done = finish_interrupted_delete(store, args.run_id)
@@ -366,6 +367,14 @@ def _cmd_delete(args: argparse.Namespace) -> int:
             except RunError as exc:
                 print(f"openjd-checkpoint: refused: {exc}", file=sys.stderr)
                 return EXIT_CODES["refused"]
+            if lines is None and set_aside is not None:  # not moved after all, or back again
+                print(
+                    f"openjd-checkpoint: run {args.run_id}: its unreadable run record is still "
+                    "in place (it could not be moved aside, or the run was written again "
+                    "meanwhile); nothing was deleted",
+                    file=sys.stderr,
+                )
+                return EXIT_CODES["store"]
             if lines is None:
                 print(f"openjd-checkpoint: {no_run_words(store, args.run_id)}", file=sys.stderr)
                 return 2

@@ -16,7 +16,14 @@ from datetime import datetime, timezone
 from typing import Any
 
 from core import CheckpointStore, RunRecord, StoreError, TaskRecord, TemplateError, report
-from core.local import read_figures, run_figures, run_files_mode, runner_lost, set_aside_runs
+from core.local import (
+    no_run_words,
+    read_figures,
+    run_figures,
+    run_files_mode,
+    runner_lost,
+    set_aside_runs,
+)
 
 __all__ = (
     "JSON_SCHEMA_VERSION",
@@ -300,7 +307,7 @@ def cmd_show(args: argparse.Namespace, store: CheckpointStore) -> int:
     Exit 2 when the store holds no such run."""
     run = store.find_run(args.run_id)
     if run is None:
-        print(f"openjd-checkpoint: no run {args.run_id!r} in {store.location}", file=sys.stderr)
+        print(f"openjd-checkpoint: {no_run_words(store, args.run_id)}", file=sys.stderr)
         return 2
     data, summaries, timelines = show_document(store, run)
     if getattr(args, "json", False):
@@ -405,7 +412,7 @@ def cmd_logs(args: argparse.Namespace, store: CheckpointStore) -> int:
         return 2
     run = store.find_run(args.run_id)
     if run is None:
-        print(f"openjd-checkpoint: no run {args.run_id!r} in {store.location}", file=sys.stderr)
+        print(f"openjd-checkpoint: {no_run_words(store, args.run_id)}", file=sys.stderr)
         return 2
     warnings: list[str] = []
     logs = [

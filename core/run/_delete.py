@@ -32,6 +32,7 @@ from core.fs import NotARecordError, file_mtime, list_files
 from core.run._attempt import RunIds, reap_run
 from core.store import (
     CheckpointStore,
+    Lease,
     describe_holder,
     is_job_key,
     is_run_id,
@@ -39,7 +40,7 @@ from core.store import (
     take_lease_once,
     this_process,
 )
-from core.task import no_run_words
+from core.task import no_run_words, set_aside_words
 
 __all__ = (
     "delete_run",
@@ -73,24 +74,42 @@ def delete_run(store: CheckpointStore, run: RunRecord) -> list[str]:
             raise RunError(
                 f"run {run_id} is running ({_run_holder(store, current)}); stop it first"
             )
-        try:
-            _refuse_if_busy(store, current, store.layout.run_dir(job_key, run_id))
-            notes = reap_run(store, current)
-            kill_point("delete.marking")
-            where = store.removal.mark(job_key, run_id, this_process())
-            if where is None:
-                raise RunError(no_run_words(store, run_id, job_key))
-            try:
-                _refuse_if_busy(store, current, where)
-            except RunError:
-                store.removal.unmark(job_key, run_id, where)
-                raise
-        except BaseException:
+        notes, where = _mark(store, current, lease)
+        if where is None:
             lease.release()
-            raise
+            raise RunError(no_run_words(store, run_id, job_key))
     kill_point("delete.marked")
     store.removal.remove(where, lease)
     return notes
+
+
+def _mark(
+    store: CheckpointStore, run: RunRecord | RunIds, lease: Lease
+) -> tuple[list[str], str | None]:
+    """A delete's part under the job's lock and the run's ``lease``: refuse while a live process
+    holds a lease of one of the run's tasks or sessions, kill what dead holders left
+    (``reap_run``), mark the run, and look at the leases again. Returns ``reap_run``'s notes
+    and the folder to ``remove`` (None: the run has no folder; ``lease`` is then still held).
+
+    Raises:
+        RunError: a live process holds a lease of the run (``lease`` let go, nothing marked).
+    """
+    try:
+        _refuse_if_busy(store, run, store.layout.run_dir(run.job_key, run.run_id))
+        notes = reap_run(store, run)
+        kill_point("delete.marking")
+        where = store.removal.mark(run.job_key, run.run_id, this_process())
+        if where is None:
+            return notes, None
+        try:
+            _refuse_if_busy(store, run, where)
+        except RunError:
+            store.removal.unmark(run.job_key, run.run_id, where)
+            raise
+    except BaseException:
+        lease.release()
+        raise
+    return notes, where
 
 
 def delete_set_aside_run(store: CheckpointStore, run_id: str) -> list[str] | None:
@@ -124,22 +143,10 @@ def delete_set_aside_run(store: CheckpointStore, run_id: str) -> list[str] | Non
                 held = read_holder(store.fs, store.layout.run_lease(key, run_id))
                 owner = held.owner if held is not None else None
                 raise RunError(f"run {run_id} is running ({_who(store, owner)}); stop it first")
-            try:
-                ids = RunIds(key, run_id)
-                _refuse_if_busy(store, ids, store.layout.run_dir(key, run_id))
-                notes = reap_run(store, ids)
-                kill_point("delete.marking")
-                where = store.removal.mark(key, run_id, this_process())
-                if where is None:
-                    return None
-                try:
-                    _refuse_if_busy(store, ids, where)
-                except RunError:
-                    store.removal.unmark(key, run_id, where)
-                    raise
-            except BaseException:
+            notes, where = _mark(store, RunIds(key, run_id), lease)
+            if where is None:
                 lease.release()
-                raise
+                return None
         kill_point("delete.marked")
         store.removal.remove(where, lease)
         return [
@@ -165,11 +172,7 @@ def set_aside_runs(
         if not is_job_key(key):
             continue
         for run_id, kept in store.removal.set_aside(key, known=known):
-            lines.append(
-                f"run {run_id}: its run record was unreadable and is kept as {kept} in its "
-                f"folder; the run is not listed or resumed; 'openjd-checkpoint checkpoints "
-                f"delete {run_id}' deletes it with its checkpoints"
-            )
+            lines.append(set_aside_words(store, key, run_id, kept))
     return lines
 
 

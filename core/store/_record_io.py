@@ -103,7 +103,7 @@ class RecordFiles:
         if self.read_only:
             raise StoreError(
                 f"{self.fs.where(path)} is unreadable ({_short(first)}); left as it is (the "
-                "next run or resume sets it aside)"
+                "next run, resume, gc or checkpoints delete sets it aside)"
             ) from None
         aside = self.fs.move_aside(path)
         raise SetAsideError(

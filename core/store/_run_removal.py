@@ -276,9 +276,14 @@ class RunRemoval:
         """The job's runs whose ``run.json`` was set aside as unreadable and that have had no
         record since (no reader finds them; ``gc`` keeps them for a person): ``(run id, the name
         the newest unreadable record is kept as)`` each. Run ids in ``known`` (runs read
-        already) are not looked at; a run folder that cannot be listed is left out."""
+        already) are not looked at; a folder that cannot be listed is left out (``list_runs``
+        warns of it)."""
         out: list[tuple[str, str]] = []
-        for name in self.fs.list_names(self.layout.runs_dir(job_key)):
+        try:
+            names = self.fs.list_names(self.layout.runs_dir(job_key))
+        except StoreError:  # a link or a file put there: list_runs says so
+            return out
+        for name in names:
             if is_run_id(name) and name not in known:
                 try:
                     kept = self.kept_records(job_key, name)
@@ -295,13 +300,26 @@ class RunRemoval:
         names = self.fs.list_names(self.layout.run_dir(job_key, run_id))
         if "run.json" in names:
             return []
-        kept = [n for n in names if n.startswith("run.json.unreadable-")]
-        return sorted(kept, key=lambda n: (len(n), n))
+        return sorted((n for n in names if n.startswith(_KEPT)), key=_kept_order)
 
     def has_record(self, job_key: str, run_id: str) -> bool:
         """True if the run's folder holds a ``run.json`` (or one set aside as unreadable)."""
         names = self.fs.list_names(self.layout.run_dir(job_key, run_id))
         return any(n == "run.json" or n.startswith("run.json.") for n in names)
+
+
+_KEPT = "run.json.unreadable-"
+"""A run record set aside as unreadable: ``run.json.unreadable-<time>[-<n>]``
+(``StoreFS.move_aside``)."""
+
+
+def _kept_order(name: str) -> tuple[int, int, str]:
+    """Oldest first: by the time in the name, then its number (a name not of that form
+    first)."""
+    stamp, _, n = name[len(_KEPT) :].partition("-")
+    if stamp.isdigit() and (n == "" or n.isdigit()):
+        return int(stamp), int(n or 0), name
+    return -1, 0, name
 
 
 def _gone_ok(remove: Callable[[str], None], path: str) -> None:

@@ -263,7 +263,8 @@ class CheckpointStore:
                             "parameter values it ran with were recorded there only, and "
                             "cannot be verified from its task records and checkpoint "
                             "generations (kept in "
-                            f"{self.layout.run_dir(key, run_id)}); a retry runs from the top"
+                            f"{self.layout.run_dir(key, run_id)}); a retry runs from the top, "
+                            "and 'checkpoints delete' deletes the run"
                         )
                     )
                     continue

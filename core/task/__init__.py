@@ -17,6 +17,7 @@ from core.task._resume import (
     check_run,
     no_run_words,
     plan_resume,
+    set_aside_words,
 )
 from core.task._session import Session, clean_stale_sessions
 from core.task._task import TaskExecution, TaskOutcome, TaskResult
@@ -44,6 +45,7 @@ __all__ = (
     "fold_request",
     "force_reaches",
     "no_run_words",
+    "set_aside_words",
     "plan_resume",
     "RefusalCode",
     "request_or_fold",

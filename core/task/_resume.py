@@ -14,6 +14,8 @@ completed. Three ways, with Trax's meaning:
 
 from __future__ import annotations
 
+import posixpath
+import shlex
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -30,6 +32,7 @@ from core.store import (
     being_deleted_words,
     describe_holder,
     is_job_key,
+    is_run_id,
 )
 
 __all__ = (
@@ -40,6 +43,7 @@ __all__ = (
     "check_chain",
     "check_input",
     "no_run_words",
+    "set_aside_words",
     "plan_resume",
 )
 
@@ -110,8 +114,29 @@ def no_run_words(store: CheckpointStore, run_id: str, job_key: str | None = None
     for key in keys:
         if is_job_key(key) and store.removal.being_deleted(key, run_id):
             return f"{being_deleted_words(run_id)}; it can no longer be resumed"
+    for key in keys:  # a run whose record was set aside: there, but no longer readable
+        if not is_job_key(key) or not is_run_id(run_id):
+            continue
+        try:
+            kept = store.removal.kept_records(key, run_id)
+        except StoreError:  # its folder is a link, or cannot be listed: no run to name
+            continue
+        if kept:
+            return set_aside_words(store, key, run_id, kept[-1])
     where = " of this job" if job_key else ""
     return f"no run {run_id!r}{where} in {store.location}"
+
+
+def set_aside_words(store: CheckpointStore, job_key: str, run_id: str, kept: str) -> str:
+    """What is said of a run whose ``run.json`` was set aside as unreadable, kept as ``kept``
+    (``RunRemoval.kept_records``): it is not listed, read or resumed, and the command that
+    deletes it (``checkpoints delete``, docs/decisions.md "Deleting a run")."""
+    path = posixpath.join(store.layout.run_dir(job_key, run_id), kept)
+    command = ["openjd-checkpoint", "checkpoints", "delete", run_id, "--store", store.location]
+    return (
+        f"run {run_id}: its run record was unreadable and is kept as {path}; the run is not "
+        f"listed, read or resumed; '{shlex.join(command)}' deletes it with its checkpoints"
+    )
 
 
 def _owner_alive(run: RunRecord) -> bool:
