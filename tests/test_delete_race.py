@@ -404,6 +404,8 @@ def test_a_run_whose_record_was_set_aside_is_named_by_runs_and_removed_by_delete
     gc = run_cli("gc", "--grace-seconds", "0", "--store", store_url, timeout=60)
     assert gc.returncode == 0, gc.stderr
     assert "unreadable" in gc.stderr, gc.stderr  # set aside, and kept for a person
+    assert "kept 0, and 1 whose record was unreadable" in gc.stdout, gc.stdout
+    assert f"run {run.run_id}: its run record was unreadable and is kept as " in gc.stderr
     names = _folders(store_url)[run.run_id]
     assert "run.json" not in names and "tasks" in names, names
     listed = run_cli("runs", "--json", "--store", store_url, timeout=60)

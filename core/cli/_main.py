@@ -80,6 +80,7 @@ from core.local import (
     holds_managed_files,
     load_environment_template,
     no_run_words,
+    set_aside_runs,
 )
 
 
@@ -455,7 +456,11 @@ def _cmd_gc(args: argparse.Namespace) -> int:
             print(f"openjd-checkpoint: {note}", file=sys.stderr)
         removed += 1
         print(f"removed run {r.run_id} ({report.run_status_words(r.status.value)}, {r.job_name})")
-    print(f"{removed} run(s) removed; kept {len(runs) - removed}")
+    unreadable = set_aside_runs(store, known={r.run_id for r in runs})  # kept for a person
+    for line in unreadable:
+        print(f"warning: {line}", file=sys.stderr)
+    also = f", and {len(unreadable)} whose record was unreadable" if unreadable else ""
+    print(f"{removed} run(s) removed; kept {len(runs) - removed}{also}")
     try:
         swept = collect_file_garbage(store, grace_seconds=args.grace_seconds)
     except StoreError as exc:  # a run's records unread: the files they name may not go
