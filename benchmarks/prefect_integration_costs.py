@@ -44,6 +44,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 from _phases import PhaseTimes  # noqa: E402  (benchmarks/, the script's folder)
 from _templates import trivial_template  # noqa: E402
+from _writes import durable_write  # noqa: E402
 from prefect import flow, get_client, task  # noqa: E402
 from prefect.task_runners import ThreadPoolTaskRunner  # noqa: E402
 
@@ -104,24 +105,6 @@ FLOOR_RECORD = b'{"status": "succeeded"' + b" " * 1000 + b"}\n"
 """About the size of a task's end record (bytes)."""
 
 
-def durable_write(folder: Path, name: str) -> None:
-    """One durable write of a record, as a task's end is stored (``core.fs._replace``): a
-    temporary file written and fsynced, renamed into place, its folder fsynced."""
-    tmp = folder / f".tmp-{name}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    try:
-        os.write(fd, FLOOR_RECORD)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.rename(tmp, folder / name)
-    dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-
-
 def _floor_key(_context: object, parameters: dict) -> str:
     return f"floor-{parameters['i']}-{time.time_ns()}"  # never a hit: every run runs
 
@@ -134,7 +117,7 @@ def floor_task(i: int) -> int:
     code = subprocess.run(["bash", "-c", "true"], check=True).returncode
     folder = HOME / "floor"
     folder.mkdir(exist_ok=True)
-    durable_write(folder, f"{i}.json")
+    durable_write(folder / f"{i}.json", FLOOR_RECORD)
     return code
 
 

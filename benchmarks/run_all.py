@@ -52,6 +52,7 @@ for entry in (str(ROOT), str(BENCH)):
         sys.path.insert(0, entry)
 
 from _templates import TRIVIAL  # noqa: E402  (benchmarks/, put on the path above)
+from _writes import durable_write  # noqa: E402
 
 PY = sys.executable
 CLI = [PY, "-m", "core.cli"]
@@ -452,19 +453,9 @@ def throughput(report: Report, quick: bool) -> None:
 
 
 def _durable_write(path: Path, payload: bytes) -> float:
-    """One atomic, durable small-file write (temporary file, fsync, rename, fsync the folder)."""
+    """Seconds one atomic, durable small-file write takes (``_writes.durable_write``)."""
     started = time.perf_counter()
-    tmp = path.with_name(".tmp-" + path.name)
-    with open(tmp, "wb") as fh:
-        fh.write(payload)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    durable_write(path, payload)
     return time.perf_counter() - started
 
 
