@@ -138,12 +138,13 @@ def delete_set_aside_run(store: CheckpointStore, run_id: str) -> list[str] | Non
             kept = store.removal.kept_records(key, run_id)
             if not kept:  # deleted, or given a record again, meanwhile
                 return None
+            ids = RunIds(key, run_id)
             lease = store.acquire_run_lease(key, run_id)
             if lease is None:
-                held = read_holder(store.fs, store.layout.run_lease(key, run_id))
-                owner = held.owner if held is not None else None
-                raise RunError(f"run {run_id} is running ({_who(store, owner)}); stop it first")
-            notes, where = _mark(store, RunIds(key, run_id), lease)
+                raise RunError(
+                    f"run {run_id} is running ({_run_holder(store, ids)}); stop it first"
+                )
+            notes, where = _mark(store, ids, lease)
             if where is None:
                 lease.release()
                 return None
@@ -161,8 +162,8 @@ def set_aside_runs(
     store: CheckpointStore, known: set[str] | frozenset[str] = frozenset()
 ) -> list[str]:
     """A line per run of the store whose ``run.json`` was set aside as unreadable and that has
-    had no record since (``delete_set_aside_run`` removes one), for ``runs``: no reader lists
-    such a run. ``known``: ids of runs read already, not looked at again.
+    had no record since (``delete_set_aside_run`` removes one), for ``runs`` and ``gc``: no
+    reader lists such a run. ``known``: ids of runs read already, not looked at again.
 
     Raises:
         StoreError: the store cannot be read.
@@ -185,11 +186,13 @@ def _who(store: CheckpointStore, owner: ProcessInfo | None) -> str:
     return f"process {owner.pid} on host {owner.host}{ended}"
 
 
-def _run_holder(store: CheckpointStore, run: RunRecord) -> str:
+def _run_holder(store: CheckpointStore, run: RunRecord | RunIds) -> str:
     """Who holds the run's lease, as far as the store tells (its lease object on S3, else the
-    runner the run's record names)."""
+    runner the run's record names, when it has a readable one)."""
     held = read_holder(store.fs, store.layout.run_lease(run.job_key, run.run_id))
-    return _who(store, held.owner if held is not None and held.owner else run.runner)
+    if held is not None and held.owner:
+        return _who(store, held.owner)
+    return _who(store, run.runner if isinstance(run, RunRecord) else None)
 
 
 def _refuse_if_busy(store: CheckpointStore, run: RunRecord | RunIds, where: str) -> None:
