@@ -1184,6 +1184,33 @@ def test_declare_done_records_each_task_and_says_so(tmp_path: Path) -> None:
     assert line.startswith("warning: Render[Frame=1-2]: not recorded as done:")
 
 
+def test_a_task_declared_done_after_its_run_ended_succeeded_leaves_no_record(
+    tmp_path: Path,
+) -> None:
+    """Airflow starts the finish teardown as soon as a task instance is marked success, so it
+    can end the run (succeeded: its records and checkpoints deleted) before the marked task's
+    process records its tasks done. That late record must not be written: it would be left
+    over under an ended run (CI saw one in test_marked_success_is_recorded_done_...)."""
+    from core import declare_done, run_tasks
+
+    out = tmp_path / "out"
+    out.mkdir()
+    st = CheckpointStore(tmp_path / "store")
+    job = prepare_job(THREE, {"Out": str(out), "FailFrame": 99, "FrameSeconds": 0.01})
+    attempt = begin_attempt(st, job, external_key="declared-late")
+    for name in job.step_order():
+        for result in run_tasks(st, job, attempt.run_id, plan_tasks(job, name)):
+            assert result.outcome.value == "succeeded"
+    assert finish_attempt(st, job, attempt.run_id).status.value == "succeeded"
+    run_dir = tmp_path / "store" / "jobs" / job.job_key / "runs" / attempt.run_id
+    assert not list(run_dir.glob("tasks/*.json"))  # deleted with the run's checkpoints
+    originals = plan_tasks(job, "Render")
+    lines = declare_done(st, job, attempt.run_id, originals[:1], "marked success in Airflow")
+    assert lines == ["Render[Frame=1-2]: not recorded: the run has already ended succeeded"]
+    assert not list(run_dir.glob("tasks/*.json"))
+    assert st.read_run(job.job_key, attempt.run_id).status.value == "succeeded"
+
+
 def test_the_job_runner_counts_succeeded_tasks_and_keeps_the_others(tmp_path: Path) -> None:
     """RunResult keeps the results of the tasks that did not succeed and a count of those
     that did (a run of any size ends in memory that does not grow with its task count)."""

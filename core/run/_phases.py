@@ -57,7 +57,7 @@ def record_task_done(
     run_id: str,
     spec: TaskSpec,
     message: str,
-) -> TaskRecord:
+) -> TaskRecord | None:
     """Record a task as finished because the scheduler's user declared it done (Airflow's "mark
     success" on a task instance): it is neither run again nor resumed, all its frames count as
     finished, and its checkpoint no longer matters (``plan_step`` leaves it out). Call it once
@@ -69,10 +69,14 @@ def record_task_done(
         message: why, for the record.
 
     Returns:
-        The record as written.
+        The record as written; None when the run has already ended succeeded (its task
+        records and checkpoints are deleted: a record written now would be left over under
+        an ended run. A framework may start its last teardown as soon as a task instance is
+        marked success, so that teardown can end the run before the task's process gets here).
 
     Raises:
         ResumeRefusedError: ``already-resumed``: another live process runs the task now.
+        RunError: no such run.
         StoreError: the store cannot be read or written.
     """
     lease = store.acquire_task_lease(job.job_key, run_id, spec.step_name, spec.task_key)
@@ -82,16 +86,22 @@ def record_task_done(
             f"task {spec.label} of run {run_id} is being run by another process",
         )
     try:
-        record = store.read_task(job.job_key, run_id, spec.step_name, spec.task_key)
-        if record is None:
-            record = new_task_record(job, spec, run_id)
-        record.status = TaskStatus.SUCCEEDED
-        record.message = message
-        record.process = None
-        if spec.chunk_parameter is not None:
-            record.completed_frames = sorted(set(record.completed_frames) | spec.chunk_frames)
-        store.write_task(record)
-        return record
+        # Under the run's lock, as finish_attempt ends the run and deletes its records: the
+        # run is read ended, or the record is written before the run ends.
+        with store.run_lock(job.job_key, run_id):
+            run = require_run(store, job, run_id)
+            if run.status == RunStatus.SUCCEEDED:
+                return None
+            record = store.read_task(job.job_key, run_id, spec.step_name, spec.task_key)
+            if record is None:
+                record = new_task_record(job, spec, run_id)
+            record.status = TaskStatus.SUCCEEDED
+            record.message = message
+            record.process = None
+            if spec.chunk_parameter is not None:
+                record.completed_frames = sorted(set(record.completed_frames) | spec.chunk_frames)
+            store.write_task(record)
+            return record
     finally:
         lease.release()
 
@@ -255,7 +265,9 @@ def declare_done(
     lines = []
     for spec in specs:
         try:
-            record_task_done(store, job, run_id, spec, message)
+            if record_task_done(store, job, run_id, spec, message) is None:
+                lines.append(f"{spec.label}: not recorded: the run has already ended succeeded")
+                continue
             lines.append(f"{spec.label}: recorded as done ({message}); not resumable")
         except (RunError, StoreError) as exc:
             lines.append(f"warning: {spec.label}: not recorded as done: {exc}")
