@@ -30,10 +30,9 @@ from core.run import (
     StepRun,
     TaskExecutor,
     collect_file_garbage,
+    delete_named_run,
     delete_run,
-    delete_set_aside_run,
     enter_finally,
-    finish_interrupted_delete,
     finish_interrupted_deletes,
     holds_managed_files,
     iter_attempt_records,
@@ -42,7 +41,7 @@ from core.run import (
     run_figures,
     set_aside_runs,
 )
-from core.store import SetAsideError, run_files_mode
+from core.store import run_files_mode
 from core.task import clean_stale_sessions, no_run_words, runner_lost
 
 __all__ = (
@@ -52,8 +51,8 @@ __all__ = (
     "collect_file_garbage",
     "decode_json",
     "DEFAULT_GC_GRACE_SECONDS",
+    "delete_named_run",
     "delete_run",
-    "delete_set_aside_run",
     "describe_exit",
     "enter_finally",
     "Escalation",
@@ -62,9 +61,7 @@ __all__ = (
     "read_figures",
     "run_figures",
     "set_aside_runs",
-    "SetAsideError",
     "SUGGESTED_INTERVAL_VARIABLE",
-    "finish_interrupted_delete",
     "finish_interrupted_deletes",
     "holds_managed_files",
     "iter_attempt_records",

@@ -518,3 +518,36 @@ def test_a_task_claimed_while_its_run_is_marked_for_deletion_does_not_start(
     st.removal.unmark(job.job_key, attempt.run_id, where)
     lease, _record = claim_task(st, job, attempt.run_id, spec)
     lease.release()
+
+
+def test_a_delete_whose_set_aside_record_was_written_again_meanwhile_deletes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``delete_named_run`` set a torn ``run.json`` aside, and before it got the job's lock the
+    run was written again (a concurrent writer): nothing is deleted, the caller hears why
+    (``StoreError``, exit 3 in the CLI), and the run stays whole."""
+    from core import StoreError
+    from core.local import delete_named_run
+
+    st = CheckpointStore(str(tmp_path / "store"))
+    job = prepare_job(one_step_template(tmp_path / "t.yaml", "written-again", "pass"), {})
+    attempt = begin_attempt(st, job, external_key="dag/written-again")
+    run = st.read_run(job.job_key, attempt.run_id)
+    run_json = st.layout.run_path(job.job_key, attempt.run_id)
+    st.fs.replace_file(run_json, b"{torn", durable=True)
+    find_run = st.find_run
+
+    def set_aside_then_written_again(run_id: str):  # noqa: ANN202
+        try:
+            return find_run(run_id)
+        finally:
+            st.write_run(run)
+
+    monkeypatch.setattr(st, "find_run", set_aside_then_written_again)
+    warnings: list[str] = []
+    with pytest.raises(StoreError, match="its unreadable run record is still in place"):
+        delete_named_run(st, attempt.run_id, warn=warnings.append)
+    assert len(warnings) == 1 and "unreadable" in warnings[0], warnings
+    names = _folders(str(tmp_path / "store"))[attempt.run_id]
+    assert "run.json" in names and any(n.startswith("run.json.unreadable-") for n in names)
+    assert st.read_run(job.job_key, attempt.run_id) is not None

@@ -68,14 +68,12 @@ from core.local import (
     EXIT_CODES,
     Escalation,
     OpenJDCheckpointError,
-    SetAsideError,
     action_containment,
     become_child_subreaper,
     collect_file_garbage,
+    delete_named_run,
     delete_run,
-    delete_set_aside_run,
     describe_exit,
-    finish_interrupted_delete,
     finish_interrupted_deletes,
     holds_managed_files,
     load_environment_template,
@@ -350,49 +348,19 @@ def _store_run(args: argparse.Namespace) -> tuple[CheckpointStore, Any]:
 
 def _cmd_delete(args: argparse.Namespace) -> int:
     store = _store_from(args)
-    set_aside: SetAsideError | None = None
     try:
-        run = store.find_run(args.run_id)
-    except SetAsideError as exc:  # its record, unreadable, was set aside just now: deleted below
-        print(f"warning: {exc}", file=sys.stderr)
-        run, set_aside = None, exc
-    if run is None:  # a delete killed midway is finished here, not left to gc
-        try:
-            done = finish_interrupted_delete(store, args.run_id)
-        except RunError as exc:
-            print(f"openjd-checkpoint: refused: {exc}", file=sys.stderr)
-            return EXIT_CODES["refused"]
-        if done is None:  # a run whose record was set aside as unreadable: deleted here
-            try:
-                lines = delete_set_aside_run(store, args.run_id)
-            except RunError as exc:
-                print(f"openjd-checkpoint: refused: {exc}", file=sys.stderr)
-                return EXIT_CODES["refused"]
-            if lines is None and set_aside is not None:  # not moved after all, or back again
-                print(
-                    f"openjd-checkpoint: run {args.run_id}: its unreadable run record is still "
-                    "in place (it could not be moved aside, or the run was written again "
-                    "meanwhile); nothing was deleted",
-                    file=sys.stderr,
-                )
-                return EXIT_CODES["store"]
-            if lines is None:
-                print(f"openjd-checkpoint: {no_run_words(store, args.run_id)}", file=sys.stderr)
-                return 2
-            for note in lines[:-1]:
-                print(f"openjd-checkpoint: {note}", file=sys.stderr)
-            print(lines[-1])
-            return 0
-        print(done)
-        return 0
-    try:
-        notes = delete_run(store, run)
-    except RunError as exc:  # running now, or deleted meanwhile
+        lines = delete_named_run(
+            store, args.run_id, warn=lambda w: print(f"warning: {w}", file=sys.stderr)
+        )
+    except RunError as exc:  # running now, or being deleted by a live process
         print(f"openjd-checkpoint: refused: {exc}", file=sys.stderr)
         return EXIT_CODES["refused"]
-    for note in notes:
+    if lines is None:
+        print(f"openjd-checkpoint: {no_run_words(store, args.run_id)}", file=sys.stderr)
+        return 2
+    for note in lines[:-1]:
         print(f"openjd-checkpoint: {note}", file=sys.stderr)
-    print(f"deleted run {run.run_id} and its checkpoints")
+    print(lines[-1])
     if holds_managed_files(store):
         print(
             "  checkpoint files kept in the store (managed) are freed by 'gc' once no other "

@@ -27,9 +27,8 @@ from core.run._attempt import (
     prepare_run_job,
 )
 from core.run._delete import (
+    delete_named_run,
     delete_run,
-    delete_set_aside_run,
-    finish_interrupted_delete,
     finish_interrupted_deletes,
     set_aside_runs,
 )
@@ -91,13 +90,12 @@ __all__ = (
     "holds_managed_files",
     "declare_done",
     "DEFAULT_GC_GRACE_SECONDS",
+    "delete_named_run",
     "delete_run",
     "enter_finally",
     "Escalation",
     "EXIT_CODES",
     "finish_attempt",
-    "delete_set_aside_run",
-    "finish_interrupted_delete",
     "finish_interrupted_deletes",
     "set_aside_runs",
     "GroupEnd",

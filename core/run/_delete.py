@@ -24,8 +24,9 @@ from __future__ import annotations
 import json
 import posixpath
 import time
+from collections.abc import Callable
 
-from core._errors import RunError
+from core._errors import RunError, StoreError
 from core._killpoints import kill_point
 from core._records import ProcessInfo, RunRecord
 from core.fs import NotARecordError, file_mtime, list_files
@@ -33,6 +34,7 @@ from core.run._attempt import RunIds, reap_run
 from core.store import (
     CheckpointStore,
     Lease,
+    SetAsideError,
     describe_holder,
     is_job_key,
     is_run_id,
@@ -43,6 +45,7 @@ from core.store import (
 from core.task import no_run_words, set_aside_words
 
 __all__ = (
+    "delete_named_run",
     "delete_run",
     "delete_set_aside_run",
     "finish_interrupted_delete",
@@ -110,6 +113,50 @@ def _mark(
         lease.release()
         raise
     return notes, where
+
+
+def delete_named_run(
+    store: CheckpointStore, run_id: str, *, warn: Callable[[str], None] | None = None
+) -> list[str] | None:
+    """``checkpoints delete RUN``: delete the run named ``run_id``, whichever state it is in: a
+    run with a readable record (``delete_run``); one a delete killed midway left
+    (``finish_interrupted_delete``); one whose ``run.json`` was set aside as unreadable, now or
+    before (``delete_set_aside_run``).
+
+    Args:
+        warn: called with a warning as it arises (the run's record was unreadable and was set
+            aside just now; it is deleted here all the same).
+
+    Returns:
+        Notes (what dead holders left running and was killed) and, last, a line saying what was
+        deleted; None if the store has no run ``run_id``.
+
+    Raises:
+        RunError: a live process drives the run or holds a lease of one of its tasks or
+            sessions (nothing deleted).
+        StoreError: the store cannot be read or written; or the run's record, unreadable, was
+            not set aside after all (it could not be moved, or the run was written again
+            meanwhile): nothing was deleted.
+    """
+    set_aside = False
+    try:
+        run = store.find_run(run_id)
+    except SetAsideError as exc:  # its record, unreadable, was set aside just now
+        if warn is not None:
+            warn(str(exc))
+        run, set_aside = None, True
+    if run is not None:
+        return [*delete_run(store, run), f"deleted run {run.run_id} and its checkpoints"]
+    done = finish_interrupted_delete(store, run_id)
+    if done is not None:
+        return [done]
+    lines = delete_set_aside_run(store, run_id)
+    if lines is None and set_aside:
+        raise StoreError(
+            f"run {run_id}: its unreadable run record is still in place (it could not be "
+            "moved aside, or the run was written again meanwhile); nothing was deleted"
+        )
+    return lines
 
 
 def delete_set_aside_run(store: CheckpointStore, run_id: str) -> list[str] | None:
