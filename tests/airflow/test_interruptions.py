@@ -365,6 +365,25 @@ def test_checkpoint_metrics_reach_statsd(
     assert ages and 0.0 in ages and all(age >= 0 for age in ages), ages
 
 
+def _forget_otel_flush_at_exit() -> None:
+    """Airflow's OpenTelemetry logger registers ``flush_otel_metrics`` at exit, which calls
+    ``force_flush`` on the process's meter provider; once a test has put back the no-op proxy
+    provider, that call raises at the interpreter's exit (``'_ProxyMeterProvider' object has
+    no attribute 'force_flush'``, printed under the suite's summary)."""
+    import atexit
+    import importlib
+
+    for name in (
+        "airflow.sdk._shared.observability.metrics.otel_logger",
+        "airflow._shared.observability.metrics.otel_logger",
+    ):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        atexit.unregister(module.flush_otel_metrics)
+
+
 def test_task_sinks_follow_airflows_metrics_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     """With Airflow's StatsD on, the figures go through ``Stats``; with Airflow's OpenTelemetry
     on (which sets the process's meter provider as its backend is made), only through the
@@ -401,5 +420,6 @@ def test_task_sinks_follow_airflows_metrics_backend(monkeypatch: pytest.MonkeyPa
 
             internal._METER_PROVIDER_SET_ONCE._done = False
             internal._METER_PROVIDER = None
+            _forget_otel_flush_at_exit()
         stats.initialize(factory=stats_utils.get_stats_factory(), export_legacy_names=True)
         listener.sock.close()
