@@ -230,6 +230,21 @@ def test_record_with_unknown_field_is_refused(store_url: str) -> None:
     assert tasks == [] and "surprise" in warnings[0]
 
 
+def test_record_naming_a_key_twice_is_set_aside_naming_the_key(store_url: str) -> None:
+    """``{"status": "running", ..., "status": "succeeded"}``: json keeps the last without a
+    word; the store refuses the record (set aside, the task rebuilt from its checkpoint)."""
+    store = CheckpointStore(store_url)
+    rec = record(status=TaskStatus.RUNNING)
+    store.commit_checkpoint(rec, ck(1))
+    text = json.dumps(read_json(store, TASK_FILE))
+    write_raw(store, TASK_FILE, text[:-1] + ', "status": "succeeded"}')
+    tasks, warnings = store.read_tasks(JK, RID)
+    assert len(warnings) == 1 and "duplicate key 'status'" in warnings[0], warnings
+    assert [t.status for t in tasks] == [TaskStatus.INTERRUPTED]  # rebuilt, not "succeeded"
+    assert tasks[0].checkpoint is not None and tasks[0].checkpoint.state == "s1"
+    assert any(".unreadable-" in n for n in names(store, f"{RUN_DIR}/tasks"))
+
+
 def test_leftover_temporary_file_is_ignored(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path)
     store.write_task(record(status=TaskStatus.RUNNING))

@@ -1,10 +1,10 @@
 """Records on the store's file system: JSON documents read whole, checked against their schema
 and their place, written whole and atomically (``StoreFS.write_json``).
 
-A record that cannot be read (not JSON, not of the schema, not a regular file, too large, a run
-or task record naming folders other than its own) is moved aside to
-``<name>.unreadable-<time>`` and reported (``SetAsideError``); it is never overwritten. On a
-``read_only`` store (the CLI's reading commands) it is reported and left in place.
+A record that cannot be read (not JSON, a key named twice in one object, not of the schema,
+not a regular file, too large, a run or task record naming folders other than its own) is moved
+aside to ``<name>.unreadable-<time>`` and reported (``SetAsideError``); it is never overwritten.
+On a ``read_only`` store (the CLI's reading commands) it is reported and left in place.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ class RecordFiles:
             StoreError: another schema version.
             NotARecordError, ValueError, RecursionError, ValidationError: not such a record.
         """
-        obj = json.loads(raw.decode("utf-8"))
+        obj = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
         versions = RUN_SCHEMA_VERSIONS if model is RunRecord else (SCHEMA_VERSION,)
         if model is RunRecord and isinstance(obj, dict) and "schema_version" not in obj:
             obj["schema_version"] = SCHEMA_VERSION  # a run record without one is version 1
@@ -157,6 +157,24 @@ class RecordFiles:
             aside = self.fs.move_aside(path)
             raise SetAsideError(f"{self.fs.where(path)} names another task; kept as {aside}")
         return rec
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object of a record, refused when it names a key twice: ``json`` would keep the
+    last one without a word, and which of two statuses or checkpoints a record meant cannot be
+    known (this project never writes one; an edit by hand or two writes run together can).
+
+    Raises:
+        ValueError: ``duplicate key 'status'``.
+    """
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"duplicate key {key!r}")
+            seen.add(key)
+    return obj
 
 
 def _short(exc: BaseException) -> str:
