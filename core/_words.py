@@ -7,22 +7,44 @@ commands and the Airflow and Prefect adapters say things the same way.
 
 from __future__ import annotations
 
+import os
+import shlex
 import signal
+import sys
 from collections.abc import Iterable
 from typing import Any
 
 __all__ = (
+    "command_words",
     "event_log_line",
     "OUTCOME_WORDS",
     "describe_exit",
     "kept_words",
     "outcome_key",
     "outcome_sentence",
+    "program_words",
     "result_words",
     "run_status_words",
     "suspended_words",
     "task_status_words",
 )
+
+
+def program_words() -> list[str]:
+    """How a person starts this program, as the first words of a command printed back to them:
+    the path the ``openjd-checkpoint`` command was started as (``.venv/bin/openjd-checkpoint``
+    when it is not on the PATH), ``python -m core.cli``, or, in any other process (an Airflow
+    or Prefect worker), ``openjd-checkpoint``."""
+    argv0 = sys.argv[0] if sys.argv else ""
+    if argv0.endswith(os.path.join("core", "cli", "__main__.py")):  # no script on the PATH
+        return [sys.executable, "-m", "core.cli"]
+    return [argv0 if os.path.basename(argv0) == "openjd-checkpoint" else "openjd-checkpoint"]
+
+
+def command_words(*args: str) -> str:
+    """A command of this program for a person to paste: ``program_words`` then ``args``,
+    quoted for a POSIX shell (``shlex.join``)."""
+    return shlex.join([*program_words(), *args])
 
 
 def describe_exit(code: int | None) -> str:

@@ -6,7 +6,7 @@ runs and collecting managed files (``gc``), reading inputs, action containment.
 
 from core._errors import LeaseLostError, OpenJDCheckpointError
 from core._records import RunCondition
-from core._words import describe_exit
+from core._words import describe_exit, program_words
 from core.fs import MAX_RECORD_BYTES
 from core.job import (
     PlanHistory,
@@ -73,6 +73,7 @@ __all__ = (
     "mark_timed_out",
     "MAX_RECORD_BYTES",
     "no_run_words",
+    "program_words",
     "NOTICE_POLL_ENV",
     "NOTICES_ENV",
     "OpenJDCheckpointError",

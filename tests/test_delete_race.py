@@ -408,15 +408,20 @@ def test_a_run_whose_record_was_set_aside_is_named_by_runs_and_removed_by_delete
     assert f"run {run.run_id}: its run record was unreadable and is kept as " in gc.stderr
     names = _folders(store_url)[run.run_id]
     assert "run.json" not in names and "tasks" in names, names
-    listed = run_cli("runs", "--json", "--store", store_url, timeout=60)
+    # The command as the user started it (not on the PATH: .venv/bin/openjd-checkpoint)
+    script = str(Path(sys.executable).parent / "openjd-checkpoint")
+    listed = subprocess.run(
+        [script, "runs", "--json", "--store", store_url], capture_output=True, text=True
+    )
     said = f"run {run.run_id}: its run record was unreadable and is kept as "
     [warning] = [w for w in json.loads(listed.stdout)["warnings"] if w.startswith(said)]
     for reader in (("checkpoints", "show"), ("logs",), ("resume",)):  # not "no run"
         read = run_cli(*reader, run.run_id, "--store", store_url, timeout=60)
         assert read.returncode in (2, 4) and said in read.stderr, (reader, read.stderr)
     command = shlex.split(warning.split(" '", 1)[1].rsplit("' deletes it", 1)[0])
-    assert command[:4] == ["openjd-checkpoint", "checkpoints", "delete", run.run_id], command
-    deleted = run_cli(*command[1:], timeout=60)  # as the warning says it (its --store)
+    assert command[:4] == [script, "checkpoints", "delete", run.run_id], command
+    # pasted as the warning says it (the program as started, its --store), from elsewhere
+    deleted = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=60)
     assert deleted.returncode == 0, deleted.stderr
     assert f"deleted run {run.run_id}, whose run record was unreadable" in deleted.stdout
     assert run.run_id not in _folders(store_url)

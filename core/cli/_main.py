@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import shlex
 import signal
 import sys
@@ -78,6 +77,7 @@ from core.local import (
     holds_managed_files,
     load_environment_template,
     no_run_words,
+    program_words,
     set_aside_runs,
 )
 
@@ -285,7 +285,7 @@ def _report(args: argparse.Namespace, result: RunResult, store: CheckpointStore)
     if result.status.value != "succeeded" and not _resumable(store, result.run_id):
         say("  nothing was stored to resume from: running it again starts from the top\n")
     elif result.status.value != "succeeded":
-        cmd = [*_program(), "resume", result.run_id]
+        cmd = [*program_words(), "resume", result.run_id]
         if args.store:
             cmd += ["--store", str(args.store)]
         if args.files:  # as given: a resume without them restores no file outside the session
@@ -314,14 +314,6 @@ def _resumable(store: CheckpointStore, run_id: str) -> bool:
         and (t.checkpoint or t.completed_frames or t.status.value == "succeeded")
         for t in tasks
     )
-
-
-def _program() -> list[str]:
-    """How the user started this program, as the words of a command printed back to them."""
-    argv0 = sys.argv[0] if sys.argv else ""
-    if argv0.endswith(os.path.join("core", "cli", "__main__.py")):  # no script on the PATH
-        return [sys.executable, "-m", "core.cli"]
-    return [argv0 if os.path.basename(argv0) == "openjd-checkpoint" else "openjd-checkpoint"]
 
 
 def _store_from(args: argparse.Namespace) -> CheckpointStore:

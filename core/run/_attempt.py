@@ -36,6 +36,7 @@ from core._records import (
     TaskRecord,
     TaskStatus,
 )
+from core._words import command_words
 from core.job import (
     PreparedJob,
     TaskSpec,
@@ -369,11 +370,11 @@ def begin_attempt(
                 live = _live_driver(store, runs)
                 if live is not None:
                     who = describe_holder(store, live.runner)
+                    stop = command_words("stop", live.run_id, "--mode", "Suspended")
                     raise ResumeRefusedError(
                         RefusalCode.ALREADY_RESUMED,
                         f"job {job.job.name!r} is being run now{who} (run {live.run_id}); "
-                        f"stop it first ('openjd-checkpoint stop {live.run_id} --mode "
-                        "Suspended') or wait for it to end",
+                        f"stop it first ('{stop}') or wait for it to end",
                     )
             if how == ResumeHow.OPERATOR and run_id == "latest":
                 run_id = _latest_run_id(store, runs)

@@ -15,13 +15,13 @@ completed. Three ways, with Trax's meaning:
 from __future__ import annotations
 
 import posixpath
-import shlex
 from dataclasses import dataclass, field
 from enum import Enum
 
 from core._errors import RunError, StoreError
 from core._host import host_id
 from core._records import RunRecord, RunStatus, TaskRecord, TaskStatus
+from core._words import command_words
 from core.job import PreparedJob, plan_tasks
 from core.process import ProcessIdentity
 from core.store import (
@@ -132,10 +132,10 @@ def set_aside_words(store: CheckpointStore, job_key: str, run_id: str, kept: str
     (``RunRemoval.kept_records``): it is not listed, read or resumed, and the command that
     deletes it (``checkpoints delete``, docs/decisions.md "Deleting a run")."""
     path = posixpath.join(store.layout.run_dir(job_key, run_id), kept)
-    command = ["openjd-checkpoint", "checkpoints", "delete", run_id, "--store", store.location]
+    command = command_words("checkpoints", "delete", run_id, "--store", store.location)
     return (
         f"run {run_id}: its run record was unreadable and is kept as {path}; the run is not "
-        f"listed, read or resumed; '{shlex.join(command)}' deletes it with its checkpoints"
+        f"listed, read or resumed; '{command}' deletes it with its checkpoints"
     )
 
 
