@@ -59,6 +59,7 @@ from core.cli._read import (
     cmd_checkpoints_list,
     cmd_runs,
     cmd_show,
+    print_warning,
     reading,
 )
 from core.cli._runner import JobRunner, RunResult
@@ -325,7 +326,7 @@ def _store_runs(store: CheckpointStore) -> list[Any]:
     """The store's readable runs; unreadable ones are reported on stderr."""
     runs, warnings = store.list_runs()
     for w in warnings:
-        print(f"warning: {w}", file=sys.stderr)
+        print_warning(w)
     return runs
 
 
@@ -341,9 +342,7 @@ def _store_run(args: argparse.Namespace) -> tuple[CheckpointStore, Any]:
 def _cmd_delete(args: argparse.Namespace) -> int:
     store = _store_from(args)
     try:
-        lines = delete_named_run(
-            store, args.run_id, warn=lambda w: print(f"warning: {w}", file=sys.stderr)
-        )
+        lines = delete_named_run(store, args.run_id, warn=print_warning)
     except RunError as exc:  # running now, or being deleted by a live process
         print(f"openjd-checkpoint: refused: {exc}", file=sys.stderr)
         return EXIT_CODES["refused"]
@@ -418,7 +417,7 @@ def _cmd_gc(args: argparse.Namespace) -> int:
         print(f"removed run {r.run_id} ({report.run_status_words(r.status.value)}, {r.job_name})")
     unreadable = set_aside_runs(store, known={r.run_id for r in runs})  # kept for a person
     for line in unreadable:
-        print(f"warning: {line}", file=sys.stderr)
+        print_warning(line)
     also = f", and {len(unreadable)} whose record was unreadable" if unreadable else ""
     print(f"{removed} run(s) removed; kept {len(runs) - removed}{also}")
     try:
@@ -427,7 +426,7 @@ def _cmd_gc(args: argparse.Namespace) -> int:
         _refusal(StoreError(f"checkpoint files: none removed: {exc}"))
         return EXIT_CODES["store"]
     for w in swept.warnings:
-        print(f"warning: {w}", file=sys.stderr)
+        print_warning(w)
     if swept.blobs_removed or swept.manifests_removed or swept.uploads_removed:
         print(
             f"checkpoint files: removed {swept.blobs_removed} file(s) and "

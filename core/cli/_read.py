@@ -98,6 +98,12 @@ def _finite(value: Any) -> Any:
     return value
 
 
+def print_warning(text: str) -> None:
+    """A warning on standard error, as every command prints one:
+    ``openjd-checkpoint: warning: <text>``."""
+    print(f"openjd-checkpoint: warning: {text}", file=sys.stderr)
+
+
 def _dump(doc: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(_finite(doc), indent=2, sort_keys=True) + "\n")
 
@@ -105,7 +111,7 @@ def _dump(doc: dict[str, Any]) -> None:
 def _warn(warnings: list[str], text: str, as_json: bool) -> None:
     warnings.append(text)
     if not as_json:
-        print(f"warning: {text}", file=sys.stderr)
+        print_warning(text)
 
 
 def _run_status(store: CheckpointStore, run: RunRecord) -> str:
@@ -151,10 +157,9 @@ def _figures(run: RunRecord, tasks: list[TaskRecord], status: str) -> dict[str, 
             return None
         kept = read_figures(run.kept.figures)
         if kept is None:
-            print(
-                f"warning: run {run.run_id}: the checkpoint metrics it kept (kept.figures in "
-                "its run.json) are not readable; left out",
-                file=sys.stderr,
+            print_warning(
+                f"run {run.run_id}: the checkpoint metrics it kept (kept.figures in its "
+                "run.json) are not readable; left out"
             )
         return kept
     doc = run_figures(tasks).as_json()
@@ -171,7 +176,7 @@ def _runs_and_tasks(
     runs, warnings = store.list_runs()
     if not as_json:
         for w in warnings:
-            print(f"warning: {w}", file=sys.stderr)
+            print_warning(w)
     out = []
     for r in runs:
         try:
@@ -314,7 +319,7 @@ def cmd_show(args: argparse.Namespace, store: CheckpointStore) -> int:
         _dump(data)
         return 0
     for w in data["warnings"]:
-        print(f"warning: {w}", file=sys.stderr)
+        print_warning(w)
     params = " ".join(f"{k}={v}" for k, v in run.parameters.items())
     print(f"run {run.run_id}: {data['status_words']} after {run.attempt} attempt(s)")
     print(f"  job: {run.job_name}" + (f" ({params})" if params else ""))
@@ -362,7 +367,7 @@ def cmd_show(args: argparse.Namespace, store: CheckpointStore) -> int:
             size = entry.get("size") if isinstance(entry, dict) else None
             print(f"    {path}" + (f"  {size:,} bytes" if isinstance(size, int) else ""))
     for w in data["warnings"]:
-        print(f"warning: {w}", file=sys.stderr)
+        print_warning(w)
     return 0
 
 
@@ -420,7 +425,7 @@ def cmd_logs(args: argparse.Namespace, store: CheckpointStore) -> int:
     ]
     if not args.json:
         for w in warnings:
-            print(f"warning: {w}", file=sys.stderr)
+            print_warning(w)
     if args.json:
         _dump(
             {
@@ -652,7 +657,7 @@ def _check(args: argparse.Namespace) -> int:
         _dump(doc)
         return 0
     for text in doc["warnings"]:
-        print(f"warning: {text}", file=sys.stderr)
+        print_warning(text)
     print(f"{args.template}: valid job template {tmpl.name!r}")
     if tmpl.extensions:
         print(f"  extensions: {', '.join(sorted(tmpl.extensions))}")
