@@ -1184,6 +1184,53 @@ def test_declare_done_records_each_task_and_says_so(tmp_path: Path) -> None:
     assert line.startswith("warning: Render[Frame=1-2]: not recorded as done:")
 
 
+def test_declare_done_waits_for_the_run_s_lock_once_for_all_its_tasks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stalled holder of the run's lock (a SIGSTOPped process) costs ``declare_done`` one
+    wait, not one per task (a hostile trial saw 3 tasks take 90 s): the lock is taken once,
+    and when it is not had every task is said not recorded, without a lock file made."""
+    import contextlib
+
+    from core import StoreError, declare_done, plan_group
+
+    out = tmp_path / "out"
+    out.mkdir()
+    st = CheckpointStore(tmp_path / "store")
+    job = prepare_job(THREE, {"Out": str(out), "FailFrame": 3, "FrameSeconds": 0.01})
+    attempt = begin_attempt(st, job, external_key="declared-locked")
+    originals = plan_tasks(job, "Render")
+    taken: list[str] = []
+    real_lock = st.run_lock
+
+    @contextlib.contextmanager
+    def counted(job_key: str, run_id: str, **kw):  # noqa: ANN202
+        taken.append(run_id)
+        with real_lock(job_key, run_id, **kw):
+            yield
+
+    monkeypatch.setattr(st, "run_lock", counted)
+    lines = declare_done(st, job, attempt.run_id, originals, "marked success")
+    assert len(lines) == 3 and all("recorded as done" in line for line in lines), lines
+    assert taken == [attempt.run_id]
+    assert plan_group(st, job, attempt.run_id, originals) == []
+
+    @contextlib.contextmanager
+    def stalled(job_key: str, run_id: str, **kw):  # noqa: ANN202
+        taken.append(run_id)
+        raise StoreError(f"{run_id}/run.lock stayed locked for 30 s")
+        yield
+
+    monkeypatch.setattr(st, "run_lock", stalled)
+    taken.clear()
+    lines = declare_done(st, job, attempt.run_id, originals, "marked success")
+    assert taken == [attempt.run_id]
+    assert [line.split(":", 2)[:2] for line in lines] == [
+        ["warning", f" {spec.label}"] for spec in originals
+    ], lines
+    assert all("stayed locked" in line for line in lines), lines
+
+
 def test_a_task_declared_done_after_its_run_ended_succeeded_leaves_no_record(
     tmp_path: Path,
 ) -> None:

@@ -18,7 +18,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from core._errors import RunError, StoreError
-from core._records import CheckpointData, RunCondition, RunPhase, RunStatus, TaskRecord, TaskStatus
+from core._records import (
+    CheckpointData,
+    RunCondition,
+    RunPhase,
+    RunRecord,
+    RunStatus,
+    TaskRecord,
+    TaskStatus,
+)
 from core.job import KeptCollector, PlanHistory, PreparedJob, TaskSpec, iter_plan, new_task_record
 from core.run._attempt import iter_attempt_records, reap_sessions, reap_task, require_run
 from core.store import CheckpointStore, Lease
@@ -79,29 +87,36 @@ def record_task_done(
         RunError: no such run.
         StoreError: the store cannot be read or written.
     """
+    # Under the run's lock, as finish_attempt ends the run and deletes its records: the run is
+    # read ended, or the record is written before the run ends.
+    with store.run_lock(job.job_key, run_id):
+        return _record_done(store, job, require_run(store, job, run_id), spec, message)
+
+
+def _record_done(
+    store: CheckpointStore, job: PreparedJob, run: RunRecord, spec: TaskSpec, message: str
+) -> TaskRecord | None:
+    """``record_task_done`` under the run's lock, ``run`` read under it."""
+    if run.status == RunStatus.SUCCEEDED:
+        return None
+    run_id = run.run_id
     lease = store.acquire_task_lease(job.job_key, run_id, spec.step_name, spec.task_key)
-    if lease is None:
+    if lease is None:  # not waited for: the lock is held meanwhile
         raise ResumeRefusedError(
             RefusalCode.ALREADY_RESUMED,
             f"task {spec.label} of run {run_id} is being run by another process",
         )
     try:
-        # Under the run's lock, as finish_attempt ends the run and deletes its records: the
-        # run is read ended, or the record is written before the run ends.
-        with store.run_lock(job.job_key, run_id):
-            run = require_run(store, job, run_id)
-            if run.status == RunStatus.SUCCEEDED:
-                return None
-            record = store.read_task(job.job_key, run_id, spec.step_name, spec.task_key)
-            if record is None:
-                record = new_task_record(job, spec, run_id)
-            record.status = TaskStatus.SUCCEEDED
-            record.message = message
-            record.process = None
-            if spec.chunk_parameter is not None:
-                record.completed_frames = sorted(set(record.completed_frames) | spec.chunk_frames)
-            store.write_task(record)
-            return record
+        record = store.read_task(job.job_key, run_id, spec.step_name, spec.task_key)
+        if record is None:
+            record = new_task_record(job, spec, run_id)
+        record.status = TaskStatus.SUCCEEDED
+        record.message = message
+        record.process = None
+        if spec.chunk_parameter is not None:
+            record.completed_frames = sorted(set(record.completed_frames) | spec.chunk_frames)
+        store.write_task(record)
+        return record
     finally:
         lease.release()
 
@@ -262,15 +277,23 @@ def declare_done(
     Returns:
         One line per task for the log.
     """
-    lines = []
-    for spec in specs:
-        try:
-            if record_task_done(store, job, run_id, spec, message) is None:
-                lines.append(f"{spec.label}: not recorded: the run has already ended succeeded")
-                continue
-            lines.append(f"{spec.label}: recorded as done ({message}); not resumable")
-        except (RunError, StoreError) as exc:
-            lines.append(f"warning: {spec.label}: not recorded as done: {exc}")
+    lines: list[str] = []
+    try:
+        # The run's lock once for all of them: a stalled holder costs one wait, not one a task.
+        with store.run_lock(job.job_key, run_id):
+            run = require_run(store, job, run_id)
+            for spec in specs:
+                try:
+                    if _record_done(store, job, run, spec, message) is None:
+                        lines.append(
+                            f"{spec.label}: not recorded: the run has already ended succeeded"
+                        )
+                    else:
+                        lines.append(f"{spec.label}: recorded as done ({message}); not resumable")
+                except (RunError, StoreError) as exc:
+                    lines.append(f"warning: {spec.label}: not recorded as done: {exc}")
+    except (RunError, StoreError) as exc:  # no run, or its lock not had
+        lines += [f"warning: {s.label}: not recorded as done: {exc}" for s in specs[len(lines) :]]
     return lines
 
 
