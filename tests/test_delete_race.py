@@ -556,3 +556,22 @@ def test_a_delete_whose_set_aside_record_was_written_again_meanwhile_deletes_not
     names = _folders(str(tmp_path / "store"))[attempt.run_id]
     assert "run.json" in names and any(n.startswith("run.json.unreadable-") for n in names)
     assert st.read_run(job.job_key, attempt.run_id) is not None
+
+
+def test_a_name_in_the_store_with_an_escape_sequence_reaches_no_terminal(tmp_path: Path) -> None:
+    """A kept record named ``run.json.unreadable-9<ESC>]0;PWNED<BEL>`` (a hostile trial): ``runs``
+    and ``checkpoints delete`` print it with its control characters escaped (``\\x1b``)."""
+    store_url = str(tmp_path / "store")
+    st = CheckpointStore(store_url)
+    run_id = "20261207-130530-27ca5f"
+    folder = Path(st.layout.run_dir("0123456789abcdef", run_id))
+    folder.mkdir(parents=True)
+    (folder / "run.json.unreadable-9\x1b]0;PWNED\x07").write_text("{")
+    listed = run_cli("runs", "--store", store_url, timeout=60)
+    deleted = run_cli("checkpoints", "delete", run_id, "--store", store_url, timeout=60)
+    assert deleted.returncode == 0, deleted.stderr
+    for said in (listed.stdout, listed.stderr, deleted.stdout, deleted.stderr):
+        assert "\x1b" not in said and "\x07" not in said, said
+    assert "run.json.unreadable-9\\x1b]0;PWNED\\x07" in listed.stderr, listed.stderr
+    assert "run.json.unreadable-9\\x1b]0;PWNED\\x07" in deleted.stdout, deleted.stdout
+    assert run_id not in _folders(store_url)

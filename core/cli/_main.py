@@ -60,6 +60,7 @@ from core.cli._read import (
     cmd_runs,
     cmd_show,
     print_warning,
+    printable,
     reading,
 )
 from core.cli._runner import JobRunner, RunResult
@@ -344,14 +345,14 @@ def _cmd_delete(args: argparse.Namespace) -> int:
     try:
         lines = delete_named_run(store, args.run_id, warn=print_warning)
     except RunError as exc:  # running now, or being deleted by a live process
-        print(f"openjd-checkpoint: refused: {exc}", file=sys.stderr)
+        print(f"openjd-checkpoint: refused: {printable(str(exc))}", file=sys.stderr)
         return EXIT_CODES["refused"]
     if lines is None:
-        print(f"openjd-checkpoint: {no_run_words(store, args.run_id)}", file=sys.stderr)
+        print(f"openjd-checkpoint: {printable(no_run_words(store, args.run_id))}", file=sys.stderr)
         return 2
     for note in lines[:-1]:
-        print(f"openjd-checkpoint: {note}", file=sys.stderr)
-    print(lines[-1])
+        print(f"openjd-checkpoint: {printable(note)}", file=sys.stderr)
+    print(printable(lines[-1]))
     if holds_managed_files(store):
         print(
             "  checkpoint files kept in the store (managed) are freed by 'gc' once no other "
@@ -637,15 +638,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F) if chr(c) not in "\n\t"}
-"""Control characters (but newline and tab) as ``\\xNN``, for ``str.translate``."""
-
-
 def _refusal(exc: BaseException) -> None:
-    """Say why the command was refused, on standard error, with control characters escaped:
-    a message may quote what the user gave (``-p``, a file's text), and an escape sequence in
-    it must not reach the terminal (``-p $'N=\\e]0;title\\a'`` set the window's title)."""
-    _write(sys.stderr, f"openjd-checkpoint: {str(exc).translate(_CONTROLS)}\n")
+    """Say why the command was refused, on standard error, with control characters escaped
+    (``printable``)."""
+    _write(sys.stderr, f"openjd-checkpoint: {printable(str(exc))}\n")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -98,10 +98,22 @@ def _finite(value: Any) -> Any:
     return value
 
 
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F) if chr(c) not in "\n\t"}
+"""Control characters (but newline and tab) as ``\\xNN``, for ``str.translate``."""
+
+
+def printable(text: str) -> str:
+    """``text`` with its control characters (but newline and tab) escaped as ``\\xNN``: a
+    message may quote what the user gave (``-p``, a file's text) or a name found in the store
+    (a kept record's file name), and an escape sequence in it must not reach the terminal
+    (``-p $'N=\\e]0;title\\a'`` set the window's title)."""
+    return text.translate(_CONTROLS)
+
+
 def print_warning(text: str) -> None:
     """A warning on standard error, as every command prints one:
-    ``openjd-checkpoint: warning: <text>``."""
-    print(f"openjd-checkpoint: warning: {text}", file=sys.stderr)
+    ``openjd-checkpoint: warning: <text>``, control characters escaped (``printable``)."""
+    print(f"openjd-checkpoint: warning: {printable(text)}", file=sys.stderr)
 
 
 def _dump(doc: dict[str, Any]) -> None:
