@@ -575,3 +575,21 @@ def test_a_name_in_the_store_with_an_escape_sequence_reaches_no_terminal(tmp_pat
     assert "run.json.unreadable-9\\x1b]0;PWNED\\x07" in listed.stderr, listed.stderr
     assert "run.json.unreadable-9\\x1b]0;PWNED\\x07" in deleted.stdout, deleted.stdout
     assert run_id not in _folders(store_url)
+
+
+def test_a_run_another_delete_removed_meanwhile_is_no_run_not_a_refusal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two deletes of one run: the second found the run, then waited for the job's lock while
+    the first removed it. It says "no run" (``delete_named_run`` returns None: exit 2), not
+    "refused" (exit 4), which says a live process holds the run (a hostile trial)."""
+    from core.local import delete_named_run, delete_run
+
+    st = CheckpointStore(str(tmp_path / "store"))
+    job = prepare_job(one_step_template(tmp_path / "t.yaml", "twice", "pass"), {})
+    attempt = begin_attempt(st, job, external_key="dag/deleted-twice")
+    found = st.find_run(attempt.run_id)  # what the second delete read first
+    assert found is not None
+    delete_run(st, found)  # the first delete
+    monkeypatch.setattr(st, "find_run", lambda run_id: found)
+    assert delete_named_run(st, attempt.run_id) is None

@@ -54,6 +54,10 @@ __all__ = (
 )
 
 
+class _RunGoneError(RunError):
+    """``delete_run``: the run was deleted, or marked for deletion, meanwhile."""
+
+
 def delete_run(store: CheckpointStore, run: RunRecord) -> list[str]:
     """Delete a run with its task records and checkpoints (``checkpoints delete``, ``gc``),
     after killing on this host what dead holders of it left running (``reap_run``), so that
@@ -71,7 +75,7 @@ def delete_run(store: CheckpointStore, run: RunRecord) -> list[str]:
     with store.job_lock(job_key):
         current = store.read_run(job_key, run_id)
         if current is None:
-            raise RunError(no_run_words(store, run_id, job_key))
+            raise _RunGoneError(no_run_words(store, run_id, job_key))
         lease = store.acquire_lease(current)
         if lease is None:
             raise RunError(
@@ -80,7 +84,7 @@ def delete_run(store: CheckpointStore, run: RunRecord) -> list[str]:
         notes, where = _mark(store, current, lease)
         if where is None:
             lease.release()
-            raise RunError(no_run_words(store, run_id, job_key))
+            raise _RunGoneError(no_run_words(store, run_id, job_key))
     kill_point("delete.marked")
     store.removal.remove(where, lease)
     return notes
@@ -129,7 +133,8 @@ def delete_named_run(
 
     Returns:
         Notes (what dead holders left running and was killed) and, last, a line saying what was
-        deleted; None if the store has no run ``run_id``.
+        deleted; None if the store has no run ``run_id`` (or another delete removed it, or
+        marked it, meanwhile).
 
     Raises:
         RunError: a live process drives the run or holds a lease of one of its tasks or
@@ -146,7 +151,11 @@ def delete_named_run(
             warn(str(exc))
         run, set_aside = None, True
     if run is not None:
-        return [*delete_run(store, run), f"deleted run {run.run_id} and its checkpoints"]
+        try:
+            notes = delete_run(store, run)
+        except _RunGoneError:  # deleted meanwhile, by another delete: as if it were never found
+            return None
+        return [*notes, f"deleted run {run.run_id} and its checkpoints"]
     done = finish_interrupted_delete(store, run_id)
     if done is not None:
         return [done]
