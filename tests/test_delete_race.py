@@ -593,3 +593,30 @@ def test_a_run_another_delete_removed_meanwhile_is_no_run_not_a_refusal(
     delete_run(st, found)  # the first delete
     monkeypatch.setattr(st, "find_run", lambda run_id: found)
     assert delete_named_run(st, attempt.run_id) is None
+
+
+def test_a_damaged_copy_of_a_run_under_another_job_hides_no_readable_run(tmp_path: Path) -> None:
+    """``jobs/0000000000000000/runs/R/run.json`` holding ``{`` beside the readable run R of
+    another job (a hostile trial: the delete removed the damaged copy and said "deleted run R",
+    by the jobs' listing order): the readable run is found, and deleted; the damaged copy is
+    then named as set aside, and a second delete removes it."""
+    store_url = str(tmp_path / "store")
+    st = CheckpointStore(store_url)
+    job = prepare_job(one_step_template(tmp_path / "t.yaml", "copied", "pass"), {})
+    attempt = begin_attempt(st, job, external_key="dag/copied")
+    for key in ("0000000000000000", "ffffffffffffffff"):  # listed before and after the run's
+        copy = Path(st.layout.run_dir(key, attempt.run_id))
+        copy.mkdir(parents=True)
+        (copy / "run.json").write_text("{")
+    found = st.find_run(attempt.run_id)
+    assert found is not None and found.job_key == job.job_key
+    deleted = run_cli("checkpoints", "delete", attempt.run_id, "--store", store_url, timeout=60)
+    assert deleted.returncode == 0, deleted.stderr
+    assert f"deleted run {attempt.run_id} and its checkpoints" in deleted.stdout
+    assert not Path(st.layout.run_dir(job.job_key, attempt.run_id)).exists()
+    for _ in range(2):  # each damaged copy, set aside, is removed by a delete of its own
+        again = run_cli("checkpoints", "delete", attempt.run_id, "--store", store_url, timeout=60)
+        assert again.returncode == 0, again.stderr
+        assert "whose run record was unreadable" in again.stdout, again.stdout
+    last = run_cli("checkpoints", "delete", attempt.run_id, "--store", store_url, timeout=60)
+    assert last.returncode == 2 and "no run" in last.stderr, last.stderr

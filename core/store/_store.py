@@ -281,18 +281,30 @@ class CheckpointStore:
     def find_run(self, run_id: str, *, among: Sequence[RunRecord] = ()) -> RunRecord | None:
         """A run by its id alone (any job); None if there is none (or the id is malformed).
         ``among``: records the caller has read already (``list_runs``), looked at first: the
-        store is read only for a run not among them."""
+        store is read only for a run not among them.
+
+        Raises:
+            StoreError: the run's record cannot be read (``SetAsideError``: it was set aside),
+                and no job has a readable record of that id.
+        """
         for known in among:
             if known.run_id == run_id:
                 return known
         if not is_run_id(run_id):
             return None
+        unreadable: StoreError | None = None
         for key in self.fs.list_names(self.layout.jobs_dir):
             if not is_job_key(key):
                 continue
-            rec = self.read_run(key, run_id)
+            try:
+                rec = self.read_run(key, run_id)
+            except StoreError as exc:  # a damaged copy under another job hides no readable run
+                unreadable = unreadable or exc
+                continue
             if rec is not None:
                 return rec
+        if unreadable is not None:
+            raise unreadable
         return None
 
     def delete_run(self, job_key: str, run_id: str) -> None:
