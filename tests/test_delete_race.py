@@ -620,3 +620,43 @@ def test_a_damaged_copy_of_a_run_under_another_job_hides_no_readable_run(tmp_pat
         assert "whose run record was unreadable" in again.stdout, again.stdout
     last = run_cli("checkpoints", "delete", attempt.run_id, "--store", store_url, timeout=60)
     assert last.returncode == 2 and "no run" in last.stderr, last.stderr
+
+
+@pytest.mark.parametrize("removed", ["one", "all but the lease"])
+def test_a_second_delete_refuses_while_a_live_delete_is_removing_the_run(
+    removed: str, tmp_path: Path
+) -> None:
+    """A delete stopped (SIGSTOP) after some of the run's files are removed, or all but its
+    own lease file, is alive: a second delete refuses (exit 4, "being deleted by a live
+    process"), rather than "finish" a delete it takes for killed (a hostile trial: the
+    deleter's lease file went with the others), and the first, woken, ends its delete."""
+    store_url = str(tmp_path / "store")
+    run_id, _template, _fail = _failed_run(store_url, tmp_path)
+    files = [
+        name
+        for _folder, _dirs, names in os.walk(tmp_path / "store")
+        for name in names
+        if _folder.endswith(run_id) or f"{run_id}/" in _folder
+    ]
+    count = 1 if removed == "one" else len(files) - 1  # every file but lease.lock
+    assert "lease.lock" in files and count >= 1, files
+    env = dict(os.environ, OPENJD_CHECKPOINT_KILL_AT=f"delete.removing@{count}:stop")
+    first = subprocess.Popen(
+        [sys.executable, "-m", "core.cli", "checkpoints", "delete", run_id, "--store", store_url],
+        env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        proc = psutil.Process(first.pid)
+        end = time.monotonic() + 60
+        while proc.status() != psutil.STATUS_STOPPED:
+            assert first.poll() is None and time.monotonic() < end, first.communicate()
+            time.sleep(0.05)
+        second = run_cli("checkpoints", "delete", run_id, "--store", store_url, timeout=60)
+        assert second.returncode == 4, (second.returncode, second.stdout, second.stderr)
+        assert "is being deleted by a live process" in second.stderr, second.stderr
+    finally:
+        first.send_signal(signal.SIGCONT)
+    out, err = first.communicate(timeout=60)
+    assert first.returncode == 0, (first.returncode, err)
+    assert f"deleted run {run_id} and its checkpoints" in out
+    assert _folders(store_url) == {}

@@ -136,7 +136,10 @@ class RunRemoval:
         record = posixpath.join(where, "run.json")
         try:
             if self.fs.is_local:
-                self._remove_local(where)
+                # the caller's lease file goes last: while the run's files go, a second delete
+                # sees the lease held (a live delete), not a delete killed midway to finish
+                mine = posixpath.join(where, "lease" + self.fs.leases().suffix)
+                self._remove_local(where, last=mine if lease is not None else None)
             else:
                 own = posixpath.join(where, "lease.lease.json") if lease is not None else None
                 prefix = where[len(self.fs.root) :].strip("/")
@@ -157,9 +160,10 @@ class RunRemoval:
                     f"cannot delete {self.fs.where(record)}: {os_reason(exc)}"
                 ) from None
 
-    def _remove_local(self, where: str) -> None:
+    def _remove_local(self, where: str, *, last: str | None = None) -> None:
         """Remove the folder ``where`` one file at a time (a link inside is removed, never
-        followed); what another remover took meanwhile is no error. OSError is the caller's."""
+        followed), the file ``last`` after every other; what another remover took meanwhile
+        is no error. OSError is the caller's."""
         self.fs.confined(where, whole=True)
 
         def raise_it(exc: OSError) -> None:
@@ -168,11 +172,15 @@ class RunRemoval:
 
         for current, folders, names in os.walk(where, topdown=False, onerror=raise_it):
             for name in names:
-                _gone_ok(os.unlink, os.path.join(current, name))
-                kill_point("delete.removing")
+                path = os.path.join(current, name)
+                if path != last:
+                    _gone_ok(os.unlink, path)
+                    kill_point("delete.removing")
             for name in folders:
                 path = os.path.join(current, name)
                 _gone_ok(os.unlink if os.path.islink(path) else os.rmdir, path)
+        if last is not None:
+            _gone_ok(os.unlink, last)
         _gone_ok(os.rmdir, where)
 
     # --- leases under a run's folder -----------------------------------------------------------
