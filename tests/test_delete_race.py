@@ -660,3 +660,49 @@ def test_a_second_delete_refuses_while_a_live_delete_is_removing_the_run(
     assert first.returncode == 0, (first.returncode, err)
     assert f"deleted run {run_id} and its checkpoints" in out
     assert _folders(store_url) == {}
+
+
+def test_a_local_run_marked_deleting_in_its_record_is_finished_by_delete_and_gc(
+    tmp_path: Path,
+) -> None:
+    """A local store copied from S3 while a delete ran there: the run's ``run.json`` holds
+    the S3 mark (``deleting``). Every reader says it is being deleted, so ``checkpoints
+    delete`` and ``gc`` must finish it (a hostile trial: both left it forever)."""
+    store_url = str(tmp_path / "store")
+    st = CheckpointStore(store_url)
+    job = prepare_job(one_step_template(tmp_path / "t.yaml", "copied", "pass"), {})
+    ids = [begin_attempt(st, job, external_key=f"dag/{n}").run_id for n in ("a", "b")]
+    for run_id in ids:
+        path = Path(st.layout.run_path(job.job_key, run_id))
+        doc = json.loads(path.read_text())
+        doc["deleting"] = {"pid": 1, "host": "h", "pgid": 1, "start_time": 0}
+        path.write_text(json.dumps(doc))
+    deleted = run_cli("checkpoints", "delete", ids[0], "--store", store_url, timeout=60)
+    assert deleted.returncode == 0, deleted.stderr
+    assert f"finished deleting run {ids[0]}, whose delete was interrupted" in deleted.stdout
+    gc = run_cli("gc", "--store", store_url, timeout=60)
+    assert gc.returncode == 0, gc.stderr
+    assert f"finished deleting run {ids[1]}, whose delete was interrupted" in gc.stdout
+    assert _folders(store_url) == {}
+
+
+def test_one_marked_run_gc_cannot_remove_keeps_no_other_run(tmp_path: Path) -> None:
+    """A ``.deleting-<run>-<ns>`` entry that is a link (the store refuses to follow it) is
+    named in a warning and left; ``gc`` goes on and removes the runs past retention (a
+    hostile trial: gc exited 3 and removed none)."""
+    store_url = str(tmp_path / "store")
+    st = CheckpointStore(store_url)
+    job = prepare_job(one_step_template(tmp_path / "t.yaml", "stray", "pass"), {})
+    old = begin_attempt(st, job, external_key="dag/old").run_id
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("mine")
+    runs_dir = Path(st.layout.runs_dir(job.job_key))
+    stray = "20261207-130530-27ca5f"
+    (runs_dir / f".deleting-{stray}-1").symlink_to(outside)
+    gc = run_cli("gc", "--retention-days", "0", "--store", store_url, timeout=60)
+    assert gc.returncode == 0, (gc.returncode, gc.stderr)
+    assert f"openjd-checkpoint: warning: run {stray}: its interrupted delete was not " in gc.stderr
+    assert f"removed run {old}" in gc.stdout, gc.stdout
+    assert (outside / "keep").read_text() == "mine"
+    assert (runs_dir / f".deleting-{stray}-1").is_symlink()

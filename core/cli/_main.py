@@ -395,7 +395,10 @@ def _cmd_stop(args: argparse.Namespace) -> int:
 
 def _cmd_gc(args: argparse.Namespace) -> int:
     store = _store_from(args)
-    for line in finish_interrupted_deletes(store, grace_seconds=args.grace_seconds):
+    finished = finish_interrupted_deletes(
+        store, grace_seconds=args.grace_seconds, warn=print_warning
+    )
+    for line in finished:
         print(line)  # before the runs are listed: no warning for what is gone now
     runs = _store_runs(store)
     cutoff = time.time() - args.retention_days * 86400

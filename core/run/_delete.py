@@ -298,9 +298,7 @@ def finish_interrupted_delete(store: CheckpointStore, run_id: str) -> str | None
     for key in store.fs.list_names(store.layout.jobs_dir):
         if not is_job_key(key):
             continue
-        for marked_id, where in store.removal.marked(key):
-            if marked_id != run_id:
-                continue
+        for _marked_id, where in store.removal.marked(key, only=run_id):
             if not _finish_marked(store, where, store.lease_seconds):
                 raise RunError(
                     f"run {run_id} is being deleted by a live process (a lease of it is held); "
@@ -329,7 +327,12 @@ def _finish_marked(store: CheckpointStore, where: str, ttl: float) -> bool:
     return True
 
 
-def finish_interrupted_deletes(store: CheckpointStore, *, grace_seconds: float) -> list[str]:
+def finish_interrupted_deletes(
+    store: CheckpointStore,
+    *,
+    grace_seconds: float,
+    warn: Callable[[str], None] | None = None,
+) -> list[str]:
     """Finish the deletes that were interrupted (``gc``): remove every run marked as being
     deleted whose leases no live process holds (its deleter died), and every run folder with
     no run record (and none set aside as unreadable) whose files are all older than
@@ -337,8 +340,14 @@ def finish_interrupted_deletes(store: CheckpointStore, *, grace_seconds: float) 
     version killed midway, or written into by a task of a run being deleted). Returns a line
     per run removed, for a person.
 
+    Args:
+        warn: called with a line for each marked run whose files the store would not let go
+            of (a link where a folder should be), which is then left as it is: one such run
+            keeps no other from being removed. None: raise.
+
     Raises:
-        StoreError: the store cannot be read or written.
+        StoreError: the store cannot be read or written (a marked run's files, only when
+            ``warn`` is None).
     """
     lines: list[str] = []
     ttl = store.lease_seconds
@@ -346,7 +355,14 @@ def finish_interrupted_deletes(store: CheckpointStore, *, grace_seconds: float) 
         if not is_job_key(key):
             continue
         for run_id, where in store.removal.marked(key):
-            if _finish_marked(store, where, ttl):
+            try:
+                finished = _finish_marked(store, where, ttl)
+            except StoreError as exc:
+                if warn is None:
+                    raise
+                warn(f"run {run_id}: its interrupted delete was not finished: {exc}")
+                continue
+            if finished:
                 lines.append(f"finished deleting run {run_id}, whose delete was interrupted")
         now = time.time()
         for run_id in store.removal.without_record(key):

@@ -258,15 +258,18 @@ class RunRemoval:
         names = self.fs.list_names(self.layout.runs_dir(job_key))
         return any(deleting_run_id(n) == run_id for n in names)
 
-    def marked(self, job_key: str) -> list[tuple[str, str]]:
-        """(run id, folder) of every run of the job marked as being deleted."""
+    def marked(self, job_key: str, *, only: str | None = None) -> list[tuple[str, str]]:
+        """(run id, folder) of every run of the job marked as being deleted (``only``: of the
+        run of that id alone). On a local store: its folder renamed ``.deleting-*``, or its
+        ``run.json`` marked as on S3 (a store copied from S3 while a delete ran there)."""
         runs_dir = self.layout.runs_dir(job_key)
         out: list[tuple[str, str]] = []
         for name in self.fs.list_names(runs_dir):
             run_id = deleting_run_id(name) if self.fs.is_local else None
             if run_id is not None:
-                out.append((run_id, posixpath.join(runs_dir, name)))
-            elif not self.fs.is_local and is_run_id(name):
+                if only is None or run_id == only:
+                    out.append((run_id, posixpath.join(runs_dir, name)))
+            elif is_run_id(name) and (only is None or name == only):
                 if self._marked(self.layout.run_path(job_key, name)):
                     out.append((name, self.layout.run_dir(job_key, name)))
         return out
