@@ -245,6 +245,33 @@ def test_record_naming_a_key_twice_is_set_aside_naming_the_key(store_url: str) -
     assert any(".unreadable-" in n for n in names(store, f"{RUN_DIR}/tasks"))
 
 
+def test_a_record_that_cannot_be_set_aside_is_left_in_place_and_not_written_over(
+    tmp_path: Path,
+) -> None:
+    """Every name it could be set aside under is taken (a hostile trial): the read raises a
+    ``StoreError`` that says so (not ``SetAsideError``, "kept as" its own path), and the
+    damaged record is not rebuilt over."""
+    import time
+
+    from core.store import SetAsideError
+
+    store = CheckpointStore(tmp_path)
+    rec = record(status=TaskStatus.RUNNING)
+    store.commit_checkpoint(rec, ck(1))
+    write_raw(store, TASK_FILE, "{ torn")
+    now = int(time.time())
+    for stamp in range(now, now + 3):
+        for n in range(100):
+            write_raw(store, f"{TASK_FILE}.unreadable-{stamp}" + (f"-{n}" if n else ""), "x")
+    with pytest.raises(StoreError, match="could not be set aside") as caught:
+        store.read_task(JK, RID, "S", "{}")  # a claim's read: the task does not start
+    assert not isinstance(caught.value, SetAsideError)
+    assert "left in place" in str(caught.value) and raw_path(store, TASK_FILE) in str(caught.value)
+    tasks, warnings = store.read_tasks(JK, RID)  # a listing names it, and goes on
+    assert tasks == [] and len(warnings) == 1 and "could not be set aside" in warnings[0]
+    assert (tmp_path / TASK_FILE).read_text() == "{ torn"
+
+
 def test_leftover_temporary_file_is_ignored(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path)
     store.write_task(record(status=TaskStatus.RUNNING))

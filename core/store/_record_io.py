@@ -10,6 +10,7 @@ On a ``read_only`` store (the CLI's reading commands) it is reported and left in
 from __future__ import annotations
 
 import json
+import posixpath
 from typing import Any
 
 from pydantic import ValidationError
@@ -105,10 +106,20 @@ class RecordFiles:
                 f"{self.fs.where(path)} is unreadable ({_short(first)}); left as it is (the "
                 "next run, resume, gc or checkpoints delete sets it aside)"
             ) from None
+        raise self._set_aside(path, f"is unreadable ({_short(first)})")
+
+    def _set_aside(self, path: str, why: str) -> StoreError:
+        """Move the record at ``path`` aside, for ``why`` (``... is unreadable (...)``); the
+        error to raise: ``SetAsideError`` (its place is free), or a ``StoreError`` when it
+        could not be moved (left in place, where nothing may be written over it)."""
         aside = self.fs.move_aside(path)
-        raise SetAsideError(
-            f"{self.fs.where(path)} is unreadable ({_short(first)}); kept as {aside}"
-        ) from None
+        if aside == path:
+            return StoreError(
+                f"{self.fs.where(path)} {why}; it could not be set aside (moved to "
+                f"{posixpath.basename(path)}.unreadable-<time>), so it is left in place and "
+                "nothing is written over it"
+            )
+        return SetAsideError(f"{self.fs.where(path)} {why}; kept as {aside}")
 
     def _parse(self, raw: bytes, path: str, model: type[Any]) -> Any:
         """``read``'s record of type ``model`` from the bytes ``raw`` of ``path``.
@@ -154,8 +165,7 @@ class RecordFiles:
         if rec is not None and task_id_for(rec.step, rec.task_key) != tid:
             if self.read_only:
                 raise StoreError(f"{self.fs.where(path)} names another task")
-            aside = self.fs.move_aside(path)
-            raise SetAsideError(f"{self.fs.where(path)} names another task; kept as {aside}")
+            raise self._set_aside(path, "names another task")
         return rec
 
 
