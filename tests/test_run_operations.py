@@ -1158,14 +1158,19 @@ def test_start_finally_waits_for_regular_tasks_then_enters_finally(tmp_path: Pat
     assert st2.read_run(job.job_key, attempt2.run_id).phase == "finally"
 
 
-def test_declare_done_records_each_task_and_says_so(tmp_path: Path) -> None:
-    from core import declare_done, plan_group
-
+def _three_steps_run(tmp_path: Path, key: str, fail_frame: int = 3):  # noqa: ANN202
+    """A run of THREE (its Render step fails at ``fail_frame``): (store, job, attempt)."""
     out = tmp_path / "out"
     out.mkdir()
     st = CheckpointStore(tmp_path / "store")
-    job = prepare_job(THREE, {"Out": str(out), "FailFrame": 3, "FrameSeconds": 0.01})
-    attempt = begin_attempt(st, job, external_key="declared")
+    job = prepare_job(THREE, {"Out": str(out), "FailFrame": fail_frame, "FrameSeconds": 0.01})
+    return st, job, begin_attempt(st, job, external_key=key)
+
+
+def test_declare_done_records_each_task_and_says_so(tmp_path: Path) -> None:
+    from core import declare_done, plan_group
+
+    st, job, attempt = _three_steps_run(tmp_path, "declared")
     originals = plan_tasks(job, "Render")
     lines = declare_done(st, job, attempt.run_id, originals[1:], "marked success in Airflow")
     assert lines == [
@@ -1194,11 +1199,7 @@ def test_declare_done_waits_for_the_run_s_lock_once_for_all_its_tasks(
 
     from core import StoreError, declare_done, plan_group
 
-    out = tmp_path / "out"
-    out.mkdir()
-    st = CheckpointStore(tmp_path / "store")
-    job = prepare_job(THREE, {"Out": str(out), "FailFrame": 3, "FrameSeconds": 0.01})
-    attempt = begin_attempt(st, job, external_key="declared-locked")
+    st, job, attempt = _three_steps_run(tmp_path, "declared-locked")
     originals = plan_tasks(job, "Render")
     taken: list[str] = []
     real_lock = st.run_lock
@@ -1240,11 +1241,7 @@ def test_a_task_declared_done_after_its_run_ended_succeeded_leaves_no_record(
     over under an ended run (CI saw one in test_marked_success_is_recorded_done_...)."""
     from core import declare_done, run_tasks
 
-    out = tmp_path / "out"
-    out.mkdir()
-    st = CheckpointStore(tmp_path / "store")
-    job = prepare_job(THREE, {"Out": str(out), "FailFrame": 99, "FrameSeconds": 0.01})
-    attempt = begin_attempt(st, job, external_key="declared-late")
+    st, job, attempt = _three_steps_run(tmp_path, "declared-late", fail_frame=99)
     for name in job.step_order():
         for result in run_tasks(st, job, attempt.run_id, plan_tasks(job, name)):
             assert result.outcome.value == "succeeded"
