@@ -26,6 +26,7 @@ from core.files._blobs import manifest_key
 from core.job import TaskSpec, plan_tasks
 from core.job._template import parse_template
 from core.run import collect_file_garbage
+from core.store import this_process
 
 pytestmark = pytest.mark.slow
 RUN_ID = "20260101-000000-000011"
@@ -604,7 +605,7 @@ def test_gc_frees_exactly_what_no_kept_generation_references(managed_store, tmp_
     # Nothing is collected within the grace period.
     assert collect_file_garbage(store).blobs_removed == 0
     # Forget the second run: only content the others do not share goes.
-    store.delete_run(job.job_key, "20260101-000000-00000b")
+    store.removal.delete(job.job_key, "20260101-000000-00000b", this_process())
     records = [r for r in records if r.record.run_id != "20260101-000000-00000b"]
     keep = live()
     report = collect_file_garbage(store, grace_seconds=0)

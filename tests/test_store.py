@@ -16,6 +16,7 @@ import pytest
 
 from core import CheckpointData, CheckpointStore, RunRecord, StoreError, TaskRecord
 from core._records import TaskStatus
+from core.store import this_process
 from core.store._layout import task_id_for
 
 JK = "0123456789abcdef"
@@ -286,7 +287,7 @@ def test_delete_run(store_url: str) -> None:
     rec = record()
     store.commit_checkpoint(rec, ck(1))
     assert store.read_tasks(JK, RID)[0][0].checkpoint.state == "s1"
-    store.delete_run(JK, RID)
+    store.removal.delete(JK, RID, this_process())
     assert store.read_tasks(JK, RID) == ([], [])
 
 
@@ -345,7 +346,7 @@ def test_sigkill_during_a_burst_of_saves_leaves_a_readable_latest(store_url: str
 def test_ids_that_are_not_one_safe_path_component_are_refused(store_url: str, bad: str) -> None:
     store = CheckpointStore(store_url)
     with pytest.raises(StoreError, match="refusing to use it as a path"):
-        store.delete_run(JK, bad)
+        store.removal.delete(JK, bad, this_process())
     assert store.find_run(bad) is None
 
 

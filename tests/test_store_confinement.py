@@ -20,6 +20,7 @@ from core import CheckpointData, CheckpointStore, RunRecord, StoreError, TaskRec
 from core._hashing import canonical_json, sha256_hex
 from core.fs._local import SLOTS_FILE
 from core.fs._storefs import MAX_RECORD_BYTES
+from core.store import this_process
 from core.store._layout import task_id_for
 
 JK = "0123456789abcdef"
@@ -101,9 +102,10 @@ def test_folder_linked_outside_is_refused_and_nothing_outside_is_touched(
         with pytest.raises(StoreError, match="symbolic link"):
             store.acquire_lease(run_record())
         with pytest.raises(StoreError, match="symbolic link"):
-            store.delete_run(JK, RID)
+            store.removal.delete(JK, RID, this_process())
     else:
-        store.delete_run(JK, RID)  # removes the link itself, never what it points at
+        # removes the link itself, never what it points at
+        store.removal.delete(JK, RID, this_process())
         assert not folders["run"].exists()
     assert snapshot(outside) == before
 
@@ -413,7 +415,7 @@ def test_random_abuse_never_reaches_outside_nor_loses_the_last_generation(ops: l
         except StoreError:
             pass
         try:
-            store.delete_run(JK, RID)
+            store.removal.delete(JK, RID, this_process())
         except StoreError:
             pass
         assert snapshot(outside) == before

@@ -34,6 +34,16 @@ class RunSetAside(str):
     (kept in the run's folder) cannot be verified (docs/decisions.md, "A damaged run
     record")."""
 
+    @classmethod
+    def of(cls, exc: SetAsideError, run_id: str, folder: str) -> RunSetAside:
+        """The warning for run ``run_id``, whose record ``exc`` set aside, in ``folder``."""
+        return cls(
+            f"{exc}; run {run_id} is not resumed: the template and job parameter values it ran "
+            "with were recorded there only, and cannot be verified from its task records and "
+            f"checkpoint generations (kept in {folder}); a retry runs from the top, and "
+            "'checkpoints delete' deletes the run"
+        )
+
 
 class TaskRebuilt(str):
     """A warning of ``read_tasks``/``read_task``: a task's record was unreadable (kept aside)

@@ -79,6 +79,13 @@ class RunRemoval:
         self.records = records
 
     # --- marking ---------------------------------------------------------------------------------
+    def delete(self, job_key: str, run_id: str, by: ProcessInfo) -> None:
+        """Mark the run, then remove its files, taking no lock or lease: for a store nothing
+        else uses (a test's). A delete that must not race a resume is ``core.delete_run``."""
+        where = self.mark(job_key, run_id, by)
+        if where is not None:
+            self.remove(where, None)
+
     def mark(self, job_key: str, run_id: str, by: ProcessInfo) -> str | None:
         """Mark the run as being deleted by ``by``: from now on no reader finds it. Returns the
         folder its files are in now (``remove`` them; ``unmark`` to undo), None if the run has

@@ -257,16 +257,7 @@ class CheckpointStore:
                 try:
                     rec = self.read_run(key, run_id, deleting=True)
                 except SetAsideError as exc:
-                    warnings.append(
-                        RunSetAside(
-                            f"{exc}; run {run_id} is not resumed: the template and job "
-                            "parameter values it ran with were recorded there only, and "
-                            "cannot be verified from its task records and checkpoint "
-                            "generations (kept in "
-                            f"{self.layout.run_dir(key, run_id)}); a retry runs from the top, "
-                            "and 'checkpoints delete' deletes the run"
-                        )
-                    )
+                    warnings.append(RunSetAside.of(exc, run_id, self.layout.run_dir(key, run_id)))
                     continue
                 except StoreError as exc:
                     warnings.append(str(exc))
@@ -306,14 +297,6 @@ class CheckpointStore:
         if unreadable is not None:
             raise unreadable
         return None
-
-    def delete_run(self, job_key: str, run_id: str) -> None:
-        """Delete a run with its task records and checkpoints: marked as being deleted, then
-        removed (``core.store._run_removal``), taking no lock or lease (``core.delete_run``
-        does)."""
-        where = self.removal.mark(job_key, run_id, this_process())
-        if where is not None:
-            self.removal.remove(where, None)
 
     def delete_checkpoints(self, run: RunRecord) -> None:
         """Delete a run's task records and checkpoints, keeping its run record (the tombstone
