@@ -337,3 +337,49 @@ def test_a_damaged_task_record_resumes_from_its_checkpoint_generation(
     assert [p.read_bytes() for p in aside] == [
         body[: len(body) // 2] if damage == "truncated" else b""
     ]
+
+
+def test_a_task_record_that_cannot_be_set_aside_is_not_run_over(tmp_path: Path) -> None:
+    """A damaged task record for which every ``.unreadable-<time>`` name is taken stays where
+    it is: the retry resumes the run but does not start that task (it would write its record
+    over the damaged one), and says why (a hostile trial: the task ran from the top over it)."""
+    from core import CheckpointStore
+
+    template = tmp_path / "t.yaml"  # three tasks, each failing with a checkpoint: resumed
+    template.write_text(
+        "specificationVersion: jobtemplate-2023-09\n"
+        "extensions: [CHECKPOINT]\n"
+        "name: kept-in-place\n"
+        "steps:\n"
+        "- name: S\n"
+        "  parameterSpace:\n"
+        "    taskParameterDefinitions:\n"
+        "    - {name: I, type: INT, range: '1-3'}\n"
+        "  script:\n"
+        "    actions:\n"
+        "      onRun:\n"
+        "        command: python3\n"
+        '        args: [\'-c\', \'print("openjd_checkpoint_save: {\\"state\\": \\"1\\"}", '
+        "flush=True); exit(1)']\n"
+    )
+    store_url = str(tmp_path / "store")
+    assert run_cli("run", template, "--store", store_url, "-q", timeout=60).returncode == 1
+    st = CheckpointStore(store_url)
+    [run] = st.list_runs()[0]
+    record = next(
+        p
+        for p in (tmp_path / "store").glob(f"jobs/*/runs/{run.run_id}/tasks/*.json")
+        if ".gen-" not in p.name
+    )
+    damaged = record.read_text()[:-1] + ', "status": "succeeded"}'
+    record.write_text(damaged)
+    now = int(time.time())
+    for stamp in range(now, now + 20):
+        for n in range(100):
+            (record.parent / (f"{record.name}.unreadable-{stamp}" + (f"-{n}" if n else ""))).touch()
+    again = run_cli("run", template, "--store", store_url, timeout=60)
+    assert again.returncode == 1, (again.returncode, again.stderr)  # the run resumed, failed
+    assert "could not be set aside" in again.stderr and "left in place" in again.stderr
+    assert "; that task is not started" in again.stderr, again.stderr
+    assert "runs from the top" not in again.stderr, again.stderr
+    assert record.read_text() == damaged

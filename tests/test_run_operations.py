@@ -415,6 +415,8 @@ def test_ten_concurrent_fresh_runs_of_one_job_run_it_once(tmp_path: Path) -> Non
     assert len(ran) == 1 and len(refused) == 9, [(r[0], r[2][-300:]) for r in results]
     for _code, _out, err in refused:
         assert "already-resumed" in err and "is being run now" in err
+        # the stop command to paste names the store the run is in (a hostile trial)
+        assert f" --mode Suspended --store {store}')" in err, err
     assert all("COUNTER-CONCURRENT" not in out for _c, out, _e in results)
 
 

@@ -51,9 +51,9 @@ from core.store import (
     CheckpointStore,
     Lease,
     RunSetAside,
-    TaskRebuilt,
     describe_holder,
     new_run_id,
+    task_warning_outcome,
     this_process,
 )
 from core.task import (
@@ -166,7 +166,7 @@ def reap_run(store: CheckpointStore, run: RunRecord | RunIds) -> list[str]:
         return notes
     for w in warnings:
         if "schema version" not in w:  # left in place: the resume check refuses with it
-            rest = "" if isinstance(w, TaskRebuilt) else "; that task runs from the top"
+            rest = task_warning_outcome(w)
             notes.append(f"warning: {w}{rest}")
     for rec in records:
         note = reap_task(store, run, rec)
@@ -370,7 +370,9 @@ def begin_attempt(
                 live = _live_driver(store, runs)
                 if live is not None:
                     who = describe_holder(store, live.runner)
-                    stop = command_words("stop", live.run_id, "--mode", "Suspended")
+                    stop = command_words(
+                        "stop", live.run_id, "--mode", "Suspended", "--store", store.location
+                    )
                     raise ResumeRefusedError(
                         RefusalCode.ALREADY_RESUMED,
                         f"job {job.job.name!r} is being run now{who} (run {live.run_id}); "

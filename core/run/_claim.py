@@ -13,12 +13,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from core._errors import StoreError
 from core._killpoints import kill_point
 from core._records import TaskRecord, TaskStatus
 from core.job import PreparedJob, TaskSpec, plan_tasks
 from core.process import kill_recorded_process, recorded_name
-from core.store import CheckpointStore, HeldLease, Lease
+from core.store import CheckpointStore, HeldLease, Lease, SetAsideError
 from core.task import RefusalCode, ResumeRefusedError, no_run_words
 
 __all__ = (
@@ -80,7 +79,9 @@ def claim_task(
             store: still, after the wait), or the holder waited for ran it to its end;
             ``unknown-run``: the run has been deleted, or is being deleted.
         NotStartedError: ``should_stop`` gave a reason during the wait, or ``lost`` one.
-        StoreError: the store cannot be read or written.
+        StoreError: the store cannot be read or written, or the task's record is unreadable and
+            was left in place (it could not be set aside, or is of a newer version): the task
+            is not started, so that nothing is written over it.
     """
     tell = note or _ignore
     why_lost = lost or _never
@@ -121,11 +122,11 @@ def claim_task(
             store.fence_task(lease, *where)
         for warning in rebuilt:
             tell(f"warning: {warning}")
-    except StoreError as exc:
-        tell(f"warning: {exc}; the task runs from the top")
+    except SetAsideError as exc:  # moved aside, none of its generations rebuilt it: its
+        tell(f"warning: {exc}; the task runs from the top")  # place is free
         record = None
-    except BaseException:
-        lease.release()
+    except BaseException:  # a record left in place (unreadable, newer, not read): the task
+        lease.release()  # does not start, so that nothing is written over it
         raise
     if held is not None and record is not None and record.status == TaskStatus.SUCCEEDED:
         lease.release()  # the holder waited for was alive after all, and finished the task

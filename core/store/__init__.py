@@ -6,7 +6,7 @@ store's layout of ids and paths (``_layout``). Stands on ``fs``.
 
 from core.store._layout import is_job_key, is_run_id, new_run_id
 from core.store._lease import HeldLease, Lease, read_holder, take_lease_once, this_process
-from core.store._record_io import RunSetAside, SetAsideError, TaskRebuilt
+from core.store._record_io import RunSetAside, SetAsideError, TaskRebuilt, task_warning_outcome
 from core.store._run_removal import RunBeingDeleted, being_deleted_words
 from core.store._store import (
     CheckpointStore,
@@ -34,5 +34,6 @@ __all__ = (
     "SetAsideError",
     "take_lease_once",
     "TaskRebuilt",
+    "task_warning_outcome",
     "this_process",
 )

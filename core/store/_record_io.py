@@ -20,7 +20,14 @@ from core._records import RUN_SCHEMA_VERSIONS, SCHEMA_VERSION, RunRecord, TaskRe
 from core.fs import NotARecordError, StoreFS, WriteFence
 from core.store._layout import task_id_for
 
-__all__ = ("RecordFiles", "RunSetAside", "SetAsideError", "TaskRebuilt")
+__all__ = (
+    "RecordFiles",
+    "RunSetAside",
+    "SetAsideError",
+    "TaskLeftInPlace",
+    "TaskRebuilt",
+    "task_warning_outcome",
+)
 
 
 class SetAsideError(StoreError):
@@ -43,6 +50,24 @@ class RunSetAside(str):
             f"checkpoint generations (kept in {folder}); a retry runs from the top, and "
             "'checkpoints delete' deletes the run"
         )
+
+
+class TaskLeftInPlace(str):
+    """A warning of ``read_tasks``/``iter_tasks``: a task's record could not be read and is
+    left in place (of a newer schema version, not movable aside, or not read at all): the
+    task is not started, since its record would be written over it (``core.run._claim``)."""
+
+
+def task_warning_outcome(warning: str) -> str:
+    """What becomes of the task a warning of ``read_tasks`` is about, to end the warning with:
+    nothing to add for a rebuilt record (``TaskRebuilt``: it resumes from a generation);
+    ``"; that task is not started"`` for one left in place; else (set aside, nothing rebuilt
+    it) ``"; that task runs from the top"``."""
+    if isinstance(warning, TaskRebuilt):
+        return ""
+    if isinstance(warning, TaskLeftInPlace):
+        return "; that task is not started"
+    return "; that task runs from the top"
 
 
 class TaskRebuilt(str):

@@ -30,7 +30,7 @@ from core._records import (
 )
 from core.fs import WriteFence, os_reason
 from core.store._layout import Layout, task_id_for
-from core.store._record_io import RecordFiles, SetAsideError, TaskRebuilt
+from core.store._record_io import RecordFiles, SetAsideError, TaskLeftInPlace, TaskRebuilt
 
 __all__ = ("TaskRecords",)
 
@@ -350,8 +350,8 @@ class TaskRecords:
                     yield rebuilt[0]
                     warn(rebuilt[1])
                 continue
-            except StoreError as exc:
-                warn(str(exc))
+            except StoreError as exc:  # left in place: its task is not started
+                warn(TaskLeftInPlace(exc))
                 continue
             if rec is not None:
                 yield rec

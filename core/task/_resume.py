@@ -28,11 +28,11 @@ from core.store import (
     CheckpointStore,
     RunBeingDeleted,
     RunSetAside,
-    TaskRebuilt,
     being_deleted_words,
     describe_holder,
     is_job_key,
     is_run_id,
+    task_warning_outcome,
 )
 
 __all__ = (
@@ -238,7 +238,7 @@ def check_run(
         # an unreadable record was moved aside (kept); its task resumes from its newest
         # readable checkpoint generation (TaskRebuilt), or else runs from the top
         if notes is not None:
-            rest = "" if isinstance(w, TaskRebuilt) else "; that task runs from the top"
+            rest = task_warning_outcome(w)
             notes.append(f"warning: {w}{rest}")
     if not useful:
         raise ResumeRefusedError(
