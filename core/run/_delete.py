@@ -341,13 +341,13 @@ def finish_interrupted_deletes(
     per run removed, for a person.
 
     Args:
-        warn: called with a line for each marked run whose files the store would not let go
-            of (a link where a folder should be), which is then left as it is: one such run
-            keeps no other from being removed. None: raise.
+        warn: called with a line for each run whose files the store would not let go of (a
+            link where a folder should be), which is then left as it is: one such run keeps no
+            other from being removed. None: raise.
 
     Raises:
-        StoreError: the store cannot be read or written (a marked run's files, only when
-            ``warn`` is None).
+        StoreError: the store cannot be read or written (one run's files: only when ``warn``
+            is None).
     """
     lines: list[str] = []
     ttl = store.lease_seconds
@@ -364,20 +364,36 @@ def finish_interrupted_deletes(
                 continue
             if finished:
                 lines.append(f"finished deleting run {run_id}, whose delete was interrupted")
-        now = time.time()
         for run_id in store.removal.without_record(key):
-            run_dir = store.layout.run_dir(key, run_id)
-            files = list_files(store.fs, run_dir[len(store.fs.root) :].strip("/"))
-            if any(now - file_mtime(info) < grace_seconds for _, info in files):
-                continue  # a run being made (its lease comes before its record), or in use
-            with store.job_lock(key):  # every run is made under it
-                if store.removal.has_record(key, run_id) or store.removal.held_leases(run_dir):
-                    continue
-                folder = store.removal.mark(key, run_id, this_process())
-            if folder is not None:
-                store.removal.remove(folder, None)
-            lines.append(
-                f"removed the folder of run {run_id}, which had no run record (what a delete "
-                "killed midway leaves)"
-            )
+            try:
+                removed = _remove_without_record(store, key, run_id, grace_seconds)
+            except StoreError as exc:
+                if warn is None:
+                    raise
+                warn(f"run {run_id}: its folder, which has no run record, was kept: {exc}")
+                continue
+            if removed:
+                lines.append(
+                    f"removed the folder of run {run_id}, which had no run record (what a "
+                    "delete killed midway leaves)"
+                )
     return lines
+
+
+def _remove_without_record(
+    store: CheckpointStore, key: str, run_id: str, grace_seconds: float
+) -> bool:
+    """``finish_interrupted_deletes`` for one run folder with no run record: removed if all its
+    files are older than ``grace_seconds`` and no live process holds a lease of it."""
+    run_dir = store.layout.run_dir(key, run_id)
+    files = list_files(store.fs, run_dir[len(store.fs.root) :].strip("/"))
+    now = time.time()
+    if any(now - file_mtime(info) < grace_seconds for _, info in files):
+        return False  # a run being made (its lease comes before its record), or in use
+    with store.job_lock(key):  # every run is made under it
+        if store.removal.has_record(key, run_id) or store.removal.held_leases(run_dir):
+            return False
+        folder = store.removal.mark(key, run_id, this_process())
+    if folder is not None:
+        store.removal.remove(folder, None)
+    return True

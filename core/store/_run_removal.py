@@ -277,16 +277,37 @@ class RunRemoval:
                 if only is None or run_id == only:
                     out.append((run_id, posixpath.join(runs_dir, name)))
             elif is_run_id(name) and (only is None or name == only):
-                if self._marked(self.layout.run_path(job_key, name)):
+                if self._marked_record(self.layout.run_path(job_key, name)):
                     out.append((name, self.layout.run_dir(job_key, name)))
         return out
+
+    def _marked_record(self, path: str) -> bool:
+        """True if the run record at ``path`` is readable and marked as being deleted
+        (``RunRecord.deleting``): a record that only looks marked (``"deleting": "yes"``) is
+        an unreadable one, kept for a person, and one that cannot be read now (a link, a
+        store error) is not taken for marked: it keeps no other run from being looked at."""
+        try:
+            if not self._marked(path):
+                return False
+            rec = self.records.read(path, RunRecord, checked=False)
+        except StoreError:
+            return False
+        return rec is not None and rec.deleting is not None
 
     def without_record(self, job_key: str) -> list[str]:
         """The ids of the job's run folders with no ``run.json`` and no record set aside
         (``run.json.unreadable-*``, kept for a person): left by a delete of an earlier
         version killed midway, or by a task that wrote into a run being deleted."""
         names = self.fs.list_names(self.layout.runs_dir(job_key))
-        return [n for n in names if is_run_id(n) and not self.has_record(job_key, n)]
+        return [n for n in names if is_run_id(n) and self._has_record(job_key, n) is False]
+
+    def _has_record(self, job_key: str, run_id: str) -> bool | None:
+        """``has_record``, None when the run's folder cannot be listed (a link: the readers
+        name it; it hides no other run)."""
+        try:
+            return self.has_record(job_key, run_id)
+        except StoreError:
+            return None
 
     def set_aside(
         self, job_key: str, *, known: set[str] | frozenset[str] = frozenset()
