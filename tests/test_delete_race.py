@@ -706,3 +706,77 @@ def test_one_marked_run_gc_cannot_remove_keeps_no_other_run(tmp_path: Path) -> N
     assert f"removed run {old}" in gc.stdout, gc.stdout
     assert (outside / "keep").read_text() == "mine"
     assert (runs_dir / f".deleting-{stray}-1").is_symlink()
+
+
+@pytest.mark.parametrize("mark", ['"yes"', "true", "[1]", '{"pid": 1}'])
+def test_a_record_that_only_looks_marked_for_deletion_is_kept_by_gc(
+    mark: str, tmp_path: Path
+) -> None:
+    """``"deleting": "yes"`` (not a process) makes the run record unreadable, not marked: gc
+    sets it aside and keeps the run for a person, as any unreadable record (a hostile trial:
+    gc 'finished deleting' it)."""
+    store_url = str(tmp_path / "store")
+    st = CheckpointStore(store_url)
+    job = prepare_job(one_step_template(tmp_path / "t.yaml", "looks-marked", "pass"), {})
+    run_id = begin_attempt(st, job, external_key="dag/looks").run_id
+    path = Path(st.layout.run_path(job.job_key, run_id))
+    doc = json.loads(path.read_text())
+    doc["deleting"] = json.loads(mark)
+    path.write_text(json.dumps(doc))
+    gc = run_cli("gc", "--store", store_url, timeout=60)
+    assert gc.returncode == 0, gc.stderr
+    assert "finished deleting" not in gc.stdout, gc.stdout
+    assert "1 whose record was unreadable" in gc.stdout, gc.stdout
+    assert run_id in _folders(store_url)
+
+
+def test_a_run_folder_gc_cannot_read_keeps_it_from_no_interrupted_delete(tmp_path: Path) -> None:
+    """A run-id-named link under ``runs/`` (the store refuses to follow it) does not stop gc
+    before it finishes the interrupted deletes of that job (a hostile trial: gc exited 3 with
+    the ``.deleting-`` folder left)."""
+    store_url = str(tmp_path / "store")
+    st = CheckpointStore(store_url)
+    job = prepare_job(one_step_template(tmp_path / "t.yaml", "linked", "pass"), {})
+    begin_attempt(st, job, external_key="dag/linked")
+    runs_dir = Path(st.layout.runs_dir(job.job_key))
+    (tmp_path / "outside").mkdir()
+    (runs_dir / "20261207-130530-27ca5f").symlink_to(tmp_path / "outside")
+    stale = runs_dir / ".deleting-20261207-130531-27ca5e-777"
+    (stale / "tasks").mkdir(parents=True)
+    (stale / "tasks" / "x.json").write_text("{}")
+    gc = run_cli("gc", "--grace-seconds", "0", "--store", store_url, timeout=60)
+    assert not stale.exists(), (gc.returncode, gc.stdout, gc.stderr)
+    assert "finished deleting run 20261207-130531-27ca5e" in gc.stdout, gc.stdout
+    assert (tmp_path / "outside").is_dir()
+
+
+def test_reading_commands_escape_control_characters_from_the_store(tmp_path: Path) -> None:
+    """A job parameter value with an escape sequence (``-p Tag=$'x\\e]0;PWNED\\a'``) is shown
+    by ``runs`` and ``checkpoints show`` with it escaped, and so is gc's line for the run it
+    removes (a hostile trial: raw on stdout)."""
+    template = tmp_path / "t.yaml"
+    template.write_text(
+        "specificationVersion: jobtemplate-2023-09\n"
+        "name: tagged\n"
+        "parameterDefinitions:\n"
+        "- {name: Tag, type: STRING}\n"
+        "steps:\n"
+        "- name: S\n"
+        "  script:\n"
+        "    actions:\n"
+        "      onRun: {command: python3, args: ['-c', 'exit(1)']}\n"
+    )
+    store_url = str(tmp_path / "store")
+    tag = "Tag=x\x1b]0;PWNED\x07"
+    assert run_cli("run", template, "-p", tag, "--store", store_url, "-q").returncode == 1
+    [run] = CheckpointStore(store_url).list_runs()[0]
+    said = [
+        run_cli("runs", "--store", store_url, timeout=60),
+        run_cli("checkpoints", "show", run.run_id, "--store", store_url, timeout=60),
+        run_cli("gc", "--retention-days", "0", "--store", store_url, timeout=60),
+    ]
+    for out in said:
+        assert out.returncode == 0, out.stderr
+        assert "\x1b" not in out.stdout + out.stderr and "\x07" not in out.stdout + out.stderr
+    assert "x\\x1b]0;PWNED\\x07" in said[0].stdout, said[0].stdout
+    assert f"removed run {run.run_id}" in said[2].stdout, said[2].stdout

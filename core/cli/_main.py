@@ -336,7 +336,7 @@ def _store_run(args: argparse.Namespace) -> tuple[CheckpointStore, Any]:
     store = _store_from(args)
     run = store.find_run(args.run_id)
     if run is None:
-        print(f"openjd-checkpoint: {no_run_words(store, args.run_id)}", file=sys.stderr)
+        print(f"openjd-checkpoint: {printable(no_run_words(store, args.run_id))}", file=sys.stderr)
     return store, run
 
 
@@ -371,7 +371,7 @@ def _cmd_stop(args: argparse.Namespace) -> int:
             store, run.job_key, run.run_id, args.mode, force=args.force
         )
     except RunError as exc:
-        print(f"openjd-checkpoint: refused: {exc}", file=sys.stderr)
+        print(f"openjd-checkpoint: refused: {printable(str(exc))}", file=sys.stderr)
         return EXIT_CODES["refused"]
     if note:
         how = note
@@ -418,7 +418,8 @@ def _cmd_gc(args: argparse.Namespace) -> int:
         for note in notes:
             print(f"openjd-checkpoint: {note}", file=sys.stderr)
         removed += 1
-        print(f"removed run {r.run_id} ({report.run_status_words(r.status.value)}, {r.job_name})")
+        words = report.run_status_words(r.status.value)
+        print(printable(f"removed run {r.run_id} ({words}, {r.job_name})"))
     unreadable = set_aside_runs(store, known={r.run_id for r in runs})  # kept for a person
     for line in unreadable:
         print_warning(line)

@@ -8,6 +8,7 @@ seconds since the epoch (``*_at``) and ISO 8601 UTC strings (``*_time``); sizes 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 import sys
@@ -47,16 +48,39 @@ def add_json_option(p: argparse.ArgumentParser) -> None:
     )
 
 
-def reading(fn: Any) -> Any:
+def reading(fn: Any, *, raw_output: bool = False) -> Any:
     """A parser default ``func`` for a reading command ``fn(args, store)``: the store is the
     one ``--store`` names, never created or changed by reading it (an unreadable record is
-    reported and left in place)."""
+    reported and left in place). What it prints is escaped (``printable``), but for
+    ``raw_output``: standard output carries a task's own output, as the task wrote it."""
 
     def run(args: argparse.Namespace) -> int:
-        code: int = fn(args, CheckpointStore(args.store, create=False, read_only=True))
+        # What they print comes from the store (job names, messages, file names), which a
+        # template's parameters or a person may have put control characters in: escaped.
+        out, err = sys.stdout, sys.stderr
+        sys.stdout = out if raw_output else _Printable(out)
+        sys.stderr = _Printable(err)
+        try:
+            code: int = fn(args, CheckpointStore(args.store, create=False, read_only=True))
+        finally:
+            sys.stdout, sys.stderr = out, err
         return code
 
     return run
+
+
+class _Printable(io.TextIOBase):
+    """A text stream that writes to ``inner`` with control characters escaped (``printable``)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def write(self, text: str) -> int:
+        self.inner.write(printable(text))
+        return len(text)
+
+    def flush(self) -> None:
+        self.inner.flush()
 
 
 # Times come from stored records, which a person or a bug may have damaged: a time that is no
@@ -401,7 +425,7 @@ def add_logs_parser(sub: Any) -> None:
     )
     add_json_option(p)
     p.add_argument("--store", help="checkpoint store", default=argparse.SUPPRESS)
-    p.set_defaults(func=reading(cmd_logs))
+    p.set_defaults(func=reading(cmd_logs, raw_output=True))
 
 
 def _wanted(args: argparse.Namespace, log: Any) -> bool:
