@@ -142,13 +142,14 @@ class RunRemoval:
         the mark, goes last, so that a delete killed midway leaves a marked run for ``gc``."""
         record = posixpath.join(where, "run.json")
         try:
+            # the caller's lease file is kept to the end: while the run's files go, a second
+            # delete sees the lease held (a live delete), not a delete killed midway to finish
+            own = (
+                None if lease is None else posixpath.join(where, "lease" + self.fs.leases().suffix)
+            )
             if self.fs.is_local:
-                # the caller's lease file goes last: while the run's files go, a second delete
-                # sees the lease held (a live delete), not a delete killed midway to finish
-                mine = posixpath.join(where, "lease" + self.fs.leases().suffix)
-                self._remove_local(where, last=mine if lease is not None else None)
+                self._remove_local(where, last=own)
             else:
-                own = posixpath.join(where, "lease.lease.json") if lease is not None else None
                 prefix = where[len(self.fs.root) :].strip("/")
                 files = [p for p, _ in list_files(self.fs, prefix) if p not in (record, own)]
                 for start in range(0, len(files), _BATCH):
